@@ -1,0 +1,66 @@
+"""Daemon configuration: defaults, an optional TOML file, then command-line overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from gpud_protocol import Limits
+
+
+def default_address() -> str:
+    """`GPUD_ADDRESS`, else ipc:// in $XDG_RUNTIME_DIR/gpud (or /run/gpud for root)."""
+    if address := os.environ.get("GPUD_ADDRESS"):
+        return address
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime and os.geteuid() != 0 else Path("/run")
+    return f"ipc://{base / 'gpud' / 'gpud.sock'}"
+
+
+def default_cache_dir() -> Path:
+    if cache := os.environ.get("GPUD_CACHE_DIR"):
+        return Path(cache)
+    if os.geteuid() == 0:
+        return Path("/var/cache/gpud")
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpud"
+
+
+@dataclasses.dataclass
+class Config:
+    address: str = dataclasses.field(default_factory=default_address)
+    backend: str = "auto"  # auto | webgpu | cuda
+    device: int = 0
+    insecure_tcp: bool = False  # allow plain tcp:// without CURVE (testing only)
+    curve_secret_key: str = ""  # z85 server secret key file, enables CURVE on tcp://
+    # coalescing
+    max_dispatches_per_flush: int = 1024
+    flush_deadline_ms: float = 2.0
+    # pools and caches
+    staging_pool_bytes: int = 256 << 20
+    kernel_cache_size: int = 256
+    bind_group_cache_size: int = 8192
+    cache_dir: Path = dataclasses.field(default_factory=default_cache_dir)
+    # sessions
+    lease_s: float = 5.0
+    session_memory_bytes: int = 8 << 30
+    session_max_requests: int = 4096  # readbacks/syncs/kernels in flight per session
+    limits: Limits = dataclasses.field(default_factory=Limits)
+
+    @classmethod
+    def load(cls, path: Path | None, **overrides: Any) -> Config:
+        values: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                values.update(tomllib.load(f).get("gpud", {}))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name for f in dataclasses.fields(cls)}
+        if unknown := set(values) - known:
+            raise ValueError(f"unknown config keys: {sorted(unknown)}")
+        if isinstance(values.get("limits"), dict):
+            values["limits"] = Limits(**values["limits"])
+        if "cache_dir" in values:
+            values["cache_dir"] = Path(values["cache_dir"])
+        return cls(**values)

@@ -1,0 +1,43 @@
+"""Hard limits checked before anything is allocated, and the dtype whitelist."""
+
+from __future__ import annotations
+
+import dataclasses
+
+# name -> itemsize; names are numpy's, so the client can use np.dtype(name) directly.
+DTYPE_SIZES: dict[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+}
+
+SCALAR_KINDS = ("f32", "i32", "u32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_header_bytes: int = 4 << 20
+    max_ops_per_batch: int = 4096
+    max_frames: int = 1024
+    max_tensor_bytes: int = 1 << 30
+    max_ndim: int = 8
+    max_args: int = 32
+    max_source_bytes: int = 1 << 20
+    max_name_len: int = 128
+    max_options: int = 32
+    max_handle: int = (1 << 31) - 1
+    max_grid: int = (1 << 31) - 1
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+DEFAULT_LIMITS = Limits()
