@@ -1,0 +1,3 @@
+from gpud.cli import main
+
+raise SystemExit(main())

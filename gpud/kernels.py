@@ -1,0 +1,40 @@
+"""Built-in kernels used by the demo, the benchmarks and the tests, one source per backend.
+
+`axpb`: y[i] = x[i] * a + b for i < n. Arguments: x, y, a (f32), b (f32), n (u32).
+"""
+
+from __future__ import annotations
+
+AXPB_WGSL = """
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+struct Params { a: f32, b: f32, n: u32 }
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn axpb(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < p.n) {
+        y[gid.x] = x[gid.x] * p.a + p.b;
+    }
+}
+"""
+
+AXPB_CUDA = """
+extern "C" __global__ void axpb(const float* x, float* y, float a, float b, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * a + b;
+}
+"""
+
+BLOCK = 64  # threads per workgroup/block for every built-in kernel
+
+
+def axpb_source(backend: str) -> tuple[str, dict[str, object]]:
+    """(source, kernel options) for the client's `kernel()` call on `backend`."""
+    if backend == "cuda":
+        return AXPB_CUDA, {"block": (BLOCK, 1, 1)}
+    return AXPB_WGSL, {}
+
+
+def groups(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK

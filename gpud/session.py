@@ -1,0 +1,287 @@
+"""One connected client: its handles, kernels, quota and sticky error; executes its ops in order.
+
+Errors: an op that fails is reported against its sequence number. The first failure becomes the
+session's sticky error: every later request (readback, sync, ...) fails with it until the client
+acknowledges it (the `ack` field of a batch), so no error is ever silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import gpud_protocol as proto
+from gpud_protocol import ArgKind, ErrorCode
+
+from gpud.backends.base import Arg, Backend, Kernel
+from gpud.config import Config
+from gpud.errors import Busy, GpudError, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
+from gpud.resident import Handle, ResidentStore, Tensor
+from gpud.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[list[Any]], None]
+
+
+class Failure(NamedTuple):
+    seq: int
+    code: ErrorCode
+    message: str
+    op: str
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        client: str,
+        send: Send,
+        scheduler: Scheduler,
+        residents: ResidentStore,
+        config: Config,
+    ) -> None:
+        self.id = session_id
+        self.client = client
+        self._send = send
+        self._scheduler = scheduler
+        self._backend: Backend = scheduler.backend
+        self._residents = residents
+        self._config = config
+        self.handles: dict[int, Handle] = {}
+        self.kernels: dict[int, Kernel] = {}
+        self.error: Failure | None = None
+        self.private_bytes = 0
+        self.requests_in_flight = 0
+        self.last_seen = time.monotonic()
+        self.closed = False
+        self.ops_done = 0
+
+    # ------------------------------------------------------------------ batches
+
+    async def run_batch(self, batch: proto.Batch) -> None:
+        if batch.ack is not None and self.error is not None and batch.ack >= self.error.seq:
+            self.error = None
+        for op in batch.ops:
+            if self.closed:
+                return
+            if isinstance(op, proto.OpError):
+                self._fail(op.seq, op.code, op.message, op.op, request=True)
+                continue
+            try:
+                await self._execute(op, batch.frames)
+            except GpudError as exc:
+                self._fail(op.seq, exc.code, str(exc), _opname(op), request=_is_request(op))
+            self.ops_done += 1
+
+    async def _execute(self, op: proto.Op, frames: list[Any]) -> None:
+        match op:
+            case proto.Dispatch():
+                self._dispatch(op)
+            case proto.Alloc():
+                self._alloc(op)
+            case proto.Upload():
+                handle = self._writable(op.handle)
+                if op.nbytes != handle.tensor.nbytes:
+                    raise InvalidArgument(f"upload of {op.nbytes} bytes into a tensor of {handle.tensor.nbytes}")
+                frame = frames[op.frame]
+                await self._backend.upload(handle.tensor.buffer, frame.buffer if hasattr(frame, "buffer") else memoryview(frame))
+            case proto.Readback():
+                await self._readback(op)
+            case proto.Free():
+                self._free(op.handle)
+            case proto.RegisterKernel():
+                self._register_kernel(op)
+            case proto.Sync():
+                self._request(op.seq)
+                self._scheduler.want_flush()
+                self._backend.after(lambda err: self._reply_when_done(op.seq, err))
+            case proto.FlushOp():
+                self._scheduler.flush()
+                self._reply(op.seq)
+            case proto.Copy():
+                src = self._handle(op.src).tensor
+                dst = self._writable(op.dst).tensor
+                if src.dtype != dst.dtype or src.shape != dst.shape:
+                    raise InvalidArgument(f"copy between {src.dtype}{list(src.shape)} and {dst.dtype}{list(dst.shape)}")
+                self._backend.copy(src.buffer, dst.buffer)
+            case proto.Stats():
+                self._reply(op.seq, stats=self.stats())
+            case proto.Publish():
+                handle = self._handle(op.handle)
+                if not handle.writable and op.mode == "rw":
+                    raise PermissionDenied("a read-only tensor cannot be republished read-write")
+                self._residents.publish(handle.tensor, op.name, op.mode)
+                self._uncharge(handle.tensor)  # the store holds it now
+            case proto.Open():
+                self._new_handle(op.handle)
+                tensor = self._residents.open(op.name)
+                self.handles[op.handle] = Handle(tensor, writable=tensor.mode == "rw")
+                self._reply(op.seq, dtype=tensor.dtype, shape=list(tensor.shape), mode=tensor.mode)
+            case proto.Unpublish():
+                self._residents.unpublish(op.name)
+
+    # ------------------------------------------------------------------ op handlers
+
+    def _dispatch(self, op: proto.Dispatch) -> None:
+        kernel = self.kernels.get(op.kernel)
+        if kernel is None:
+            raise NotFound(f"unknown kernel handle {op.kernel}")
+        args: list[Arg] = []
+        tensors: list[Handle] = []
+        for arg in op.args:
+            if arg.kind == ArgKind.TENSOR:
+                handle = self._handle(int(arg.value))
+                tensors.append(handle)
+                args.append(handle.tensor.buffer)
+            else:
+                args.append((arg.kind, arg.value))
+        writes = op.writes if op.writes is not None else kernel.writes
+        for position, handle in enumerate(tensors):
+            if not handle.writable and (writes is None or position in writes):
+                raise PermissionDenied(
+                    f"tensor argument {position} is read-only resident {handle.tensor.name!r}; "
+                    "declare the arguments the kernel writes (writes=[...]) if it only reads it"
+                )
+        self._backend.dispatch(kernel, op.grid, args)
+        self._scheduler.dispatched()
+
+    def _alloc(self, op: proto.Alloc) -> None:
+        self._new_handle(op.handle)
+        nbytes = op.nbytes
+        quota = self._config.session_memory_bytes
+        if self.private_bytes + nbytes > quota:
+            raise OutOfMemory(
+                f"session quota of {quota} bytes exceeded ({self.private_bytes} in use, {nbytes} requested)"
+            )
+        buffer = self._backend.alloc(nbytes)
+        self.private_bytes += nbytes
+        self.handles[op.handle] = Handle(Tensor(buffer, op.dtype, op.shape, self.id), writable=True)
+
+    async def _readback(self, op: proto.Readback) -> None:
+        tensor = self._handle(op.handle).tensor
+        self._request(op.seq)
+        future = await self._backend.download(tensor.buffer)
+        self._scheduler.want_flush()
+        future.add_done_callback(lambda f: self._reply_data(op.seq, f))
+
+    def _free(self, handle_id: int) -> None:
+        handle = self.handles.pop(handle_id, None)
+        if handle is None:
+            raise NotFound(f"unknown tensor handle {handle_id}")
+        self._uncharge(handle.tensor)
+        self._residents.drop(handle.tensor)
+
+    def _uncharge(self, tensor: Tensor) -> None:
+        if tensor.charged and tensor.owner == self.id:
+            tensor.charged = False
+            self.private_bytes -= tensor.nbytes
+
+    def _register_kernel(self, op: proto.RegisterKernel) -> None:
+        if op.handle in self.kernels:
+            raise InvalidArgument(f"kernel handle {op.handle} is in use")
+        self._request(op.seq)
+        try:
+            kernel = self._backend.kernel(op.source, op.entry, op.options)
+        finally:
+            self.requests_in_flight -= 1
+        self.kernels[op.handle] = kernel
+        writes = None if kernel.writes is None else sorted(kernel.writes)
+        self._reply(op.seq, writes=writes)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _handle(self, handle_id: int) -> Handle:
+        handle = self.handles.get(handle_id)
+        if handle is None:
+            raise NotFound(f"unknown tensor handle {handle_id}")
+        return handle
+
+    def _writable(self, handle_id: int) -> Handle:
+        handle = self._handle(handle_id)
+        if not handle.writable:
+            raise PermissionDenied(f"resident tensor {handle.tensor.name!r} is read-only")
+        return handle
+
+    def _new_handle(self, handle_id: int) -> None:
+        if handle_id in self.handles:
+            raise InvalidArgument(f"tensor handle {handle_id} is in use")
+
+    def _request(self, seq: int) -> None:
+        """Admit one more awaited request, or refuse it (back-pressure)."""
+        if self.error is not None:
+            raise _Sticky(self.error)
+        if self.requests_in_flight >= self._config.session_max_requests:
+            raise Busy(f"more than {self._config.session_max_requests} requests in flight")
+        self.requests_in_flight += 1
+
+    def _fail(self, seq: int, code: ErrorCode, message: str, op: str, *, request: bool) -> None:
+        if code == ErrorCode.INTERNAL:
+            log.error("session %s op %s (%s): %s", self.id, seq, op, message)
+        if self.error is None:
+            self.error = Failure(seq, code, message, op)
+        if request:  # a request always gets its answer: the sticky error
+            err = self.error
+            self._send([proto.encode_error_reply(seq, err.code, err.message, err.seq, err.op)])
+
+    def _reply(self, seq: int, **fields: Any) -> None:
+        self._send([proto.encode_reply(seq, **fields)])
+
+    def _reply_when_done(self, seq: int, error: BaseException | None) -> None:
+        self.requests_in_flight -= 1
+        if self.closed:
+            return
+        if error is not None:
+            self._fail(seq, ErrorCode.DEVICE_LOST, str(error), "sync", request=True)
+        else:
+            self._reply(seq)
+
+    def _reply_data(self, seq: int, future: asyncio.Future[bytes]) -> None:
+        self.requests_in_flight -= 1
+        if self.closed:
+            return
+        if (exc := future.exception()) is not None:
+            code = exc.code if isinstance(exc, GpudError) else ErrorCode.INTERNAL
+            self._fail(seq, code, str(exc), "readback", request=True)
+        else:
+            data = future.result()
+            self._send([proto.encode_reply(seq, n=len(data)), data])
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "session": {
+                "id": self.id,
+                "handles": len(self.handles),
+                "kernels": len(self.kernels),
+                "private_bytes": self.private_bytes,
+                "requests_in_flight": self.requests_in_flight,
+                "ops_done": self.ops_done,
+            },
+            "residents": {"count": len(self._residents), "bytes": self._residents.nbytes},
+            "device": self._backend.stats(),
+        }
+
+    def close(self) -> None:
+        """Free private resources; resident tensors stay with their remaining references."""
+        self.closed = True
+        for handle_id in list(self.handles):
+            self._free(handle_id)
+        self.kernels.clear()
+
+
+class _Sticky(GpudError):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.code = failure.code
+
+
+def _opname(op: proto.Op) -> str:
+    return type(op).__name__.lower()
+
+
+def _is_request(op: proto.Op) -> bool:
+    return isinstance(op, proto.Readback | proto.RegisterKernel | proto.Sync | proto.Stats | proto.Open | proto.FlushOp)
