@@ -44,7 +44,8 @@ def _bench(args: argparse.Namespace) -> int:
         from gpud.bench.webgpu import main as bench_main
     else:
         from gpud.bench.cuda import main as bench_main
-    return bench_main(args)
+    code: int = bench_main(args)
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,9 +12,9 @@ import sys
 import time
 from collections.abc import Iterator
 
+import gpud_client
 import numpy as np
 
-import gpud_client
 from gpud import kernels
 from gpud.config import default_address
 from gpud.spawn import answers, daemon
@@ -49,7 +49,9 @@ def _reference(x: np.ndarray, chain: int) -> np.ndarray:
     return x
 
 
-async def _run_chain(gpu: gpud_client.Client, k: gpud_client.Kernel, x0: np.ndarray, chain: int, *, each: bool) -> np.ndarray:
+async def _run_chain(
+    gpu: gpud_client.Client, k: gpud_client.Kernel, x0: np.ndarray, chain: int, *, each: bool
+) -> np.ndarray:
     n = x0.size
     bufs = [gpu.tensor(x0), gpu.empty(n)]
     for i in range(chain):

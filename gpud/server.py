@@ -129,12 +129,9 @@ class Server:
             log.warning("serving plain tcp without authentication: anyone who reaches the port can use the GPU")
 
     def _send(self, identity: bytes, frames: list[Any]) -> None:
-        assert self._sync_sock is not None and self._sock is not None
-        try:
+        assert self._sync_sock is not None
+        try:  # SNDHWM is 0, so this never blocks: the per-session request window bounds the queue
             self._sync_sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:  # peer's pipe is full: queue it on the asyncio socket, in order
-            future = self._sock.send_multipart([identity, *frames], copy=False)
-            future.add_done_callback(lambda f: f.exception() and log.warning("reply lost: %s", f.exception()))
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone
             log.info("peer %s unreachable (%s); ending its session", identity.hex(), exc)
             self._end_session(identity)

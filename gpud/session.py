@@ -88,7 +88,9 @@ class Session:
                 if op.nbytes != handle.tensor.nbytes:
                     raise InvalidArgument(f"upload of {op.nbytes} bytes into a tensor of {handle.tensor.nbytes}")
                 frame = frames[op.frame]
-                await self._backend.upload(handle.tensor.buffer, frame.buffer if hasattr(frame, "buffer") else memoryview(frame))
+                await self._backend.upload(
+                    handle.tensor.buffer, frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+                )
             case proto.Readback():
                 await self._readback(op)
             case proto.Free():

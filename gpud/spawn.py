@@ -12,9 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import zmq
-
 import gpud_protocol as proto
+import zmq
 
 
 def answers(address: str, timeout: float = 1.0) -> bool:

@@ -72,7 +72,9 @@ class Kernel(NamedTuple):
 class Tensor:
     """A device tensor owned by a session (or opened from a resident name)."""
 
-    def __init__(self, client: Client, handle: int, dtype: np.dtype[Any], shape: tuple[int, ...], mode: str = "rw") -> None:
+    def __init__(
+        self, client: Client, handle: int, dtype: np.dtype[Any], shape: tuple[int, ...], mode: str = "rw"
+    ) -> None:
         self._client = client
         self.handle = handle
         self.dtype = dtype
@@ -86,7 +88,7 @@ class Tensor:
 
     async def numpy(self) -> np.ndarray[Any, Any]:
         """Flush queued work and read the tensor back."""
-        header, frames = await self._client._request(Opcode.READBACK, self._client._arg(self)[1])
+        _header, frames = await self._client._request(Opcode.READBACK, self._client._arg(self)[1])
         data = frames[0].buffer if frames else b""
         return np.frombuffer(data, self.dtype).reshape(self.shape).copy()
 

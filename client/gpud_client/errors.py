@@ -71,8 +71,17 @@ class DaemonLost(GpudError):
 _BY_CODE: dict[int, type[GpudError]] = {
     cls.code: cls
     for cls in (
-        ProtocolError, InvalidArgument, NotFound, CompileError, OutOfMemory, Busy,
-        PermissionDenied, DeviceLost, InternalError, SessionError, AlreadyExists,
+        ProtocolError,
+        InvalidArgument,
+        NotFound,
+        CompileError,
+        OutOfMemory,
+        Busy,
+        PermissionDenied,
+        DeviceLost,
+        InternalError,
+        SessionError,
+        AlreadyExists,
     )
 }
 

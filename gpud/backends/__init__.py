@@ -25,7 +25,7 @@ def cuda_available() -> bool:
         err, count = cu.cuDeviceGetCount()
     except Exception:  # no driver library at all
         return False
-    return err == cu.CUresult.CUDA_SUCCESS and count > 0
+    return bool(err == cu.CUresult.CUDA_SUCCESS and count > 0)
 
 
 def resolve(name: str) -> str:

@@ -253,6 +253,7 @@ class Backend(ABC):
     def _kernel_key(self, source: str, entry: str, options: KernelOptions) -> tuple[Any, ...]:
         return kernel_key(source, entry, options)
 
+    @abstractmethod
     def _drop_caches(self) -> None:
         """Release what can be rebuilt (idle staging buffers, bind groups...) to free memory."""
 
@@ -305,4 +306,3 @@ def settle(future: asyncio.Future[Any], value: Any, error: BaseException | None)
 
 async def _join(parts: list[asyncio.Future[bytes]]) -> bytes:
     return b"".join([await part for part in parts])
-

@@ -66,7 +66,8 @@ class WebGpuBackend(Backend):
         self._pipeline_in_pass: Any = None
         slots = config.max_dispatches_per_flush
         self._uniform = self._device.create_buffer(
-            size=slots * SLOT_BYTES, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+            size=slots * SLOT_BYTES,
+            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC,
         )
         self._uniform_host = bytearray(slots * SLOT_BYTES)
         self._uniform_used = 0
@@ -200,7 +201,9 @@ class WebGpuBackend(Backend):
         for binding, tensor in enumerate(tensors):
             if tensor.native.size > self._max_binding:
                 raise InvalidArgument(f"tensor of {tensor.nbytes} bytes exceeds the binding limit {self._max_binding}")
-            entries.append({"binding": binding, "resource": {"buffer": tensor.native, "offset": 0, "size": tensor.native.size}})
+            entries.append(
+                {"binding": binding, "resource": {"buffer": tensor.native, "offset": 0, "size": tensor.native.size}}
+            )
         if slot >= 0:
             uniform = {"buffer": self._uniform, "offset": slot * SLOT_BYTES, "size": SLOT_BYTES}
             entries.append({"binding": len(tensors), "resource": uniform})

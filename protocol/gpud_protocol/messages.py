@@ -52,9 +52,7 @@ class Opcode(enum.IntEnum):
     FLUSH = 13  # [13, seq]                               request: reply once accepted (no GPU wait)
 
 
-REQUEST_OPCODES = frozenset(
-    {Opcode.READBACK, Opcode.KERNEL, Opcode.SYNC, Opcode.STATS, Opcode.OPEN, Opcode.FLUSH}
-)
+REQUEST_OPCODES = frozenset({Opcode.READBACK, Opcode.KERNEL, Opcode.SYNC, Opcode.STATS, Opcode.OPEN, Opcode.FLUSH})
 
 
 class ArgKind(enum.IntEnum):
@@ -216,7 +214,8 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 
 def pack(header: dict[str, Any]) -> bytes:
-    return _packer.pack(header)
+    packed: bytes = _packer.pack(header)
+    return packed
 
 
 def encode_hello(name: str, pid: int) -> bytes:
@@ -285,7 +284,7 @@ def decode_client_message(frames: Sequence[Frame], limits: Limits) -> ClientMess
         return Bye()
     if kind == "hello":
         version, name, pid = header.get("v"), header.get("name", ""), header.get("pid", 0)
-        if not _is_int(version) or not isinstance(name, str) or not _is_int(pid):
+        if not isinstance(version, int) or not isinstance(name, str) or not _is_int(pid):
             raise ProtocolViolation(ErrorCode.PROTOCOL, "hello needs int 'v', str 'name', int 'pid'")
         if len(name) > limits.max_name_len:
             raise ProtocolViolation(ErrorCode.PROTOCOL, "client name too long")
@@ -403,7 +402,7 @@ def _decode_op(raw: list[Any], payloads: Sequence[Frame], limits: Limits) -> Op:
         return (Readback if code is Opcode.READBACK else Free)(seq, _handle(handle, limits))
     if code in (Opcode.SYNC, Opcode.STATS, Opcode.FLUSH):
         _fields(raw, 0)
-        return {Opcode.SYNC: Sync, Opcode.STATS: Stats, Opcode.FLUSH: FlushOp}[code](seq)
+        return Sync(seq) if code is Opcode.SYNC else Stats(seq) if code is Opcode.STATS else FlushOp(seq)
     if code is Opcode.KERNEL:
         handle, source, entry, options = _fields(raw, 4)
         if not isinstance(source, str) or not 0 < len(source.encode()) <= limits.max_source_bytes:
