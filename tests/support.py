@@ -1,0 +1,110 @@
+"""Kernels and helpers shared by the integration tests, one source per backend.
+
+Tests pick a kernel by `gpu.backend`, so every integration test runs unchanged on webgpu and cuda.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import gpud_client
+import numpy as np
+from gpud_client import u32
+
+from gpud import kernels
+
+ADD_WGSL = """
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> z: array<f32>;
+struct Params { n: u32 }
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < p.n) {
+        z[gid.x] = x[gid.x] + y[gid.x];
+    }
+}
+"""
+
+ADD_CUDA = """
+extern "C" __global__ void add(const float* x, const float* y, float* z, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) z[i] = x[i] + y[i];
+}
+"""
+
+BAD_SOURCE = {
+    "webgpu": "@compute @workgroup_size(64)\nfn broken(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
+    "    let v: f32 = undefined_thing;\n}\n",
+    "cuda": 'extern "C" __global__ void broken(float* x) { x[0] = undefined_thing; }\n',
+}
+BAD_ENTRY = "broken"
+BAD_SYMBOL = "undefined_thing"  # every compiler names the unknown identifier in its log
+
+
+async def axpb(gpu: gpud_client.Client, *, writes: list[int] | None = None) -> gpud_client.Kernel:
+    """The built-in axpb: y = x * a + b. Args: x, y, a (f32), b (f32), n (u32)."""
+    source, options = kernels.axpb_source(gpu.backend)
+    if writes is None and gpu.backend == "cuda":
+        writes = [1]  # CUDA C cannot be inspected for the tensors it writes
+    return await gpu.kernel(source, "axpb", writes=writes, **options)  # type: ignore[arg-type]
+
+
+async def add(gpu: gpud_client.Client) -> gpud_client.Kernel:
+    """z = x + y. Args: x, y, z, n (u32)."""
+    if gpu.backend == "cuda":
+        return await gpu.kernel(ADD_CUDA, "add", block=(kernels.BLOCK, 1, 1), writes=[2])
+    return await gpu.kernel(ADD_WGSL, "add")
+
+
+def run_axpb(
+    gpu: gpud_client.Client, k: gpud_client.Kernel, x: gpud_client.Tensor, y: gpud_client.Tensor, a: float, b: float
+) -> None:
+    n = x.shape[0]
+    gpu.dispatch(k, kernels.groups(n), [x, y, float(a), float(b), u32(n)])
+
+
+def run_add(
+    gpu: gpud_client.Client,
+    k: gpud_client.Kernel,
+    x: gpud_client.Tensor,
+    y: gpud_client.Tensor,
+    z: gpud_client.Tensor,
+) -> None:
+    n = x.shape[0]
+    gpu.dispatch(k, kernels.groups(n), [x, y, z, u32(n)])
+
+
+def ref_axpb(x: np.ndarray, a: float, b: float) -> np.ndarray:
+    return (x.astype(np.float32) * np.float32(a) + np.float32(b)).astype(np.float32)
+
+
+def assert_close(out: np.ndarray, ref: np.ndarray, rtol: float = 1e-4) -> None:
+    """float32 results: GPUs may fuse multiply-add, so allow a little relative to the scale."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    scale = max(1.0, float(np.max(np.abs(ref)))) if ref.size else 1.0
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * scale)
+
+
+async def device_memory(address: str) -> dict[str, Any]:
+    """The daemon's device counters, from a fresh session that allocates nothing."""
+    async with gpud_client.connect(address) as gpu:
+        stats = await gpu.stats()
+    device: dict[str, Any] = stats["device"]
+    return device
+
+
+async def wait_for_memory(address: str, baseline: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Poll until memory_in_use and live_buffers are back to `baseline` (release follows completion)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = await device_memory(address)
+        if (now["memory_in_use"], now["live_buffers"]) == (baseline["memory_in_use"], baseline["live_buffers"]):
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"device memory did not return to its baseline: {now} vs {baseline}")
+        await anyio.sleep(0.05)
