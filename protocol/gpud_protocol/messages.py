@@ -284,7 +284,7 @@ def decode_client_message(frames: Sequence[Frame], limits: Limits) -> ClientMess
         return Bye()
     if kind == "hello":
         version, name, pid = header.get("v"), header.get("name", ""), header.get("pid", 0)
-        if not isinstance(version, int) or not isinstance(name, str) or not _is_int(pid):
+        if not _is_int(version) or not isinstance(name, str) or not _is_int(pid):
             raise ProtocolViolation(ErrorCode.PROTOCOL, "hello needs int 'v', str 'name', int 'pid'")
         if len(name) > limits.max_name_len:
             raise ProtocolViolation(ErrorCode.PROTOCOL, "client name too long")
@@ -317,6 +317,8 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Frame], limits: Lim
                 used_frames.add(op.frame)
             ops.append(op)
         except ProtocolViolation as exc:
+            if raw[0] == Opcode.UPLOAD and len(raw) > 3 and _is_int(raw[3]) and 0 <= raw[3] < len(payloads):
+                used_frames.add(raw[3])  # a failed upload consumed its frame: report the op, not the batch
             ops.append(OpError(raw[1], exc.code, exc.message, _opname(raw[0])))
     if len(used_frames) != n_frames:
         raise ProtocolViolation(ErrorCode.PROTOCOL, "some payload frames are not used by any op")
@@ -381,7 +383,7 @@ def _decode_op(raw: list[Any], payloads: Sequence[Frame], limits: Limits) -> Op:
         )
     if code is Opcode.ALLOC:
         handle, dtype, shape = _fields(raw, 3)
-        if dtype not in DTYPE_SIZES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:  # a list or map is unhashable
             raise _bad(f"dtype {str(dtype)[:20]!r} is not one of {sorted(DTYPE_SIZES)}")
         dims = _int_list(shape, None, 0, limits.max_tensor_bytes, "shape")
         if len(dims) > limits.max_ndim:
