@@ -60,7 +60,8 @@ class StagingPool(Generic[T]):
                 self.in_use += 1
                 return buffer, size
             self.exhausted_waits += 1
-            self._returned = anyio.Event()
+            if self._returned.is_set():  # replacing an unset event would strand the tasks waiting on it
+                self._returned = anyio.Event()
             self._flush()
             await self._returned.wait()
 
