@@ -40,11 +40,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.which == "webgpu":
-        from gpud.bench.webgpu import main as bench_main
-    else:
-        from gpud.bench.cuda import main as bench_main
-    code: int = bench_main(args)
+    import importlib
+
+    module = importlib.import_module(f"gpud.bench.{args.which}")
+    code: int = module.main(args)
     return code
 
 

@@ -12,9 +12,9 @@ import sys
 import time
 from collections.abc import Iterator
 
-import gpud_client
 import numpy as np
 
+import gpud_client
 from gpud import kernels
 from gpud.config import default_address
 from gpud.spawn import answers, daemon

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import gpud_protocol as proto
 import zmq
 import zmq.asyncio
 import zmq.auth
-from gpud_protocol import ErrorCode, ProtocolViolation
 
+import gpud_protocol as proto
 from gpud import __version__
 from gpud.backends import create_backend
 from gpud.backends.base import Backend
@@ -36,6 +35,7 @@ from gpud.errors import DeviceLost
 from gpud.resident import ResidentStore
 from gpud.scheduler import Scheduler
 from gpud.session import Session
+from gpud_protocol import ErrorCode, ProtocolViolation
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,10 @@ class Server:
         except ProtocolViolation as exc:
             log.info("bad message from %s: %s", identity.hex(), exc.message)
             self._send(identity, [proto.encode_error(exc.code, exc.message)])
+            return
+        except Exception as exc:  # a decoder bug must not take the daemon down for everyone
+            log.exception("internal error decoding a message from %s", identity.hex())
+            self._send(identity, [proto.encode_error(ErrorCode.INTERNAL, f"internal error decoding: {exc}")])
             return
         session = self.sessions.get(identity)
         if session is not None:

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import gpud_protocol as proto
-from gpud_protocol import ArgKind, ErrorCode
-
 from gpud.backends.base import Arg, Backend, Kernel
 from gpud.config import Config
 from gpud.errors import Busy, GpudError, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
 from gpud.resident import Handle, ResidentStore, Tensor
 from gpud.scheduler import Scheduler
+from gpud_protocol import ArgKind, ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -132,24 +131,34 @@ class Session:
         kernel = self.kernels.get(op.kernel)
         if kernel is None:
             raise NotFound(f"unknown kernel handle {op.kernel}")
+        handles = self.handles
         args: list[Arg] = []
-        tensors: list[Handle] = []
-        for arg in op.args:
-            if arg.kind == ArgKind.TENSOR:
-                handle = self._handle(int(arg.value))
-                tensors.append(handle)
+        read_only: list[tuple[int, Handle]] = []  # (tensor position, handle) of read-only tensors
+        position = 0
+        for kind, value in op.args:
+            if kind == ArgKind.TENSOR:
+                handle = handles.get(value)  # type: ignore[arg-type]
+                if handle is None:
+                    raise NotFound(f"unknown tensor handle {value}")
+                if not handle.writable:
+                    read_only.append((position, handle))
+                position += 1
                 args.append(handle.tensor.buffer)
             else:
-                args.append((arg.kind, arg.value))
+                args.append((kind, value))  # type: ignore[arg-type]
+        if read_only:
+            self._check_writes(op, kernel, read_only)
+        self._backend.dispatch(kernel, op.grid, args)
+        self._scheduler.dispatched()
+
+    def _check_writes(self, op: proto.Dispatch, kernel: Kernel, read_only: list[tuple[int, Handle]]) -> None:
         writes = op.writes if op.writes is not None else kernel.writes
-        for position, handle in enumerate(tensors):
-            if not handle.writable and (writes is None or position in writes):
+        for position, handle in read_only:
+            if writes is None or position in writes:
                 raise PermissionDenied(
                     f"tensor argument {position} is read-only resident {handle.tensor.name!r}; "
                     "declare the arguments the kernel writes (writes=[...]) if it only reads it"
                 )
-        self._backend.dispatch(kernel, op.grid, args)
-        self._scheduler.dispatched()
 
     def _alloc(self, op: proto.Alloc) -> None:
         self._new_handle(op.handle)

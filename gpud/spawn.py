@@ -12,8 +12,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import gpud_protocol as proto
 import zmq
+
+import gpud_protocol as proto
 
 
 def answers(address: str, timeout: float = 1.0) -> bool:

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import anyio
-import gpud_protocol as proto
 import numpy as np
 import zmq
 import zmq.asyncio
-from gpud_protocol import ArgKind, Opcode
 from zmq.utils.monitor import parse_monitor_message
 
+import gpud_protocol as proto
 from gpud_client.errors import DaemonLost, GpudError, InvalidArgument, ProtocolError, from_code
+from gpud_protocol import ArgKind, Opcode
 
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -198,8 +198,17 @@ class Client:
         writes: Sequence[int] | None = None,
     ) -> None:
         """Queue a dispatch: no round trip. Floats go as f32, ints as i32; use u32() for unsigned."""
-        encoded = [self._arg(a) for a in args]
-        self._queue([Opcode.DISPATCH, self._next_seq(), kernel.handle, _dim3(grid), encoded, writes and list(writes)])
+        encoded = []
+        for arg in args:  # the hot path: common types first, everything else through _arg
+            kind = type(arg)
+            if kind is Tensor and arg._client is self and not arg.freed:
+                encoded.append([ArgKind.TENSOR, arg.handle])
+            elif kind is float:
+                encoded.append([ArgKind.F32, arg])
+            else:
+                encoded.append(self._arg(arg))
+        dims = [grid, 1, 1] if type(grid) is int else _dim3(grid)
+        self._queue([Opcode.DISPATCH, next(self._seqs), kernel.handle, dims, encoded, writes and list(writes)])
 
     # ------------------------------------------------------------------ requests
 

@@ -28,11 +28,10 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from gpud_protocol import ArgKind, KernelOptions
-
 from gpud.cache import LruCache
 from gpud.config import Config
 from gpud.errors import DeviceLost, InvalidArgument, OutOfMemory
+from gpud_protocol import ArgKind, KernelOptions
 
 Done = Callable[[BaseException | None], None]
 Scalar = tuple[ArgKind, int | float]
@@ -125,17 +124,19 @@ class Backend(ABC):
             self._mark(buffer)
             self._encoded += 1
 
-    def dispatch(self, kernel: Kernel, grid: Sequence[int], args: Sequence[Arg]) -> None:
-        for dim, limit in zip(grid, self.max_grid, strict=True):
-            if dim > limit:
-                raise InvalidArgument(f"grid {tuple(grid)} exceeds the device limit {self.max_grid}")
-        if 0 in grid:
+    def dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None:
+        gx, gy, gz = grid
+        mx, my, mz = self.max_grid
+        if gx > mx or gy > my or gz > mz:
+            raise InvalidArgument(f"grid {grid} exceeds the device limit {self.max_grid}")
+        if not (gx and gy and gz):
             return
         self._encode_dispatch(kernel, grid, args)
         self._encoded += 1
+        index = self._submitted + 1
         for arg in args:
-            if isinstance(arg, Buffer):
-                self._mark(arg)
+            if type(arg) is Buffer:
+                arg.last_use = index
         self.dispatches_pending += 1
         self.counters["dispatches"] += 1
 
@@ -238,7 +239,7 @@ class Backend(ABC):
     async def _encode_upload(self, buffer: Buffer, offset: int, data: memoryview) -> None: ...
 
     @abstractmethod
-    def _encode_dispatch(self, kernel: Kernel, grid: Sequence[int], args: Sequence[Arg]) -> None: ...
+    def _encode_dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None: ...
 
     @abstractmethod
     def _encode_copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None: ...

@@ -26,20 +26,27 @@ from collections.abc import Sequence
 from typing import Any
 
 import wgpu
-from gpud_protocol import ArgKind, KernelOptions
 
-from gpud.backends.base import Arg, Backend, Buffer, Kernel, settle
+from gpud.backends.base import Arg, Backend, Buffer, Done, Kernel, Scalar, settle
 from gpud.cache import LruCache
 from gpud.config import Config
 from gpud.errors import CompileError, DeviceLost, InvalidArgument, OutOfMemory
 from gpud.pools import StagingPool
+from gpud_protocol import ArgKind, KernelOptions
 
 log = logging.getLogger(__name__)
 
 SLOT_BYTES = 256  # uniform slot per dispatch; >= every adapter's minUniformBufferOffsetAlignment
 _SCALAR_FORMAT = {ArgKind.F32: "f", ArgKind.I32: "i", ArgKind.U32: "I"}
+_SCALAR_STRUCTS: dict[tuple[int, ...], struct.Struct] = {}
 _WRITABLE_BINDING = re.compile(r"@binding\(\s*(\d+)\s*\)[^;]*?var\s*<\s*storage\s*,\s*read_write\s*>")
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+
+
+def _scalar_struct(kinds: tuple[int, ...]) -> struct.Struct:
+    """The packer for one scalar signature (at most max_args kinds, so the table stays small)."""
+    packer = _SCALAR_STRUCTS[kinds] = struct.Struct("<" + "".join(_SCALAR_FORMAT[ArgKind(k)] for k in kinds))
+    return packer
 
 
 def _round4(nbytes: int) -> int:
@@ -168,16 +175,21 @@ class WebGpuBackend(Backend):
             self._pass = self._encoder.begin_compute_pass()
         return self._pass
 
-    def _encode_dispatch(self, kernel: Kernel, grid: Sequence[int], args: Sequence[Arg]) -> None:
+    def _encode_dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None:
         pipeline, layout, kernel_id = kernel.native
-        tensors = [a for a in args if isinstance(a, Buffer)]
-        scalars = [a for a in args if not isinstance(a, Buffer)]
+        tensors: list[Buffer] = []
+        scalars: list[Scalar] = []
+        for arg in args:
+            if type(arg) is Buffer:
+                tensors.append(arg)
+            else:
+                scalars.append(arg)  # type: ignore[arg-type]
         slot = self._write_scalars(scalars) if scalars else -1
-        key = (kernel_id, slot, *(t.id for t in tensors))
+        key = (kernel_id, slot, *[t.id for t in tensors])
         bind_group = self._bind_groups.get(key)
         if bind_group is None and (tensors or scalars):
             bind_group = self._make_bind_group(layout, tensors, slot, key)
-        compute = self._compute_pass()
+        compute = self._pass if self._pass is not None else self._compute_pass()
         if self._pipeline_in_pass is not pipeline:
             compute.set_pipeline(pipeline)
             self._pipeline_in_pass = pipeline
@@ -185,12 +197,13 @@ class WebGpuBackend(Backend):
             compute.set_bind_group(0, bind_group)
         compute.dispatch_workgroups(*grid)
 
-    def _write_scalars(self, scalars: Sequence[Arg]) -> int:
+    def _write_scalars(self, scalars: list[Scalar]) -> int:
         if self._uniform_used * SLOT_BYTES == len(self._uniform_host):
             self.flush()
         slot = self._uniform_used
-        fmt = "<" + "".join(_SCALAR_FORMAT[kind] for kind, _ in scalars)  # type: ignore[misc]
-        struct.pack_into(fmt, self._uniform_host, slot * SLOT_BYTES, *(v for _, v in scalars))  # type: ignore[misc]
+        kinds = tuple([kind for kind, _ in scalars])
+        packer = _SCALAR_STRUCTS.get(kinds) or _scalar_struct(kinds)
+        packer.pack_into(self._uniform_host, slot * SLOT_BYTES, *[value for _, value in scalars])
         self._uniform_used += 1
         return slot
 
@@ -246,30 +259,30 @@ class WebGpuBackend(Backend):
         self._reads.append((staging, size_class, nbytes, future))
         return future
 
-    def _submit(self, done: Any) -> None:
+    def _submit(self, done: Done) -> None:
         encoder = self._encoder_for_copy()
         self._encoder = None
-        if self._uniform_used:
-            self._queue.write_buffer(self._uniform, 0, self._uniform_host, 0, self._uniform_used * SLOT_BYTES)
-            self._uniform_used = 0
-        self._queue.submit([encoder.finish()])
         reads, self._reads = self._reads, []
-        for staging, size_class, nbytes, future in reads:
-            self._map_read(staging, size_class, nbytes, future)
-        self._fence(done)
+        fence = None
+        if not reads:
+            # A mapped read completes only after the work submitted before it: a 4-byte copy into
+            # a MAP_READ buffer at the end is the completion signal (wgpu-py 0.32's
+            # on_submitted_work_done_async fails in its cffi callback).
+            fence = self._idle_fences.pop() if self._idle_fences else self._make_fence()
+            encoder.copy_buffer_to_buffer(self._uniform, 0, fence, 0, 4)
+        command = encoder.finish()
+        uniform = memoryview(self._uniform_host)[: self._uniform_used * SLOT_BYTES]
+        self._uniform_used = 0
+        # write_buffer is ordered after earlier submits, so the uniform slots are reused safely.
+        if uniform:
+            self._queue.write_buffer(self._uniform, 0, uniform)
+        self._queue.submit([command])
+        if fence is not None:
+            self._watch_fence(fence, done)
+        else:
+            self._watch_reads(reads, done)
 
-    def _fence(self, done: Any) -> None:
-        """Call `done` once everything submitted so far has completed.
-
-        A mapped read completes only after the submissions before it, so an empty submit that
-        copies 4 bytes into a MAP_READ buffer acts as a fence (wgpu-py 0.32's
-        `on_submitted_work_done_async` fails in its cffi callback).
-        """
-        fence = self._idle_fences.pop() if self._idle_fences else self._make_fence()
-        encoder = self._device.create_command_encoder()
-        encoder.copy_buffer_to_buffer(self._uniform, 0, fence, 0, 4)
-        self._queue.submit([encoder.finish()])
-
+    def _watch_fence(self, fence: Any, done: Done) -> None:
         def signalled(_: Any) -> None:
             fence.unmap()
             self._idle_fences.append(fence)
@@ -277,19 +290,35 @@ class WebGpuBackend(Backend):
 
         fence.map_async("READ_NOSYNC", 0, 4).then(signalled, lambda exc: done(DeviceLost(f"queue failed: {exc}")))
 
+    def _watch_reads(self, reads: list[tuple[Any, int, int, asyncio.Future[bytes]]], done: Done) -> None:
+        remaining = len(reads)
+
+        def read_done(error: BaseException | None) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if remaining == 0 or error is not None:
+                remaining = -(1 << 30)  # report once
+                done(error)
+
+        for staging, size_class, nbytes, future in reads:
+            self._map_read(staging, size_class, nbytes, future, read_done)
+
     def _make_fence(self) -> Any:
         return self._device.create_buffer(size=4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
-    def _map_read(self, staging: Any, size_class: int, nbytes: int, future: asyncio.Future[bytes]) -> None:
+    def _map_read(self, staging: Any, size_class: int, nbytes: int, future: asyncio.Future[bytes], done: Done) -> None:
         def mapped(_: Any) -> None:
             data = staging.read_mapped(0, _round4(nbytes))
             staging.unmap()
             self._downloads.give_back(staging, size_class)
             settle(future, bytes(data[:nbytes]) if nbytes % 4 else data, None)
+            done(None)
 
         def failed(exc: Exception) -> None:
             self._downloads.discard(staging, size_class)
-            settle(future, None, DeviceLost(f"readback failed: {exc}"))
+            error = DeviceLost(f"readback failed: {exc}")
+            settle(future, None, error)
+            done(error)
 
         staging.map_async("READ_NOSYNC", 0, _round4(nbytes)).then(mapped, failed)
 

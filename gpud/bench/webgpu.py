@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import struct
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -122,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
     for name, one_pass in (("wgpu_submit_per_dispatch", False), ("wgpu_one_pass", True)):
         out = local.run(x0, chain, one_pass=one_pass)
         assert np.allclose(out, ref, rtol=1e-4, atol=1e-5), name
-        timings[name] = per_item_us(time_sync(lambda op=one_pass: local.run(x0, chain, one_pass=op), reps), chain)
+        timings[name] = per_item_us(time_sync(partial(local.run, x0, chain, one_pass=one_pass), reps), chain)
 
     with daemon("webgpu") as (address, _proc):
         samples, out = asyncio.run(_through_gpud(address, x0, chain, reps))
@@ -130,7 +131,9 @@ def main(args: argparse.Namespace) -> int:
     timings["gpud_client"] = per_item_us(samples, chain)
 
     per_dispatch = timings["wgpu_submit_per_dispatch"]["median"]
-    rows = [(name, t["median"], f"{per_dispatch / t['median']:5.1f}x vs submit-per-dispatch") for name, t in timings.items()]
+    rows = [
+        (name, t["median"], f"{per_dispatch / t['median']:5.1f}x vs submit-per-dispatch") for name, t in timings.items()
+    ]
     print_table("us per dispatch (median)", rows)
     results["us_per_dispatch"] = timings
     results["speedup_gpud_vs_submit_per_dispatch"] = per_dispatch / timings["gpud_client"]["median"]

@@ -67,9 +67,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
 _OPTION_KEYS = frozenset({"block", "flags", "writes"})
 
 
-class Arg(NamedTuple):
-    kind: ArgKind
-    value: int | float  # a handle for TENSOR
+Arg = tuple[int, int | float]  # (ArgKind, value); the value of a TENSOR arg is its handle
 
 
 class Alloc(NamedTuple):
@@ -283,7 +281,7 @@ def decode_client_message(frames: Sequence[Frame], limits: Limits) -> ClientMess
     if kind == "bye":
         return Bye()
     if kind == "hello":
-        version, name, pid = header.get("v"), header.get("name", ""), header.get("pid", 0)
+        version, name, pid = header.get("v", -1), header.get("name", ""), header.get("pid", 0)
         if not _is_int(version) or not isinstance(name, str) or not _is_int(pid):
             raise ProtocolViolation(ErrorCode.PROTOCOL, "hello needs int 'v', str 'name', int 'pid'")
         if len(name) > limits.max_name_len:
@@ -311,7 +309,7 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Frame], limits: Lim
             raise ProtocolViolation(ErrorCode.PROTOCOL, "an op must be a list [opcode, seq, ...]")
         try:
             op = _decode_op(raw, payloads, limits)
-            if isinstance(op, Upload):
+            if type(op) is Upload:
                 if op.frame in used_frames:
                     raise ProtocolViolation(ErrorCode.INVALID_ARGUMENT, f"frame {op.frame} used twice")
                 used_frames.add(op.frame)
@@ -368,19 +366,12 @@ def _fields(raw: list[Any], count: int) -> list[Any]:
 
 def _decode_op(raw: list[Any], payloads: Sequence[Frame], limits: Limits) -> Op:
     seq = raw[1]
+    if raw[0] == Opcode.DISPATCH:  # the hot path: checked inline, without helper calls
+        return _decode_dispatch(raw, limits)
     try:
         code = Opcode(raw[0])
     except ValueError:
         raise ProtocolViolation(ErrorCode.PROTOCOL, f"unknown opcode {raw[0]}") from None
-    if code is Opcode.DISPATCH:  # the hot path first
-        kernel, grid, args, writes = _fields(raw, 4)
-        return Dispatch(
-            seq,
-            _handle(kernel, limits),
-            _int_list(grid, 3, 0, limits.max_grid, "grid"),  # type: ignore[arg-type]
-            _args(args, limits),
-            None if writes is None else _int_list(writes, None, 0, limits.max_args - 1, "writes"),
-        )
     if code is Opcode.ALLOC:
         handle, dtype, shape = _fields(raw, 3)
         if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:  # a list or map is unhashable
@@ -427,25 +418,41 @@ def _decode_op(raw: list[Any], payloads: Sequence[Frame], limits: Limits) -> Op:
     return Unpublish(seq, _name(name, limits))
 
 
-def _args(value: object, limits: Limits) -> tuple[Arg, ...]:
-    if not isinstance(value, list) or len(value) > limits.max_args:
+def _decode_dispatch(raw: list[Any], limits: Limits) -> Dispatch:
+    if len(raw) != 6:
+        raise _bad(f"expected 4 fields, got {len(raw) - 2}")
+    _, seq, kernel, grid, args, writes = raw
+    max_handle, max_grid = limits.max_handle, limits.max_grid
+    if type(kernel) is not int or not 0 < kernel <= max_handle:
+        raise _bad(f"bad kernel handle {kernel!r}")
+    if type(grid) is not list or len(grid) != 3:
+        raise _bad("grid must be a list of 3 ints")
+    gx, gy, gz = grid
+    if type(gx) is not int or type(gy) is not int or type(gz) is not int:
+        raise _bad("grid must be a list of 3 ints")
+    if not (0 <= gx <= max_grid and 0 <= gy <= max_grid and 0 <= gz <= max_grid):
+        raise _bad(f"grid values must be in [0, {max_grid}]")
+    if type(args) is not list or len(args) > limits.max_args:
         raise _bad(f"args must be a list of at most {limits.max_args}")
-    args = []
-    for item in value:
-        if not isinstance(item, list) or len(item) != 2 or not _is_int(item[0]):
+    decoded: list[Arg] = []
+    for item in args:
+        if type(item) is not list or len(item) != 2:
             raise _bad("each arg must be [kind, value]")
         kind, v = item
-        if kind == ArgKind.TENSOR:
-            args.append(Arg(ArgKind.TENSOR, _handle(v, limits)))
-        elif kind == ArgKind.F32 and isinstance(v, float | int) and not isinstance(v, bool):
-            args.append(Arg(ArgKind.F32, float(v)))
-        elif kind == ArgKind.I32 and _is_int(v) and -(1 << 31) <= v < (1 << 31):
-            args.append(Arg(ArgKind.I32, v))
-        elif kind == ArgKind.U32 and _is_int(v) and 0 <= v < (1 << 32):
-            args.append(Arg(ArgKind.U32, v))
+        t = type(v)
+        if kind == 0 and t is int and 0 < v <= max_handle:
+            decoded.append((0, v))
+        elif kind == 1 and (t is float or t is int):
+            decoded.append((1, float(v)))
+        elif kind == 2 and t is int and -(1 << 31) <= v < (1 << 31):
+            decoded.append((2, v))
+        elif kind == 3 and t is int and 0 <= v < (1 << 32):
+            decoded.append((3, v))
         else:
-            raise _bad(f"bad arg [{kind!r}, {str(v)[:20]}]")
-    return tuple(args)
+            raise _bad(f"bad arg [{str(kind)[:8]}, {str(v)[:20]}]")
+    if writes is not None:
+        writes = _int_list(writes, None, 0, limits.max_args - 1, "writes")
+    return Dispatch(seq, kernel, (gx, gy, gz), tuple(decoded), writes)
 
 
 def _kernel_options(value: object, limits: Limits) -> KernelOptions:
