@@ -38,6 +38,7 @@ class Config:
     # coalescing
     max_dispatches_per_flush: int = 1024
     flush_deadline_ms: float = 2.0
+    max_submissions_in_flight: int = 16  # stop reading new messages while the device is this far behind
     # pools and caches
     staging_pool_bytes: int = 256 << 20
     kernel_cache_size: int = 256

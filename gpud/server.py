@@ -59,6 +59,7 @@ class Server:
         self._residents: ResidentStore | None = None
         self._fatal: BaseException | None = None
         self._stop = anyio.Event()
+        self._drained_at = time.monotonic()
 
     async def serve(self, ready: anyio.Event | None = None) -> int:
         """Run until SIGTERM/SIGINT, `stop()`, or a fatal device error; return the exit code."""
@@ -94,7 +95,7 @@ class Server:
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.SNDHWM, 0)  # bounded by per-session request windows instead
-        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 1024)
         sock.setsockopt(zmq.LINGER, 0)
         with contextlib.ExitStack() as stack:
             if address.startswith("ipc://"):
@@ -146,6 +147,7 @@ class Server:
                 try:
                     messages.append(self._sync_sock.recv_multipart(flags=zmq.NOBLOCK, copy=False))
                 except zmq.Again:
+                    self._drained_at = time.monotonic()
                     break
             for identity, frames in _round_robin(messages):
                 await self._handle(identity, frames)
@@ -153,6 +155,9 @@ class Server:
                 self._scheduler.after_messages()
             except DeviceLost:
                 return  # _on_fatal stops the daemon
+            # Stop reading while the device is behind: messages then wait in ZeroMQ (bounded by
+            # RCVHWM) and senders block, instead of work piling up in this process.
+            await self._scheduler.backend.throttle(self.config.max_submissions_in_flight)
 
     async def _handle(self, identity: bytes, frames: list[Any]) -> None:
         try:
@@ -223,7 +228,9 @@ class Server:
         lease = self.config.lease_s
         while True:
             await anyio.sleep(lease / 4)
-            deadline = time.monotonic() - lease
+            # Judge by the last time the socket was read empty, not by the clock: while the loop
+            # is busy or throttled, heartbeats wait unread in the socket and prove nothing.
+            deadline = self._drained_at - lease
             for identity, session in list(self.sessions.items()):
                 if session.last_seen < deadline:
                     log.info("session %s (%s) missed its lease", session.id, session.client)

@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,6 +36,7 @@ from gpud_client.errors import DaemonLost, GpudError, InvalidArgument, ProtocolE
 from gpud_protocol import ArgKind, Opcode
 
 HANDSHAKE_TIMEOUT_S = 10.0
+SEND_QUEUE_MESSAGES = 64  # batches queued in ZeroMQ before the client holds them for the next await
 
 
 def default_address() -> str:
@@ -116,6 +118,8 @@ class Client:
         self._ops: list[list[Any]] = []
         self._frames: list[Any] = []
         self._futures: dict[int, asyncio.Future[tuple[dict[str, Any], list[Any]]]] = {}
+        self._unsent: deque[list[Any]] = deque()
+        self._send_lock = anyio.Lock()
         self._ack: int | None = None
         self._lost: GpudError | None = None
         self._last_heard = time.monotonic()
@@ -277,10 +281,20 @@ class Client:
         self._send([header, *frames])
 
     def _send(self, frames: list[Any]) -> None:
-        try:
-            self._send_sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:  # cannot happen with SNDHWM=0, but never drop a message
-            self._sock.send_multipart(frames, copy=False)
+        """Send now if the socket takes it; else keep it, in order, for the next await."""
+        if not self._unsent:
+            try:
+                self._send_sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:  # the daemon is not keeping up: back-pressure
+                pass
+        self._unsent.append(frames)
+
+    async def _send_unsent(self) -> None:
+        async with self._send_lock:
+            while self._unsent:
+                await self._sock.send_multipart(self._unsent[0], copy=False)
+                self._unsent.popleft()
 
     async def _request(self, opcode: Opcode, *fields: Any) -> tuple[dict[str, Any], list[Any]]:
         seq = self._next_seq()
@@ -289,6 +303,8 @@ class Client:
         self._futures[seq] = future
         self._send_batch()
         try:
+            if self._unsent:
+                await self._send_unsent()
             return await future
         finally:
             self._futures.pop(seq, None)  # a cancelled await leaves no entry behind
@@ -341,10 +357,11 @@ class Client:
 
     async def _heartbeat(self) -> None:
         lease = float(self.welcome.get("lease_s", 5.0))
+        patience = 3 * lease  # a busy daemon answers late; a dead one is usually seen at once
         while True:
             await anyio.sleep(lease / 4)
-            if time.monotonic() - self._last_heard > lease:
-                self._mark_lost(DaemonLost(f"the daemon at {self.address} stopped answering for {lease:.1f} s"))
+            if time.monotonic() - self._last_heard > patience:
+                self._mark_lost(DaemonLost(f"the daemon at {self.address} did not answer for {patience:.1f} s"))
                 return
             self._send([proto.PING])
 
@@ -370,6 +387,8 @@ class Client:
         if self._lost is None:
             self._send_batch()
             self._send([proto.BYE])
+            with anyio.move_on_after(5):
+                await self._send_unsent()
         self._mark_lost(DaemonLost("the connection is closed"))
 
 
@@ -396,8 +415,8 @@ async def connect(
         raise DaemonLost(f"no gpud socket at {address}: start one with `gpud serve`")
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, SEND_QUEUE_MESSAGES)
+    sock.setsockopt(zmq.RCVHWM, 0)  # replies are bounded by the daemon's per-session request window
     sock.setsockopt(zmq.LINGER, 0)
     if server_public_key is not None:
         public, secret = zmq.curve_keypair()

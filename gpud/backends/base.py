@@ -205,6 +205,14 @@ class Backend(ABC):
         self.after(lambda err: settle(future, None, err))
         await future
 
+    async def throttle(self, max_in_flight: int) -> None:
+        """Wait while more than `max_in_flight` submissions are on the device (back-pressure)."""
+        loop = asyncio.get_running_loop()
+        while self._submitted - self._completed > max_in_flight and self.fatal_error is None:
+            future: asyncio.Future[None] = loop.create_future()
+            self._after_index(self._completed + 1, lambda _err, f=future: settle(f, None, None))  # type: ignore[misc]
+            await future
+
     def stats(self) -> dict[str, Any]:
         return {
             "backend": self.name,

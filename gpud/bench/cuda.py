@@ -1,0 +1,257 @@
+"""`gpud bench cuda`: gpud against the in-process ways to launch the same kernel, in one run.
+
+1. throughput: a chain of dependent `axpb` dispatches (each reads the previous output), then one
+   readback: cuda-python `cuLaunchKernel` loop, CuPy RawKernel, PyTorch eager (one fused op per
+   step), PyTorch CUDA graph replay, and a client through gpud;
+2. latency: one dispatch plus a 4-byte readback, p50 and p99, in process and through gpud.
+
+CuPy and PyTorch are optional: a way whose package is missing is reported as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import time
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+import gpud_client
+from gpud import kernels
+from gpud.bench import per_item_us, percentiles_us, print_table, time_async, time_sync, write_json
+from gpud.spawn import daemon
+
+A, B = 0.999, 0.001
+N = 4096
+
+
+def _check(result: Any) -> Any:
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA error {err}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+class CudaPython:
+    """The in-process floor: NVRTC + cuLaunchKernel from Python, args packed once per launch."""
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver as cu
+        from cuda.bindings import nvrtc
+
+        self.cu = cu
+        _check(cu.cuInit(0))
+        device = _check(cu.cuDeviceGet(0))
+        self.ctx = _check(cu.cuDevicePrimaryCtxRetain(device))
+        _check(cu.cuCtxSetCurrent(self.ctx))
+        major = _check(
+            cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)
+        )
+        minor = _check(
+            cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
+        )
+        self.name = _check(cu.cuDeviceGetName(64, device)).split(b"\0")[0].decode()
+        prog = _check(nvrtc.nvrtcCreateProgram(kernels.AXPB_CUDA.encode(), b"axpb.cu", 0, [], []))
+        _check(nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture=sm_{major}{minor}".encode()]))
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog))
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+        self.module = _check(cu.cuModuleLoadData(cubin))
+        self.func = _check(cu.cuModuleGetFunction(self.module, b"axpb"))
+        self.stream = _check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        self.bufs = [_check(cu.cuMemAlloc(N * 4)) for _ in range(2)]
+        self.host = np.zeros(N, np.float32)
+
+    def upload(self, x0: np.ndarray) -> None:
+        _check(self.cu.cuMemcpyHtoD(self.bufs[0], x0.ctypes.data, x0.nbytes))
+
+    def launch(self, src: int, dst: int) -> None:
+        cu = self.cu
+        params = (
+            (self.bufs[src], self.bufs[dst], A, B, N),
+            (None, None, ctypes.c_float, ctypes.c_float, ctypes.c_uint),
+        )
+        _check(cu.cuLaunchKernel(self.func, kernels.groups(N), 1, 1, kernels.BLOCK, 1, 1, 0, self.stream, params, 0))
+
+    def chain(self, x0: np.ndarray, chain: int) -> np.ndarray:
+        self.upload(x0)
+        for i in range(chain):
+            self.launch(i % 2, (i + 1) % 2)
+        _check(self.cu.cuMemcpyDtoHAsync(self.host.ctypes.data, self.bufs[chain % 2], N * 4, self.stream))
+        _check(self.cu.cuStreamSynchronize(self.stream))
+        return self.host.copy()
+
+    def round_trip(self) -> float:
+        t0 = time.perf_counter()
+        self.launch(0, 1)
+        _check(self.cu.cuMemcpyDtoHAsync(self.host.ctypes.data, self.bufs[1], 4, self.stream))
+        _check(self.cu.cuStreamSynchronize(self.stream))
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        for buf in self.bufs:
+            self.cu.cuMemFree(buf)
+        self.cu.cuModuleUnload(self.module)
+        self.cu.cuStreamDestroy(self.stream)
+
+
+def _cupy_chain() -> Any:
+    import cupy as cp
+
+    kernel = cp.RawKernel(kernels.AXPB_CUDA, "axpb")
+    bufs = [cp.empty(N, cp.float32) for _ in range(2)]
+
+    def run(x0: np.ndarray, chain: int) -> np.ndarray:
+        bufs[0].set(x0)
+        for i in range(chain):
+            kernel(
+                (kernels.groups(N),),
+                (kernels.BLOCK,),
+                (bufs[i % 2], bufs[(i + 1) % 2], cp.float32(A), cp.float32(B), cp.uint32(N)),
+            )
+        out: np.ndarray = bufs[chain % 2].get()
+        return out
+
+    return run
+
+
+def _torch_ways() -> tuple[Any, Any]:
+    import torch
+
+    bufs = [torch.empty(N, device="cuda") for _ in range(2)]
+    b = torch.tensor(B, device="cuda")
+
+    def eager(x0: np.ndarray, chain: int) -> np.ndarray:
+        bufs[0].copy_(torch.from_numpy(x0))
+        for i in range(chain):
+            torch.add(b, bufs[i % 2], alpha=A, out=bufs[(i + 1) % 2])  # one kernel: b + A * x
+        out: np.ndarray = bufs[chain % 2].cpu().numpy()
+        return out
+
+    graphs: dict[int, Any] = {}
+
+    def graphed(x0: np.ndarray, chain: int) -> np.ndarray:
+        if chain not in graphs:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                eager(x0, 2)  # warm-up outside capture
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for i in range(chain):
+                    torch.add(b, bufs[i % 2], alpha=A, out=bufs[(i + 1) % 2])
+            graphs[chain] = graph
+        bufs[0].copy_(torch.from_numpy(x0))
+        graphs[chain].replay()
+        out: np.ndarray = bufs[chain % 2].cpu().numpy()
+        return out
+
+    return eager, graphed
+
+
+async def _gpud_ways(address: str, x0: np.ndarray, chain: int, reps: int, rt_samples: int) -> dict[str, Any]:
+    async with gpud_client.connect(address) as gpu:
+        k = await gpu.kernel(kernels.AXPB_CUDA, "axpb", block=(kernels.BLOCK, 1, 1))
+        bufs = [gpu.tensor(x0), gpu.empty(N)]
+        n32 = gpud_client.u32(N)
+        groups = kernels.groups(N)
+
+        async def step() -> np.ndarray:
+            bufs[0].upload(x0)
+            for i in range(chain):
+                gpu.dispatch(k, groups, [bufs[i % 2], bufs[(i + 1) % 2], A, B, n32])
+            return await bufs[chain % 2].numpy()
+
+        out = await step()
+        samples = await time_async(step, reps)
+        one = [gpu.empty(1), gpu.empty(1)]
+        gpu.upload(one[0], np.ones(1, np.float32))
+
+        async def round_trip() -> None:
+            gpu.dispatch(k, 1, [one[0], one[1], A, B, gpud_client.u32(1)])
+            await one[1].numpy()
+
+        rt = await time_async(round_trip, rt_samples, warmup=50)
+        stats = await gpu.stats()
+        return {"chain": samples, "out": out, "round_trip": rt, "stats": stats}
+
+
+def _reference(x0: np.ndarray, chain: int) -> np.ndarray:
+    x = x0
+    for _ in range(chain):
+        x = (x * np.float32(A) + np.float32(B)).astype(np.float32)
+    return x
+
+
+def main(args: argparse.Namespace) -> int:
+    chain = 1000 if args.quick else 10_000
+    reps = 3 if args.quick else 7
+    rt_samples = 200 if args.quick else 2000
+    x0 = np.random.default_rng(0).standard_normal(N).astype(np.float32)
+    ref = _reference(x0, chain)
+    local = CudaPython()
+    print(f"device: {local.name}")
+    print(f"workload: {chain} dependent axpb dispatches on {N} floats, then one readback; {reps} repetitions")
+    ways: dict[str, Any] = {"cuda_python_loop": local.chain}
+    skipped: dict[str, str] = {}
+    try:
+        ways["cupy_rawkernel"] = _cupy_chain()
+    except Exception as exc:
+        skipped["cupy_rawkernel"] = repr(exc)
+    try:
+        ways["torch_eager"], ways["torch_cuda_graph"] = _torch_ways()
+    except Exception as exc:
+        skipped["torch_eager"] = skipped["torch_cuda_graph"] = repr(exc)
+
+    timings: dict[str, dict[str, float]] = {}
+    for name, run in ways.items():
+        out = run(x0, chain)
+        if not np.allclose(out, ref, rtol=1e-3, atol=1e-4):
+            raise AssertionError(f"{name} computed a wrong result")
+        timings[name] = per_item_us(time_sync(partial(run, x0, chain), reps), chain)
+
+    with daemon("cuda") as (address, _proc):
+        measured = asyncio.run(_gpud_ways(address, x0, chain, reps, rt_samples))
+    if not np.allclose(measured["out"], ref, rtol=1e-3, atol=1e-4):
+        raise AssertionError("gpud computed a wrong result")
+    timings["gpud_client"] = per_item_us(measured["chain"], chain)
+
+    loop_us = timings["cuda_python_loop"]["median"]
+    eager_us = timings.get("torch_eager", {}).get("median")
+    rows = []
+    for name, t in timings.items():
+        ratio = f"{loop_us / t['median']:5.2f}x vs cuda-python loop"
+        if eager_us:
+            ratio += f", {eager_us / t['median']:5.2f}x vs torch eager"
+        rows.append((name, t["median"], ratio))
+    print_table("us per dispatch in a dependent chain (median; higher ratio = faster)", rows)
+
+    in_process = [local.round_trip() for _ in range(rt_samples)]
+    latency = {
+        "in_process_cuda_python": percentiles_us(in_process),
+        "gpud_client": percentiles_us(measured["round_trip"]),
+    }
+    print("\ndispatch + 4-byte readback round trip")
+    for name, p in latency.items():
+        print(f"  {name:<24} p50 {p['p50']:8.1f} us   p99 {p['p99']:8.1f} us")
+    local.close()
+
+    results: dict[str, Any] = {
+        "benchmark": "cuda-chain",
+        "device": local.name,
+        "n": N,
+        "chain": chain,
+        "reps": reps,
+        "us_per_dispatch": timings,
+        "skipped": skipped,
+        "round_trip_us": latency,
+        "gpud_vs_cuda_python_loop": loop_us / timings["gpud_client"]["median"],
+        "gpud_vs_torch_eager": (eager_us / timings["gpud_client"]["median"]) if eager_us else None,
+        "daemon_stats": measured["stats"]["device"],
+    }
+    write_json(args.json, results)
+    return 0
