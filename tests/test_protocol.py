@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import gpud_protocol as proto
 import msgpack
 import pytest
+
+import gpud_protocol as proto
 from gpud_protocol import (
     Alloc,
     ArgKind,
@@ -261,7 +262,6 @@ def test_control_messages_carry_no_frames() -> None:
 @pytest.mark.parametrize(
     "hello",
     [
-        {"t": "hello", "name": "x", "pid": 1},
         {"t": "hello", "v": "1", "name": "x", "pid": 1},
         {"t": "hello", "v": 1.0, "name": "x", "pid": 1},
         {"t": "hello", "v": True, "name": "x", "pid": 1},
@@ -278,6 +278,8 @@ def test_bad_hello(hello: dict[str, Any]) -> None:
 def test_hello_other_version_decodes() -> None:
     """A well-formed hello of another version decodes; the daemon answers it with an error."""
     assert decode({"t": "hello", "v": 99, "name": "x", "pid": 1}) == proto.Hello(99, "x", 1)
+    version = decode({"t": "hello", "name": "x", "pid": 1})  # no version at all: answered the same way
+    assert isinstance(version, proto.Hello) and version.version != proto.PROTOCOL_VERSION
 
 
 @pytest.mark.parametrize(

@@ -436,7 +436,7 @@ def _decode_dispatch(raw: list[Any], limits: Limits) -> Dispatch:
         raise _bad(f"args must be a list of at most {limits.max_args}")
     decoded: list[Arg] = []
     for item in args:
-        if type(item) is not list or len(item) != 2:
+        if type(item) is not list or len(item) != 2 or type(item[0]) is not int:  # True == 1, 1.0 == 1
             raise _bad("each arg must be [kind, value]")
         kind, v = item
         t = type(v)
