@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from gpud_protocol import KernelOptions
 
 from gpud.backends.base import kernel_key
 from gpud.cache import LruCache
+from gpud_protocol import KernelOptions
 
 
 def test_evicts_least_recently_used_in_order() -> None:

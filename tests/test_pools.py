@@ -10,10 +10,10 @@ import tempfile
 from pathlib import Path
 
 import anyio
-import gpud_client
 import numpy as np
 import pytest
 
+import gpud_client
 from gpud import spawn
 from gpud.pools import StagingPool, size_class
 
