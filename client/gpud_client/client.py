@@ -140,7 +140,7 @@ class Client:
 
     def tensor(self, array: Any, dtype: Any = None) -> Tensor:
         """Allocate a tensor holding a copy of `array` (the copy is taken now)."""
-        host = np.ascontiguousarray(array, dtype=dtype)
+        host = np.asarray(array, dtype=dtype, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
         tensor = self.empty(host.shape, host.dtype)
         self.upload(tensor, host)
         return tensor
@@ -155,7 +155,7 @@ class Client:
         return Tensor(self, handle, np_dtype, dims)
 
     def upload(self, tensor: Tensor, array: Any) -> None:
-        host = np.ascontiguousarray(array)
+        host = np.asarray(array, order="C")
         if host.dtype != tensor.dtype or host.shape != tensor.shape:
             raise InvalidArgument(f"array {host.dtype}{list(host.shape)} does not match {tensor!r}")
         payload = host.tobytes()  # a snapshot: the caller may change `array` before the batch goes
@@ -424,6 +424,7 @@ async def connect(
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.connect(address)
     client = Client(sock, address)
+    error: BaseException | None = None
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client._reader)
@@ -435,11 +436,19 @@ async def connect(
             finally:
                 await client.close()
                 tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The task group wraps whatever leaves it; callers catch the error itself (DaemonLost from
+        # the handshake, a GpudError or their own exception from the body), not a group of one.
+        if len(group.exceptions) != 1:
+            raise
+        error = group.exceptions[0]
     finally:
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
         ctx.term()
+    if error is not None:
+        raise error
 
 
 __all__ = ["Client", "GpudError", "Kernel", "Scalar", "Tensor", "connect", "default_address", "f32", "i32", "u32"]
