@@ -290,8 +290,12 @@ class _Sticky(GpudError):
         self.code = failure.code
 
 
+# Failed ops are named as the decoder names them (Opcode names), whichever side finds the error.
+_OP_NAMES: dict[type[Any], str] = {proto.RegisterKernel: "kernel", proto.FlushOp: "flush"}
+
+
 def _opname(op: proto.Op) -> str:
-    return type(op).__name__.lower()
+    return _OP_NAMES.get(type(op)) or type(op).__name__.lower()
 
 
 def _is_request(op: proto.Op) -> bool:
