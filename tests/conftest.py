@@ -9,13 +9,12 @@ tears it down in different tasks: so the connection lives in a task of its own h
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 
-import gpud_client
 import pytest
+from support import Daemon
 
+import gpud_client
 from gpud import spawn
 from gpud.backends import cuda_available
 
@@ -29,16 +28,6 @@ BACKENDS = [
         marks=[pytest.mark.cuda, pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device on this machine")],
     ),
 ]
-
-
-@dataclasses.dataclass
-class Daemon:
-    address: str
-    proc: subprocess.Popen[bytes]
-    backend: str
-
-    def assert_alive(self) -> None:
-        assert self.proc.poll() is None, f"the daemon exited with {self.proc.returncode}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,15 +5,30 @@ Tests pick a kernel by `gpu.backend`, so every integration test runs unchanged o
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
 import time
 from typing import Any
 
 import anyio
-import gpud_client
 import numpy as np
+
+import gpud_client
+from gpud import kernels
 from gpud_client import u32
 
-from gpud import kernels
+
+@dataclasses.dataclass
+class Daemon:
+    """A daemon started by a fixture: its address, its process and its backend."""
+
+    address: str
+    proc: subprocess.Popen[bytes]
+    backend: str
+
+    def assert_alive(self) -> None:
+        assert self.proc.poll() is None, f"the daemon exited with {self.proc.returncode}"
+
 
 ADD_WGSL = """
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -34,6 +49,27 @@ ADD_CUDA = """
 extern "C" __global__ void add(const float* x, const float* y, float* z, unsigned int n) {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) z[i] = x[i] + y[i];
+}
+"""
+
+SCALE_WGSL = """
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+struct Params { a: f32 }
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < arrayLength(&y)) {
+        y[gid.x] = x[gid.x] * p.a;
+    }
+}
+"""
+
+SCALE_CUDA = """
+extern "C" __global__ void main_kernel(const float* x, float* y, float a) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    y[i] = x[i] * a;
 }
 """
 
@@ -59,6 +95,19 @@ async def add(gpu: gpud_client.Client) -> gpud_client.Kernel:
     if gpu.backend == "cuda":
         return await gpu.kernel(ADD_CUDA, "add", block=(kernels.BLOCK, 1, 1), writes=[2])
     return await gpu.kernel(ADD_WGSL, "add")
+
+
+async def scale(gpu: gpud_client.Client) -> gpud_client.Kernel:
+    """The README's kernel: y = x * a for a whole number of 64-wide groups. Args: x, y, a (f32)."""
+    if gpu.backend == "cuda":
+        return await gpu.kernel(SCALE_CUDA, "main_kernel", block=(kernels.BLOCK, 1, 1), writes=[1])
+    return await gpu.kernel(SCALE_WGSL, entry="main")
+
+
+def last_seq(gpu: gpud_client.Client) -> int:
+    """The sequence number of the op queued last (to check which op an error names)."""
+    seq: int = gpu._ops[-1][1]
+    return seq
 
 
 def run_axpb(
