@@ -72,9 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: gpud against in-process launches")
-    bench.add_argument("which", choices=("webgpu", "cuda"))
+    bench.add_argument("which", choices=("webgpu", "cuda", "clients"))
     bench.add_argument("--json", type=Path, help="write the results here")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
+    bench.add_argument("--backend", choices=BACKENDS, default="auto", help="clients: the daemon's backend")
+    bench.add_argument("--clients", default="1,2,4,8", help="clients: comma-separated process counts")
+    bench.add_argument("--seconds", type=float, default=5.0, help="clients: measuring time per count")
     bench.set_defaults(func=_bench)
     return parser
 

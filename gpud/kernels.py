@@ -38,3 +38,34 @@ def axpb_source(backend: str) -> tuple[str, dict[str, object]]:
 
 def groups(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK
+
+
+# `axpw`: y[i] = x[i] * a + w[i] for i < n, where w is typically a shared read-only resident tensor.
+# Arguments: x, w, y, a (f32), n (u32).
+AXPW_WGSL = """
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+struct Params { a: f32, n: u32 }
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn axpw(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < p.n) {
+        y[gid.x] = x[gid.x] * p.a + w[gid.x];
+    }
+}
+"""
+
+AXPW_CUDA = """
+extern "C" __global__ void axpw(const float* x, const float* w, float* y, float a, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * a + w[i];
+}
+"""
+
+
+def axpw_source(backend: str) -> tuple[str, dict[str, object]]:
+    if backend == "cuda":
+        return AXPW_CUDA, {"block": (BLOCK, 1, 1)}
+    return AXPW_WGSL, {}

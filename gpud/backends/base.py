@@ -118,6 +118,7 @@ class Backend(ABC):
         """Encode a host-to-device copy; it keeps its place in op order."""
         if data.nbytes != buffer.nbytes:
             raise InvalidArgument(f"upload of {data.nbytes} bytes into a tensor of {buffer.nbytes}")
+        self.counters["upload_bytes"] += data.nbytes
         chunk = self._chunk_bytes()
         for offset in range(0, data.nbytes, chunk):
             await self._encode_upload(buffer, offset, data[offset : offset + chunk])
@@ -152,6 +153,7 @@ class Backend(ABC):
 
     async def download(self, buffer: Buffer) -> asyncio.Future[bytes]:
         """Encode a device-to-host copy; the future resolves with the bytes once it completed."""
+        self.counters["download_bytes"] += buffer.nbytes
         chunk = self._chunk_bytes()
         parts = []
         for offset in range(0, buffer.nbytes, chunk):
