@@ -48,6 +48,8 @@ class Config:
     lease_s: float = 5.0
     session_memory_bytes: int = 8 << 30
     session_max_requests: int = 4096  # readbacks/syncs/kernels in flight per session
+    session_max_handles: int = 65536  # open tensor handles per session
+    session_max_kernels: int = 1024  # registered kernels per session
     limits: Limits = dataclasses.field(default_factory=Limits)
 
     @classmethod

@@ -194,6 +194,8 @@ class Session:
     def _register_kernel(self, op: proto.RegisterKernel) -> None:
         if op.handle in self.kernels:
             raise InvalidArgument(f"kernel handle {op.handle} is in use")
+        if len(self.kernels) >= self._config.session_max_kernels:
+            raise OutOfMemory(f"more than {self._config.session_max_kernels} kernels in this session")
         self._request(op.seq)
         try:
             kernel = self._backend.kernel(op.source, op.entry, op.options)
@@ -220,6 +222,8 @@ class Session:
     def _new_handle(self, handle_id: int) -> None:
         if handle_id in self.handles:
             raise InvalidArgument(f"tensor handle {handle_id} is in use")
+        if len(self.handles) >= self._config.session_max_handles:
+            raise OutOfMemory(f"more than {self._config.session_max_handles} open tensor handles in this session")
 
     def _request(self, seq: int) -> None:
         """Admit one more awaited request, or refuse it (back-pressure)."""
