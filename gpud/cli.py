@@ -25,8 +25,17 @@ def _serve(args: argparse.Namespace) -> int:
         flush_deadline_ms=args.flush_deadline_ms,
         max_dispatches_per_flush=args.max_dispatches_per_flush,
         lease_s=args.lease,
+        event_loop=args.event_loop,
     )
     try:
+        if args.profile is not None:
+            import cProfile
+
+            with cProfile.Profile() as profile:
+                try:
+                    return main_loop(config)
+                finally:
+                    profile.dump_stats(args.profile)
         return main_loop(config)
     except (AddressInUse, ValueError, OSError) as exc:
         logging.getLogger("gpud").error("%s", exc)
@@ -60,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--flush-deadline-ms", type=float, help="submit pending work after this long")
     serve.add_argument("--max-dispatches-per-flush", type=int, help="submit once this many dispatches are pending")
     serve.add_argument("--lease", type=float, help="seconds without a heartbeat before a session is ended")
+    serve.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), help="default: uvloop when installed")
+    serve.add_argument("--profile", type=Path, help="write cProfile statistics here at exit (performance work)")
     serve.add_argument("--curve-secret-key", help="CURVE certificate file (zmq.auth) for tcp://")
     serve.add_argument("--insecure-tcp", action="store_true", help="allow tcp:// without CURVE (testing only)")
     serve.set_defaults(func=_serve)
@@ -72,10 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: gpud against in-process launches")
-    bench.add_argument("which", choices=("webgpu", "cuda", "clients"))
+    bench.add_argument("which", choices=("webgpu", "cuda", "clients", "transport"))
     bench.add_argument("--json", type=Path, help="write the results here")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
-    bench.add_argument("--backend", choices=BACKENDS, default="auto", help="clients: the daemon's backend")
+    bench.add_argument("--backend", choices=BACKENDS, default="auto", help="clients, transport: the daemon's backend")
     bench.add_argument("--clients", default="1,2,4,8", help="clients: comma-separated process counts")
     bench.add_argument("--seconds", type=float, default=5.0, help="clients: measuring time per count")
     bench.set_defaults(func=_bench)

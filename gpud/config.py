@@ -39,6 +39,8 @@ class Config:
     max_dispatches_per_flush: int = 1024
     flush_deadline_ms: float = 2.0
     max_submissions_in_flight: int = 16  # stop reading new messages while the device is this far behind
+    completion_spin_us: float = 50.0  # cuda: poll a flush that a readback awaits this long before handing it off
+    event_loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
     # pools and caches
     staging_pool_bytes: int = 256 << 20
     kernel_cache_size: int = 256

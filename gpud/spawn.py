@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def daemon(
         address = address or f"ipc://{tmp}/gpud.sock"
         log_path = Path(tmp) / "daemon.log"
         with open(log_path, "wb") as log:
-            cmd = [sys.executable, "-m", "gpud", "serve", "--address", address, "--backend", backend, *extra_args]
+            extra = (*extra_args, *shlex.split(os.environ.get("GPUD_DAEMON_ARGS", "")))  # e.g. --profile FILE
+            cmd = [sys.executable, "-m", "gpud", "serve", "--address", address, "--backend", backend, *extra]
             env = {**os.environ, "GPUD_CACHE_DIR": os.environ.get("GPUD_CACHE_DIR", f"{tmp}/cache")}
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:

@@ -25,6 +25,7 @@ import re
 import struct
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -309,6 +310,8 @@ class CudaBackend(Backend):
         self._thread = threading.Thread(target=self._wait_events, name="gpud-cuda-events", daemon=True)
         self._thread.start()
         self._closed = False
+        self._spin_s = config.completion_spin_us / 1e6
+        self._download_pending = False
 
     def _attribute(self, name: str) -> int:
         attribute = getattr(cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
@@ -519,6 +522,7 @@ class CudaBackend(Backend):
             self._downloads.give_back(pinned, size)
             raise
         future: asyncio.Future[bytes] = self._loop.create_future()
+        self._download_pending = True
 
         def finished(error: BaseException | None) -> None:
             settle(future, ctypes.string_at(pinned, nbytes) if error is None else None, error)
@@ -536,7 +540,22 @@ class CudaBackend(Backend):
         count = len(self._dead_modules)  # finalizers may append meanwhile
         dead = self._dead_modules[:count]
         del self._dead_modules[:count]
-        self._completions.put((event, done, dead))
+        awaited, self._download_pending = self._download_pending, False
+        if awaited and self._finished_within_spin(event):
+            # Someone awaits this readback and the work was short: report it now, saving the two
+            # thread hand-offs. A stream completes in order, so earlier submissions are done too.
+            self._event_done((event, done, dead), None)
+        else:
+            self._completions.put((event, done, dead))
+
+    def _finished_within_spin(self, event: Any) -> bool:
+        deadline = time.perf_counter() + self._spin_s
+        while True:
+            (status,) = cu.cuEventQuery(event)
+            if status == _E.CUDA_SUCCESS:
+                return True
+            if status != _E.CUDA_ERROR_NOT_READY or time.perf_counter() > deadline:
+                return False  # errors are reported by the completion thread
 
     def _wait_events(self) -> None:
         """The completion thread: waits on each submit's event in order, reports on the loop thread."""
