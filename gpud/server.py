@@ -24,7 +24,6 @@ from typing import Any
 
 import anyio
 import zmq
-import zmq.asyncio
 import zmq.auth
 
 import gpud_protocol as proto
@@ -36,6 +35,7 @@ from gpud.errors import DeviceLost
 from gpud.resident import ResidentStore
 from gpud.scheduler import Scheduler
 from gpud.session import Session
+from gpud_client.zmqio import SocketReader
 from gpud_protocol import ErrorCode, ProtocolViolation
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,9 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.sessions: dict[bytes, Session] = {}
-        self._ctx = zmq.asyncio.Context()
-        self._sock: zmq.asyncio.Socket | None = None
-        self._sync_sock: zmq.Socket[bytes] | None = None
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket[bytes] | None = None
+        self._reader: SocketReader | None = None
         self.backend: Backend | None = None
         self._scheduler: Scheduler | None = None
         self._residents: ResidentStore | None = None
@@ -64,7 +64,7 @@ class Server:
 
     async def serve(self, ready: anyio.Event | None = None) -> int:
         """Run until SIGTERM/SIGINT, `stop()`, or a fatal device error; return the exit code."""
-        with self._listening() as sock:
+        with self._listening():
             self.backend = create_backend(self.config, self._on_fatal)
             # Long-lived startup objects need no more scanning, and the hot path allocates many
             # short-lived tuples: a larger first generation cuts collection pauses by about a quarter.
@@ -75,7 +75,7 @@ class Server:
             log.info("gpud %s serving %s on %s", __version__, self.config.address, self.backend.device_info())
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._receive_loop, sock)
+                    tg.start_soon(self._receive_loop)
                     tg.start_soon(self._lease_loop)
                     tg.start_soon(self._signals)
                     if ready is not None:
@@ -95,7 +95,7 @@ class Server:
     # ------------------------------------------------------------------ socket
 
     @contextlib.contextmanager
-    def _listening(self) -> Iterator[zmq.asyncio.Socket]:
+    def _listening(self) -> Iterator[zmq.Socket[bytes]]:
         address = self.config.address
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -113,14 +113,15 @@ class Server:
             if address.startswith("ipc://"):
                 os.chmod(address[len("ipc://") :], 0o660)
             self._sock = sock
-            self._sync_sock = zmq.Socket.shadow(sock.underlying)
+            self._reader = SocketReader(sock)
             try:
                 yield sock
             finally:
+                self._reader.close()
                 sock.close(linger=0)
                 self._ctx.term()
 
-    def _secure_tcp(self, sock: zmq.asyncio.Socket) -> None:
+    def _secure_tcp(self, sock: zmq.Socket[bytes]) -> None:
         key_file = self.config.curve_secret_key
         if key_file:
             public, secret = zmq.auth.load_certificate(key_file)
@@ -135,25 +136,26 @@ class Server:
             log.warning("serving plain tcp without authentication: anyone who reaches the port can use the GPU")
 
     def _send(self, identity: bytes, frames: list[Any]) -> None:
-        assert self._sync_sock is not None
+        assert self._sock is not None and self._reader is not None
         try:  # SNDHWM is 0, so this never blocks: the per-session request window bounds the queue
-            self._sync_sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
+            self._sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
+            self._reader.poke()
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone
             log.info("peer %s unreachable (%s); ending its session", identity.hex(), exc)
             self._end_session(identity)
 
     # ------------------------------------------------------------------ loops
 
-    async def _receive_loop(self, sock: zmq.asyncio.Socket) -> None:
-        assert self._sync_sock is not None and self._scheduler is not None
+    async def _receive_loop(self) -> None:
+        assert self._reader is not None and self._scheduler is not None
+        reader = self._reader
         while True:
-            messages = [await sock.recv_multipart(copy=False)]
+            messages = [await reader.recv()]
             while len(messages) < MAX_DRAIN:
-                try:
-                    messages.append(self._sync_sock.recv_multipart(flags=zmq.NOBLOCK, copy=False))
-                except zmq.Again:
+                if (frames := reader.try_recv()) is None:
                     self._drained_at = time.monotonic()
                     break
+                messages.append(frames)
             for identity, frames in _round_robin(messages):
                 await self._handle(identity, frames)
             try:

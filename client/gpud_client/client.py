@@ -28,11 +28,11 @@ from typing import Any, NamedTuple
 import anyio
 import numpy as np
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 import gpud_protocol as proto
 from gpud_client.errors import DaemonLost, GpudError, InvalidArgument, ProtocolError, from_code
+from gpud_client.zmqio import SocketReader
 from gpud_protocol import ArgKind, Opcode
 
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -109,10 +109,10 @@ class Tensor:
 
 
 class Client:
-    def __init__(self, sock: zmq.asyncio.Socket, address: str) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], address: str) -> None:
         self.address = address
         self._sock = sock
-        self._send_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+        self._incoming = SocketReader(sock)
         self._seqs = itertools.count(1)
         self._handles = itertools.count(1)
         self._ops: list[list[Any]] = []
@@ -284,7 +284,8 @@ class Client:
         """Send now if the socket takes it; else keep it, in order, for the next await."""
         if not self._unsent:
             try:
-                self._send_sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                self._incoming.poke()
                 return
             except zmq.Again:  # the daemon is not keeping up: back-pressure
                 pass
@@ -293,7 +294,12 @@ class Client:
     async def _send_unsent(self) -> None:
         async with self._send_lock:
             while self._unsent:
-                await self._sock.send_multipart(self._unsent[0], copy=False)
+                try:
+                    self._sock.send_multipart(self._unsent[0], flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    await anyio.sleep(0.001)  # rare: wait for the daemon to catch up
+                    continue
+                self._incoming.poke()
                 self._unsent.popleft()
 
     async def _request(self, opcode: Opcode, *fields: Any) -> tuple[dict[str, Any], list[Any]]:
@@ -311,7 +317,7 @@ class Client:
 
     async def _reader(self) -> None:
         while True:
-            frames = await self._sock.recv_multipart(copy=False)
+            frames = await self._incoming.recv()
             self._last_heard = time.monotonic()
             try:
                 header, payload = proto.decode_server_message(frames, self.limits)
@@ -365,12 +371,16 @@ class Client:
                 return
             self._send([proto.PING])
 
-    async def _watch_disconnect(self, monitor: zmq.asyncio.Socket) -> None:
-        while True:
-            event = parse_monitor_message(await monitor.recv_multipart())
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self._mark_lost(DaemonLost(f"the daemon at {self.address} went away"))
-                return
+    async def _watch_disconnect(self, monitor: zmq.Socket[bytes]) -> None:
+        events = SocketReader(monitor)
+        try:
+            while True:
+                event = parse_monitor_message([frame.bytes for frame in await events.recv()])
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    self._mark_lost(DaemonLost(f"the daemon at {self.address} went away"))
+                    return
+        finally:
+            events.close()
 
     async def _handshake(self, timeout: float) -> None:
         future: asyncio.Future[tuple[dict[str, Any], list[Any]]] = asyncio.get_running_loop().create_future()
@@ -413,7 +423,7 @@ async def connect(
     address = address or default_address()
     if address.startswith("ipc://") and not Path(address[len("ipc://") :]).exists():
         raise DaemonLost(f"no gpud socket at {address}: start one with `gpud serve`")
-    ctx = zmq.asyncio.Context()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.SNDHWM, SEND_QUEUE_MESSAGES)
     sock.setsockopt(zmq.RCVHWM, 0)  # replies are bounded by the daemon's per-session request window
@@ -443,6 +453,7 @@ async def connect(
             raise
         error = group.exceptions[0]
     finally:
+        client._incoming.close()
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)

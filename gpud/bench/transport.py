@@ -17,7 +17,8 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -90,7 +91,10 @@ async def _client_async(address: str, samples: int) -> list[float]:
     return out
 
 
-def _run(loop: str, coro: Callable[[], Coroutine[Any, Any, list[float]]]) -> list[float]:
+T = TypeVar("T")
+
+
+def _run(loop: str, coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
     if loop == "uvloop":
         import uvloop
 
@@ -142,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
         rows[f"zmq_echo_{kind}"] = percentiles_us(_echo_round_trips(kind, samples))
     for loop in ["asyncio", *(["uvloop"] if "uvloop" in kinds else [])]:
         with daemon(args.backend, extra_args=("--event-loop", loop)) as (address, _proc):
-            measured = _run(loop, lambda address=address: _gpud_round_trips(address, samples))  # type: ignore[misc]
+            measured = _run(loop, partial(_gpud_round_trips, address, samples))
         for name, values in measured.items():
             rows[f"gpud_{name}_{loop}"] = percentiles_us(values)
     print(f"\nround trips over ipc (us), {samples} samples each")
