@@ -1,43 +1,64 @@
 #!/usr/bin/env bash
-# CUDA tests and launch benchmarks on a machine with an NVIDIA GPU; everything goes to $OUT/log.txt.
+# Everything gpud needs a GPU for, in one call on the device machine: the CUDA tests, the
+# benchmarks (cuda, transport, clients on cuda, webgpu through the NVIDIA Vulkan driver) and a
+# daemon profile. Results go to $OUT (log.txt plus JSON files).
 #
-# Packages that machine lacks travel as wheels in .whl/ (ignored by git), made here with:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl anyio sniffio idna typing_extensions pytest-asyncio pyzmq wgpu rendercanvas cffi pycparser
+# Prepare once, on the machine that sends the call (both folders are ignored by git):
+#   .whl/  wheels the device machine lacks (made with `pip download --python-version 3.12 ...`):
+#          anyio sniffio idna typing_extensions pytest-asyncio pyzmq wgpu rendercanvas cffi pycparser uvloop
+#   .gl/   Debian's libvulkan1 and friends (device/README.md), for wgpu's Vulkan backend
+# and call: bash scripts/device-check.sh [sections...]   (default: all)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpud-device-check}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 GPUD_CACHE_DIR=/tmp/gpud-cache
+SECTIONS=${*:-tests cuda transport clients webgpu}
 
-main() {
-    local status=0
+setup() {
     if compgen -G ".whl/*.whl" >/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
             return 1
-    else
-        echo "no wheels in .whl/: using the packages installed here"
     fi
+    if compgen -G ".gl/*.deb" >/dev/null; then
+        for f in .gl/*.deb; do dpkg -x "$f" /; done
+        ldconfig
+    fi
+    local icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
     export PYTHONPATH=/tmp/site:$PWD/protocol:$PWD/client:$PWD
     nvidia-smi -L
-    python3 -c 'import sys, pytest, numpy
+    python3 -c 'import sys, numpy
 from cuda.bindings import driver, nvrtc
-print("python", sys.version.split()[0], "pytest", pytest.__version__, "numpy", numpy.__version__,
-      "driver", driver.cuDriverGetVersion()[1], "nvrtc", nvrtc.nvrtcVersion()[1:])' || status=1
+print("python", sys.version.split()[0], "numpy", numpy.__version__, "driver", driver.cuDriverGetVersion()[1])'
+}
 
-    echo "== pytest -m cuda"
-    python3 -m pytest -q -p no:cacheprovider -m cuda --continue-on-collection-errors tests || status=1
+section() {
+    echo
+    echo "== $*"
+    "$@"
+}
 
-    echo "== launch overhead"
-    python3 scripts/bench_cuda_launch.py --json "$OUT/launch-cuda.json" || status=1
-
-    if [ -f gpud/bench/cuda.py ]; then
-        echo "== gpud bench cuda"
-        python3 -m gpud bench cuda --json "$OUT/bench-cuda.json" || status=1
-    else
-        echo "== gpud bench cuda: skipped, gpud/bench/cuda.py does not exist yet"
-    fi
+main() {
+    local status=0
+    setup || return 1
+    for name in $SECTIONS; do
+        case $name in
+        tests) section python3 -m pytest -q -p no:cacheprovider -m cuda tests || status=1 ;;
+        cuda)
+            GPUD_DAEMON_ARGS="--profile $OUT/daemon-cuda.prof" section python3 -m gpud bench cuda --json "$OUT/bench-cuda.json" || status=1
+            python3 -c "import pstats; pstats.Stats('$OUT/daemon-cuda.prof').sort_stats('tottime').print_stats(25)" | tail -40
+            ;;
+        transport) section python3 -m gpud bench transport --backend cuda --json "$OUT/bench-transport.json" || status=1 ;;
+        clients) section python3 -m gpud bench clients --backend cuda --seconds 3 --json "$OUT/bench-clients-cuda.json" || status=1 ;;
+        webgpu)
+            section python3 -m gpud bench webgpu --json "$OUT/bench-webgpu-vulkan.json" || status=1
+            section python3 -m gpud bench clients --backend webgpu --seconds 3 --json "$OUT/bench-clients-webgpu-vulkan.json" || status=1
+            ;;
+        launch) section python3 scripts/bench_cuda_launch.py --json "$OUT/launch-cuda.json" || status=1 ;;
+        *) echo "unknown section $name" && status=1 ;;
+        esac
+    done
     return $status
 }
 
