@@ -26,6 +26,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_dispatches_per_flush=args.max_dispatches_per_flush,
         lease_s=args.lease,
         event_loop=args.event_loop,
+        trace=args.trace,
+        busy_poll_us=args.busy_poll_us,
     )
     try:
         if args.profile is not None:
@@ -70,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-dispatches-per-flush", type=int, help="submit once this many dispatches are pending")
     serve.add_argument("--lease", type=float, help="seconds without a heartbeat before a session is ended")
     serve.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), help="default: uvloop when installed")
+    serve.add_argument("--busy-poll-us", type=float, help="poll for the next message this long before sleeping")
+    serve.add_argument("--trace", action="store_true", default=None, help="stamp readback replies with daemon times")
     serve.add_argument("--profile", type=Path, help="write cProfile statistics here at exit (performance work)")
     serve.add_argument("--curve-secret-key", help="CURVE certificate file (zmq.auth) for tcp://")
     serve.add_argument("--insecure-tcp", action="store_true", help="allow tcp:// without CURVE (testing only)")

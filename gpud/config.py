@@ -41,6 +41,8 @@ class Config:
     max_submissions_in_flight: int = 16  # stop reading new messages while the device is this far behind
     completion_spin_us: float = 50.0  # cuda: poll a flush that a readback awaits this long before handing it off
     event_loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
+    busy_poll_us: float = 0.0  # after each message, poll this long for the next before sleeping
+    trace: bool = False  # stamp readback replies with daemon-side times (performance work)
     # pools and caches
     staging_pool_bytes: int = 256 << 20
     kernel_cache_size: int = 256

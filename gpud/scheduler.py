@@ -9,6 +9,7 @@ dispatches, or when `flush_deadline_ms` has passed since work became pending. Th
 from __future__ import annotations
 
 import asyncio
+import time
 
 from gpud.backends.base import Backend
 from gpud.config import Config
@@ -21,6 +22,7 @@ class Scheduler:
         self._deadline_s = config.flush_deadline_ms / 1000
         self._flush_wanted = False
         self._timer: asyncio.TimerHandle | None = None
+        self.flushed_at = 0.0  # perf_counter of the last flush (for request traces)
 
     def want_flush(self) -> None:
         """A result is awaited: flush at the end of this drain."""
@@ -42,6 +44,7 @@ class Scheduler:
             self._timer.cancel()
             self._timer = None
         self.backend.flush()
+        self.flushed_at = time.perf_counter()
 
     def _deadline(self) -> None:
         self._timer = None

@@ -150,14 +150,15 @@ class Server:
         assert self._reader is not None and self._scheduler is not None
         reader = self._reader
         while True:
-            messages = [await reader.recv()]
+            messages = [await self._next_message(reader)]
+            received_at = time.perf_counter()
             while len(messages) < MAX_DRAIN:
                 if (frames := reader.try_recv()) is None:
                     self._drained_at = time.monotonic()
                     break
                 messages.append(frames)
             for identity, frames in _round_robin(messages):
-                await self._handle(identity, frames)
+                await self._handle(identity, frames, received_at)
             try:
                 self._scheduler.after_messages()
             except DeviceLost:
@@ -166,7 +167,17 @@ class Server:
             # RCVHWM) and senders block, instead of work piling up in this process.
             await self._scheduler.backend.throttle(self.config.max_submissions_in_flight)
 
-    async def _handle(self, identity: bytes, frames: list[Any]) -> None:
+    async def _next_message(self, reader: SocketReader) -> list[Any]:
+        """Wait for a message; with `busy_poll_us`, poll for it first (lower latency, one busy core)."""
+        if self.config.busy_poll_us > 0:
+            deadline = time.perf_counter() + self.config.busy_poll_us / 1e6
+            while time.perf_counter() < deadline:
+                await asyncio.sleep(0)  # replies and completions run in between
+                if (frames := reader.try_recv()) is not None:
+                    return frames
+        return await reader.recv()
+
+    async def _handle(self, identity: bytes, frames: list[Any], received_at: float = 0.0) -> None:
         try:
             message = proto.decode_client_message([f.buffer for f in frames], self.config.limits)
         except ProtocolViolation as exc:
@@ -183,7 +194,7 @@ class Server:
         try:
             match message:
                 case proto.Batch() if session is not None:
-                    await session.run_batch(message)
+                    await session.run_batch(message, received_at)
                 case proto.Ping() if session is not None:
                     self._send(identity, [proto.PONG])
                 case proto.Hello():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -58,10 +59,12 @@ class Session:
         self.last_seen = time.monotonic()
         self.closed = False
         self.ops_done = 0
+        self._received_at = 0.0
 
     # ------------------------------------------------------------------ batches
 
-    async def run_batch(self, batch: proto.Batch) -> None:
+    async def run_batch(self, batch: proto.Batch, received_at: float = 0.0) -> None:
+        self._received_at = received_at
         if batch.ack is not None and self.error is not None and batch.ack >= self.error.seq:
             self.error = None
         for op in batch.ops:
@@ -177,7 +180,8 @@ class Session:
         self._request(op.seq)
         future = await self._backend.download(tensor.buffer)
         self._scheduler.want_flush()
-        future.add_done_callback(lambda f: self._reply_data(op.seq, f))
+        trace = (self._received_at, time.perf_counter()) if self._config.trace else None
+        future.add_done_callback(lambda f: self._reply_data(op.seq, f, trace))
 
     def _free(self, handle_id: int) -> None:
         handle = self.handles.pop(handle_id, None)
@@ -254,7 +258,7 @@ class Session:
         else:
             self._reply(seq)
 
-    def _reply_data(self, seq: int, future: asyncio.Future[bytes]) -> None:
+    def _reply_data(self, seq: int, future: asyncio.Future[bytes], trace: tuple[float, float] | None) -> None:
         self.requests_in_flight -= 1
         if self.closed:
             return
@@ -263,7 +267,11 @@ class Session:
             self._fail(seq, code, str(exc), "readback", request=True)
         else:
             data = future.result()
-            self._send([proto.encode_reply(seq, n=len(data)), data])
+            if trace is None:
+                self._send([proto.encode_reply(seq, n=len(data)), data])
+            else:  # perf_counter is CLOCK_MONOTONIC: comparable with the client's on the same host
+                stamps = [*trace, self._scheduler.flushed_at, time.perf_counter()]
+                self._send([proto.encode_reply(seq, n=len(data), tr=stamps), data])
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -277,6 +285,7 @@ class Session:
             },
             "residents": {"count": len(self._residents), "bytes": self._residents.nbytes},
             "device": self._backend.stats(),
+            "process": {"cpu_s": time.process_time(), "pid": os.getpid()},
         }
 
     def close(self) -> None:

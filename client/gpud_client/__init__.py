@@ -1,6 +1,6 @@
 """Async client for gpud. Needs anyio, pyzmq and numpy; no GPU packages."""
 
-from gpud_client.client import Client, Kernel, Scalar, Tensor, connect, default_address, f32, i32, u32
+from gpud_client.client import Client, Kernel, Scalar, Tensor, Trace, connect, default_address, f32, i32, u32
 from gpud_client.errors import (
     AlreadyExists,
     Busy,
@@ -37,6 +37,7 @@ __all__ = [
     "Scalar",
     "SessionError",
     "Tensor",
+    "Trace",
     "connect",
     "default_address",
     "f32",

@@ -65,6 +65,18 @@ def u32(value: int) -> Scalar:
     return Scalar(ArgKind.U32, int(value))
 
 
+class Trace(NamedTuple):
+    """perf_counter stamps of one readback (same clock in every process of a host)."""
+
+    sent: float  # client: batch handed to ZeroMQ
+    received: float  # daemon: message read from the socket
+    executed: float  # daemon: the readback's copy encoded
+    flushed: float  # daemon: the command buffer submitted
+    completed: float  # daemon: the copy completed, reply about to be sent
+    replied: float  # client: reply read from the socket
+    resumed: float  # client: the awaiting task resumed
+
+
 class Kernel(NamedTuple):
     handle: int
     entry: str
@@ -109,10 +121,13 @@ class Tensor:
 
 
 class Client:
-    def __init__(self, sock: zmq.Socket[bytes], address: str) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], address: str, spin_us: float = 0.0) -> None:
         self.address = address
         self._sock = sock
         self._incoming = SocketReader(sock)
+        self._spin_s = spin_us / 1e6
+        self._received_at = 0.0
+        self.last_trace: Trace | None = None  # set when the daemon runs with --trace
         self._seqs = itertools.count(1)
         self._handles = itertools.count(1)
         self._ops: list[list[Any]] = []
@@ -307,30 +322,49 @@ class Client:
         self._queue([opcode, seq, *fields])
         future: asyncio.Future[tuple[dict[str, Any], list[Any]]] = asyncio.get_running_loop().create_future()
         self._futures[seq] = future
+        sent_at = time.perf_counter()
         self._send_batch()
         try:
             if self._unsent:
                 await self._send_unsent()
-            return await future
+            if self._spin_s:
+                self._spin_until(future)
+            header, frames = await future
         finally:
             self._futures.pop(seq, None)  # a cancelled await leaves no entry behind
+        if "tr" in header:
+            received, executed, flushed, completed = header["tr"]
+            self.last_trace = Trace(
+                sent_at, received, executed, flushed, completed, self._received_at, time.perf_counter()
+            )
+        return header, frames
+
+    def _spin_until(self, future: asyncio.Future[Any]) -> None:
+        """Poll the socket for up to `spin_us` before yielding to the loop (lower latency, more CPU)."""
+        deadline = time.perf_counter() + self._spin_s
+        while not future.done() and time.perf_counter() < deadline:
+            if (frames := self._incoming.try_recv()) is not None:
+                self._on_message(frames)
 
     async def _reader(self) -> None:
         while True:
-            frames = await self._incoming.recv()
-            self._last_heard = time.monotonic()
-            try:
-                header, payload = proto.decode_server_message(frames, self.limits)
-            except proto.ProtocolViolation as exc:
-                self._fail_all(ProtocolError(f"undecodable message from the daemon: {exc.message}"))
-                continue
-            kind = header["t"]
-            if kind == "reply":
-                self._resolve(header, payload)
-            elif kind == "welcome":
-                self._resolve_welcome(header)
-            elif kind == "error":
-                self._fail_all(from_code(header.get("code", 0), str(header.get("msg", ""))))
+            self._on_message(await self._incoming.recv())
+
+    def _on_message(self, frames: list[Any]) -> None:
+        self._last_heard = time.monotonic()
+        self._received_at = time.perf_counter()
+        try:
+            header, payload = proto.decode_server_message(frames, self.limits)
+        except proto.ProtocolViolation as exc:
+            self._fail_all(ProtocolError(f"undecodable message from the daemon: {exc.message}"))
+            return
+        kind = header["t"]
+        if kind == "reply":
+            self._resolve(header, payload)
+        elif kind == "welcome":
+            self._resolve_welcome(header)
+        elif kind == "error":
+            self._fail_all(from_code(header.get("code", 0), str(header.get("msg", ""))))
 
     def _resolve(self, header: dict[str, Any], payload: list[Any]) -> None:
         future = self._futures.pop(header.get("seq", -1), None)
@@ -415,8 +449,12 @@ async def connect(
     *,
     timeout: float = HANDSHAKE_TIMEOUT_S,
     server_public_key: bytes | None = None,
+    spin_us: float = 0.0,
 ) -> AsyncIterator[Client]:
     """Open a session with the daemon at `address` (default: GPUD_ADDRESS or the system socket).
+
+    `spin_us`: after sending a request, poll the socket this long before yielding to the event
+    loop. It lowers round-trip latency at the cost of CPU and of blocking the loop meanwhile.
 
     For tcp:// with CURVE, pass the daemon's public key (z85); the client makes a key pair of its own.
     """
@@ -433,7 +471,7 @@ async def connect(
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = server_public_key, public, secret
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.connect(address)
-    client = Client(sock, address)
+    client = Client(sock, address, spin_us)
     error: BaseException | None = None
     try:
         async with anyio.create_task_group() as tg:

@@ -153,7 +153,8 @@ def _torch_ways() -> tuple[Any, Any]:
     return eager, graphed
 
 
-async def _gpud_ways(address: str, x0: np.ndarray, chain: int, reps: int, rt_samples: int) -> dict[str, Any]:
+async def _gpud_chain(address: str, x0: np.ndarray, chain: int, reps: int) -> dict[str, Any]:
+    """The chain through gpud, with the CPU time each side spent per dispatch."""
     async with gpud_client.connect(address) as gpu:
         k = await gpu.kernel(kernels.AXPB_CUDA, "axpb", block=(kernels.BLOCK, 1, 1))
         bufs = [gpu.tensor(x0), gpu.empty(N)]
@@ -167,17 +168,45 @@ async def _gpud_ways(address: str, x0: np.ndarray, chain: int, reps: int, rt_sam
             return await bufs[chain % 2].numpy()
 
         out = await step()
+        before = (await gpu.stats())["process"]["cpu_s"], time.process_time()
         samples = await time_async(step, reps)
-        one = [gpu.empty(1), gpu.empty(1)]
-        gpu.upload(one[0], np.ones(1, np.float32))
+        after = (await gpu.stats())["process"]["cpu_s"], time.process_time()
+        dispatches = (reps + 2) * chain  # time_async warms up twice
+        cpu = {
+            "daemon_cpu_us_per_dispatch": (after[0] - before[0]) / dispatches * 1e6,
+            "client_cpu_us_per_dispatch": (after[1] - before[1]) / dispatches * 1e6,
+        }
+        stats = await gpu.stats()
+        return {"chain": samples, "out": out, "cpu": cpu, "stats": stats["device"]}
+
+
+async def _gpud_latency(address: str, samples: int, spin_us: float) -> dict[str, Any]:
+    """Dispatch + 4-byte readback round trips, with the daemon's stamps (it runs with --trace)."""
+    async with gpud_client.connect(address, spin_us=spin_us) as gpu:
+        k = await gpu.kernel(kernels.AXPB_CUDA, "axpb", block=(kernels.BLOCK, 1, 1))
+        one = [gpu.tensor(np.ones(1, np.float32)), gpu.empty(1)]
+        traces: list[gpud_client.Trace] = []
 
         async def round_trip() -> None:
             gpu.dispatch(k, 1, [one[0], one[1], A, B, gpud_client.u32(1)])
             await one[1].numpy()
+            if gpu.last_trace is not None:
+                traces.append(gpu.last_trace)
 
-        rt = await time_async(round_trip, rt_samples, warmup=50)
-        stats = await gpu.stats()
-        return {"chain": samples, "out": out, "round_trip": rt, "stats": stats}
+        totals = await time_async(round_trip, samples, warmup=100)
+        traces = traces[-samples:]
+        stages = {
+            "client_to_daemon": [t.received - t.sent for t in traces],
+            "daemon_decode_execute": [t.executed - t.received for t in traces],
+            "until_flush": [t.flushed - t.executed for t in traces],
+            "gpu_and_completion": [t.completed - t.flushed for t in traces],
+            "daemon_to_client": [t.replied - t.completed for t in traces],
+            "client_resume": [t.resumed - t.replied for t in traces],
+        }
+        return {
+            "total": percentiles_us(totals),
+            "stages_median_us": {k: percentiles_us(v)["p50"] for k, v in stages.items()},
+        }
 
 
 def _reference(x0: np.ndarray, chain: int) -> np.ndarray:
@@ -215,10 +244,15 @@ def main(args: argparse.Namespace) -> int:
         timings[name] = per_item_us(time_sync(partial(run, x0, chain), reps), chain)
 
     with daemon("cuda") as (address, _proc):
-        measured = asyncio.run(_gpud_ways(address, x0, chain, reps, rt_samples))
+        measured = asyncio.run(_gpud_chain(address, x0, chain, reps))
     if not np.allclose(measured["out"], ref, rtol=1e-3, atol=1e-4):
         raise AssertionError("gpud computed a wrong result")
     timings["gpud_client"] = per_item_us(measured["chain"], chain)
+    latency_modes = {"gpud_client": ((), 0.0), "gpud_client_busy_poll_100us": (("--busy-poll-us", "100"), 100.0)}
+    gpud_latency = {}
+    for name, (daemon_args, spin_us) in latency_modes.items():
+        with daemon("cuda", extra_args=("--trace", *daemon_args)) as (address, _proc):
+            gpud_latency[name] = asyncio.run(_gpud_latency(address, rt_samples, spin_us))
 
     loop_us = timings["cuda_python_loop"]["median"]
     eager_us = timings.get("torch_eager", {}).get("median")
@@ -230,14 +264,21 @@ def main(args: argparse.Namespace) -> int:
         rows.append((name, t["median"], ratio))
     print_table("us per dispatch in a dependent chain (median; higher ratio = faster)", rows)
 
+    cpu = measured["cpu"]
+    print(
+        f"  where a gpud dispatch goes: daemon CPU {cpu['daemon_cpu_us_per_dispatch']:.2f} us,"
+        f" client CPU {cpu['client_cpu_us_per_dispatch']:.2f} us (in parallel processes)"
+    )
+
     in_process = [local.round_trip() for _ in range(rt_samples)]
-    latency = {
-        "in_process_cuda_python": percentiles_us(in_process),
-        "gpud_client": percentiles_us(measured["round_trip"]),
-    }
+    latency = {"in_process_cuda_python": percentiles_us(in_process)}
+    latency.update({name: result["total"] for name, result in gpud_latency.items()})
     print("\ndispatch + 4-byte readback round trip")
     for name, p in latency.items():
-        print(f"  {name:<24} p50 {p['p50']:8.1f} us   p99 {p['p99']:8.1f} us")
+        print(f"  {name:<28} p50 {p['p50']:8.1f} us   p99 {p['p99']:8.1f} us")
+    for name, result in gpud_latency.items():
+        stages = ", ".join(f"{stage} {us:.1f}" for stage, us in result["stages_median_us"].items())
+        print(f"  {name} median stages (us): {stages}")
     local.close()
 
     results: dict[str, Any] = {
@@ -247,11 +288,13 @@ def main(args: argparse.Namespace) -> int:
         "chain": chain,
         "reps": reps,
         "us_per_dispatch": timings,
+        "gpud_cpu_per_dispatch": cpu,
         "skipped": skipped,
         "round_trip_us": latency,
+        "round_trip_stages_median_us": {name: r["stages_median_us"] for name, r in gpud_latency.items()},
         "gpud_vs_cuda_python_loop": loop_us / timings["gpud_client"]["median"],
         "gpud_vs_torch_eager": (eager_us / timings["gpud_client"]["median"]) if eager_us else None,
-        "daemon_stats": measured["stats"]["device"],
+        "daemon_stats": measured["stats"],
     }
     write_json(args.json, results)
     return 0
