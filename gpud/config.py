@@ -39,6 +39,8 @@ class Config:
     max_dispatches_per_flush: int = 1024
     flush_deadline_ms: float = 2.0
     max_submissions_in_flight: int = 16  # stop reading new messages while the device is this far behind
+    graph_cache_size: int = 32  # cuda: replay graphs of repeated launch segments (0: never capture)
+    graph_min_launches: int = 16  # cuda: shorter segments are launched one by one
     completion_spin_us: float = 50.0  # cuda: poll a flush that a readback awaits this long before handing it off
     event_loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
     busy_poll_us: float = 0.0  # after each message, poll this long for the next before sleeping

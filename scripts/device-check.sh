@@ -45,8 +45,9 @@ main() {
     for name in $SECTIONS; do
         case $name in
         tests) section python3 -m pytest -q -p no:cacheprovider -m cuda tests || status=1 ;;
-        cuda)
-            GPUD_DAEMON_ARGS="--profile $OUT/daemon-cuda.prof" section python3 -m gpud bench cuda --json "$OUT/bench-cuda.json" || status=1
+        cuda) section python3 -m gpud bench cuda --json "$OUT/bench-cuda.json" || status=1 ;;
+        profile) # the daemon under cProfile (slower: never mix with measured runs)
+            GPUD_DAEMON_ARGS="--profile $OUT/daemon-cuda.prof" section python3 -m gpud bench cuda --quick || status=1
             python3 -c "import pstats; pstats.Stats('$OUT/daemon-cuda.prof').sort_stats('tottime').print_stats(25)" | tail -40
             ;;
         transport) section python3 -m gpud bench transport --backend cuda --json "$OUT/bench-transport.json" || status=1 ;;

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpud.backends.base import Arg, Backend, Buffer, Done, Kernel, kernel_key, settle
+from gpud.cache import LruCache
 from gpud.config import Config
 from gpud.errors import CompileError, DeviceLost, GpudError, InvalidArgument, OutOfMemory
 from gpud.pools import StagingPool
@@ -311,6 +312,9 @@ class CudaBackend(Backend):
         self._thread.start()
         self._closed = False
         self._spin_s = config.completion_spin_us / 1e6
+        self._recorded: list[tuple[Any, ...]] = []
+        self._graphs: LruCache[tuple[Any, ...], Any] = LruCache(max(1, config.graph_cache_size), self._drop_graph)
+        self._seen: LruCache[tuple[Any, ...], int] = LruCache(max(1, 2 * config.graph_cache_size))
         self._download_pending = False
 
     def _attribute(self, name: str) -> int:
@@ -326,6 +330,7 @@ class CudaBackend(Backend):
             "upload_staging": self._uploads.stats(),
             "download_staging": self._downloads.stats(),
             "modules": len(self._modules),
+            "graph_cache": self._graphs.stats(),
         }
         if self.fatal_error is None and not self._closed:
             free, total = _check(cu.cuMemGetInfo())
@@ -427,6 +432,8 @@ class CudaBackend(Backend):
 
     def _unload(self, module_id: int) -> None:
         if (module := self._modules.pop(module_id, None)) is not None:
+            self._graphs.clear()  # rare; a graph must not outlive a kernel it launches
+            self._seen.clear()
             (status,) = cu.cuModuleUnload(module)
             if status:
                 log.debug("cuModuleUnload: %s", _error(status))
@@ -468,16 +475,61 @@ class CudaBackend(Backend):
         signature = tuple(kinds)
         fmt = launch.formats.get(signature) or self._format(kernel, signature)
         try:
-            struct.pack_into(fmt, self._params, 0, *values)
+            params = struct.pack(fmt, *values)
         except struct.error as exc:
             raise InvalidArgument(f"bad argument for {kernel.entry}: {exc}") from None
-        block = launch.block
-        (status,) = cu.cuLaunchKernel(
-            launch.function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-            0, self._stream, self._param_address, 0,
-        )  # fmt: skip
-        if status:
-            self._call((status,), f"launching {kernel.entry}")
+        self._recorded.append((launch.module_id, launch.function, *grid, *launch.block, params))
+
+    # A run of launches between copies is recorded, not launched, and issued as one segment when a
+    # copy or a flush comes. A segment seen again with exactly the same launches (kernels, grids,
+    # argument bytes) is captured into a CUDA graph once and replayed from then on: steps of a
+    # decoder or a solver repeat, and a graph replay costs about a microsecond a kernel.
+
+    def _issue_recorded(self) -> None:
+        segment, self._recorded = self._recorded, []
+        if not segment:
+            return
+        if len(segment) < self.config.graph_min_launches or self.config.graph_cache_size == 0:
+            self._launch_all(segment)
+            return
+        key = tuple(segment)
+        graph = self._graphs.get(key)
+        if graph is None:
+            seen = (self._seen.get(key) or 0) + 1
+            if seen < 2:
+                self._seen.put(key, seen)
+                self._launch_all(segment)
+                return
+            self._seen.pop(key)
+            graph = self._capture(segment)
+            self._graphs.put(key, graph)
+            self.counters["graphs_captured"] += 1
+        else:
+            self.counters["graph_replays"] += 1
+        self._call(cu.cuGraphLaunch(graph, self._stream), "replaying a graph")
+
+    def _launch_all(self, segment: list[tuple[Any, ...]]) -> None:
+        params, address, stream = ctypes.addressof(self._params), self._param_address, self._stream
+        for _module, function, gx, gy, gz, bx, by, bz, values in segment:
+            ctypes.memmove(params, values, len(values))
+            (status,) = cu.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, 0, stream, address, 0)
+            if status:
+                self._call((status,), "launching a kernel")
+
+    def _capture(self, segment: list[tuple[Any, ...]]) -> Any:
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self._call(cu.cuStreamBeginCapture(self._stream, mode), "capturing a graph")
+        try:
+            self._launch_all(segment)
+        finally:
+            graph = self._call(cu.cuStreamEndCapture(self._stream), "capturing a graph")
+        try:
+            return self._call(cu.cuGraphInstantiate(graph, 0), "instantiating a graph")
+        finally:
+            cu.cuGraphDestroy(graph)
+
+    def _drop_graph(self, _key: tuple[Any, ...], graph: Any) -> None:
+        self.after_pending(lambda _err: cu.cuGraphExecDestroy(graph))  # it may still be running
 
     def _format(self, kernel: Kernel, signature: tuple[Any, ...]) -> str:
         """The struct format that packs arguments of these kinds, after checking them against the kernel."""
@@ -501,6 +553,7 @@ class CudaBackend(Backend):
         return fmt
 
     def _encode_copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
+        self._issue_recorded()
         self._call(cu.cuMemcpyDtoDAsync(dst.native, src.native, nbytes, self._stream), "copy")
 
     async def _encode_upload(self, buffer: Buffer, offset: int, data: memoryview) -> None:
@@ -508,6 +561,7 @@ class CudaBackend(Backend):
         pinned, size = await self._uploads.acquire(nbytes)
         try:
             ctypes.memmove(pinned, _address(data), nbytes)
+            self._issue_recorded()
             self._call(cu.cuMemcpyHtoDAsync(buffer.native + offset, pinned, nbytes, self._stream), "upload")
         except BaseException:
             self._uploads.give_back(pinned, size)
@@ -517,6 +571,7 @@ class CudaBackend(Backend):
     async def _encode_download(self, buffer: Buffer, offset: int, nbytes: int) -> asyncio.Future[bytes]:
         pinned, size = await self._downloads.acquire(nbytes)
         try:
+            self._issue_recorded()
             self._call(cu.cuMemcpyDtoHAsync(pinned, buffer.native + offset, nbytes, self._stream), "download")
         except BaseException:
             self._downloads.give_back(pinned, size)
@@ -534,6 +589,7 @@ class CudaBackend(Backend):
     # ------------------------------------------------------------------ completion
 
     def _submit(self, done: Done) -> None:
+        self._issue_recorded()
         # a failure here fails the whole submission in the base's flush
         event = self._events.pop() if self._events else _check(cu.cuEventCreate(self._event_flags))
         _check(cu.cuEventRecord(event, self._stream), "recording an event")

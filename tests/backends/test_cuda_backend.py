@@ -426,3 +426,59 @@ def test_sticky_error_is_fatal(tmp_path: Path) -> None:
     )
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
     assert "ILLEGAL_ADDRESS" in result.stdout or "LAUNCH_FAILED" in result.stdout, result.stdout
+
+
+# ---------------------------------------------------------------------------- replay graphs
+
+
+def test_repeated_segments_replay_as_graphs(tmp_path: Path) -> None:
+    """The same run of launches is captured once and replayed; any difference launches anew."""
+
+    async def body() -> None:
+        b = make(tmp_path, graph_min_launches=16)
+        k = b.kernel(SCALE, "scale", OPTIONS)
+        n = 1000
+        x, y = b.alloc(n * 4), b.alloc(n * 4)
+        rng = np.random.default_rng(3)
+
+        async def step(a: float, launches: int) -> np.ndarray:
+            data = rng.standard_normal(n).astype(np.float32)
+            await b.upload(x, memoryview(data.tobytes()))
+            for i in range(launches):
+                src, dst = (x, y) if i % 2 == 0 else (y, x)
+                b.dispatch(k, blocks(n), [src, dst, (ArgKind.F32, a), (ArgKind.U32, n)])
+            future = await b.download(x if launches % 2 == 0 else y)
+            b.flush()
+            got = np.frombuffer(await future, np.float32)
+            want = data.astype(np.float64) * a**launches
+            np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-4)
+            return got
+
+        for _ in range(4):
+            await step(1.01, 20)
+        assert b.counters["graphs_captured"] == 1
+        assert b.counters["graph_replays"] == 2
+        await step(0.99, 20)  # other scalar bytes: a different segment, launched one by one
+        await step(1.01, 21)  # one more launch: a different segment
+        await step(1.01, 20)  # the cached graph again
+        assert b.counters["graph_replays"] == 3
+        assert b.stats()["graph_cache"]["size"] == 1
+        await teardown(b, [x, y])
+
+    asyncio.run(body())
+
+
+def test_graphs_off_and_short_segments_launch_directly(tmp_path: Path) -> None:
+    async def body() -> None:
+        b = make(tmp_path, graph_cache_size=0)
+        k = b.kernel(SCALE, "scale", OPTIONS)
+        x = b.alloc(64 * 4)
+        await b.upload(x, memoryview(np.ones(64, np.float32).tobytes()))
+        for _ in range(3):
+            for _ in range(32):
+                b.dispatch(k, blocks(64), [x, x, (ArgKind.F32, 1.0), (ArgKind.U32, 64)])
+            await b.synchronize()
+        assert b.counters["graphs_captured"] == 0
+        await teardown(b, [x])
+
+    asyncio.run(body())
