@@ -145,7 +145,7 @@ def test_server_messages_round_trip() -> None:
     err = proto.decode_server_message(
         [proto.encode_error_reply(9, ErrorCode.NOT_FOUND, "no such tensor", 4, "dispatch")], LIMITS
     )
-    assert err.header == {"t": "reply", "seq": 9, "ok": False, "err": [3, "no such tensor", 4, "dispatch"]}
+    assert err.header == {"t": "reply", "seq": 9, "ok": False, "err": (3, "no such tensor", 4, "dispatch")}
     assert proto.decode_server_message([proto.encode_error(ErrorCode.SESSION, "who?")], LIMITS).header == {
         "t": "error",
         "code": int(ErrorCode.SESSION),

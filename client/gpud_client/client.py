@@ -49,20 +49,24 @@ def default_address() -> str:
 
 
 class Scalar(NamedTuple):
-    kind: ArgKind
+    kind: int  # an ArgKind
     value: int | float
 
 
+_TENSOR, _F32, _I32, _U32 = (int(k) for k in (ArgKind.TENSOR, ArgKind.F32, ArgKind.I32, ArgKind.U32))
+_DISPATCH = int(Opcode.DISPATCH)
+
+
 def f32(value: float) -> Scalar:
-    return Scalar(ArgKind.F32, float(value))
+    return Scalar(_F32, float(value))
 
 
 def i32(value: int) -> Scalar:
-    return Scalar(ArgKind.I32, int(value))
+    return Scalar(_I32, int(value))
 
 
 def u32(value: int) -> Scalar:
-    return Scalar(ArgKind.U32, int(value))
+    return Scalar(_U32, int(value))
 
 
 class Trace(NamedTuple):
@@ -130,7 +134,7 @@ class Client:
         self.last_trace: Trace | None = None  # set when the daemon runs with --trace
         self._seqs = itertools.count(1)
         self._handles = itertools.count(1)
-        self._ops: list[list[Any]] = []
+        self._ops: list[Sequence[Any]] = []
         self._frames: list[Any] = []
         self._futures: dict[int, asyncio.Future[tuple[dict[str, Any], list[Any]]]] = {}
         self._unsent: deque[list[Any]] = deque()
@@ -217,17 +221,21 @@ class Client:
         writes: Sequence[int] | None = None,
     ) -> None:
         """Queue a dispatch: no round trip. Floats go as f32, ints as i32; use u32() for unsigned."""
+        # The hot path: tuples of plain ints and floats (cheap to build, untracked by the garbage
+        # collector once checked), common argument types first, everything else through _arg.
         encoded = []
-        for arg in args:  # the hot path: common types first, everything else through _arg
+        for arg in args:
             kind = type(arg)
             if kind is Tensor and arg._client is self and not arg.freed:
-                encoded.append([ArgKind.TENSOR, arg.handle])
+                encoded.append((_TENSOR, arg.handle))
             elif kind is float:
-                encoded.append([ArgKind.F32, arg])
+                encoded.append((_F32, arg))
+            elif kind is Scalar:
+                encoded.append(arg)
             else:
                 encoded.append(self._arg(arg))
-        dims = [grid, 1, 1] if type(grid) is int else _dim3(grid)
-        self._queue([Opcode.DISPATCH, next(self._seqs), kernel.handle, dims, encoded, writes and list(writes)])
+        dims = (grid, 1, 1) if type(grid) is int else _dim3(grid)
+        self._queue((_DISPATCH, next(self._seqs), kernel.handle, dims, encoded, writes and list(writes)))
 
     # ------------------------------------------------------------------ requests
 
@@ -263,24 +271,24 @@ class Client:
     def _next_seq(self) -> int:
         return next(self._seqs)
 
-    def _arg(self, value: Any) -> list[Any]:
+    def _arg(self, value: Any) -> tuple[int, int | float]:
         if isinstance(value, Tensor):
             if value._client is not self or value.freed:
                 raise InvalidArgument(f"{value!r} is freed or belongs to another connection")
-            return [ArgKind.TENSOR, value.handle]
+            return (_TENSOR, value.handle)
         if isinstance(value, Scalar):
-            return [value.kind, value.value]
+            return (value.kind, value.value)
         if isinstance(value, bool):
             raise InvalidArgument("bool is not a kernel argument; pass i32(int(flag))")
         if isinstance(value, float | np.floating):
-            return [ArgKind.F32, float(value)]
+            return (_F32, float(value))
         if isinstance(value, np.unsignedinteger):
-            return [ArgKind.U32, int(value)]
+            return (_U32, int(value))
         if isinstance(value, int | np.integer):
-            return [ArgKind.I32, int(value)]
+            return (_I32, int(value))
         raise InvalidArgument(f"cannot pass {type(value).__name__} to a kernel")
 
-    def _queue(self, op: list[Any]) -> None:
+    def _queue(self, op: Sequence[Any]) -> None:
         if self._lost is not None:
             raise self._lost
         self._ops.append(op)
@@ -436,11 +444,11 @@ class Client:
         self._mark_lost(DaemonLost("the connection is closed"))
 
 
-def _dim3(value: int | Sequence[int]) -> list[int]:
-    dims = [value] if isinstance(value, int) else [int(v) for v in value]
+def _dim3(value: int | Sequence[int]) -> tuple[int, ...]:
+    dims = (value,) if isinstance(value, int) else tuple(int(v) for v in value)
     if not 1 <= len(dims) <= 3:
         raise InvalidArgument(f"grid/block needs 1 to 3 dimensions, got {value!r}")
-    return dims + [1] * (3 - len(dims))
+    return dims + (1,) * (3 - len(dims))
 
 
 @contextlib.asynccontextmanager

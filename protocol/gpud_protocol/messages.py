@@ -252,7 +252,7 @@ def unpack_header(frame: Frame, limits: Limits) -> dict[str, Any]:
             frame,
             raw=False,
             strict_map_key=True,
-            use_list=True,
+            use_list=False,  # arrays decode as tuples: cheaper, and ignored by the garbage collector
             max_str_len=max(limits.max_source_bytes, limits.max_name_len),
             max_bin_len=0,
             max_ext_len=0,
@@ -292,7 +292,7 @@ def decode_client_message(frames: Sequence[Frame], limits: Limits) -> ClientMess
 
 def _decode_batch(header: dict[str, Any], payloads: Sequence[Frame], limits: Limits) -> Batch:
     raw_ops, n_frames, ack = header.get("ops"), header.get("nf"), header.get("ack")
-    if not isinstance(raw_ops, list) or not _is_int(n_frames):
+    if not isinstance(raw_ops, tuple) or not _is_int(n_frames):
         raise ProtocolViolation(ErrorCode.PROTOCOL, "batch needs a list 'ops' and an int 'nf'")
     if ack is not None and not _is_int(ack):
         raise ProtocolViolation(ErrorCode.PROTOCOL, "'ack' must be an int or nil")
@@ -305,7 +305,7 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Frame], limits: Lim
     ops: list[Op | OpError] = []
     used_frames: set[int] = set()
     for raw in raw_ops:
-        if not isinstance(raw, list) or len(raw) < 2 or not _is_int(raw[0]) or not _is_int(raw[1]):
+        if not isinstance(raw, tuple) or len(raw) < 2 or not _is_int(raw[0]) or not _is_int(raw[1]):
             raise ProtocolViolation(ErrorCode.PROTOCOL, "an op must be a list [opcode, seq, ...]")
         try:
             op = _decode_op(raw, payloads, limits)
@@ -351,20 +351,20 @@ def _name(value: object, limits: Limits) -> str:
 
 
 def _int_list(value: object, length: int | None, lo: int, hi: int, what: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or (length is not None and len(value) != length):
+    if not isinstance(value, tuple) or (length is not None and len(value) != length):
         raise _bad(f"{what} must be a list of {length or 'some'} ints")
     if not all(_is_int(v) and lo <= v <= hi for v in value):
         raise _bad(f"{what} values must be ints in [{lo}, {hi}]")
     return tuple(value)
 
 
-def _fields(raw: list[Any], count: int) -> list[Any]:
+def _fields(raw: tuple[Any, ...], count: int) -> tuple[Any, ...]:
     if len(raw) != count + 2:
         raise _bad(f"expected {count} fields, got {len(raw) - 2}")
     return raw[2:]
 
 
-def _decode_op(raw: list[Any], payloads: Sequence[Frame], limits: Limits) -> Op:
+def _decode_op(raw: tuple[Any, ...], payloads: Sequence[Frame], limits: Limits) -> Op:
     seq = raw[1]
     if raw[0] == Opcode.DISPATCH:  # the hot path: checked inline, without helper calls
         return _decode_dispatch(raw, limits)
@@ -418,36 +418,42 @@ def _decode_op(raw: list[Any], payloads: Sequence[Frame], limits: Limits) -> Op:
     return Unpublish(seq, _name(name, limits))
 
 
-def _decode_dispatch(raw: list[Any], limits: Limits) -> Dispatch:
+def _decode_dispatch(raw: tuple[Any, ...], limits: Limits) -> Dispatch:
     if len(raw) != 6:
         raise _bad(f"expected 4 fields, got {len(raw) - 2}")
     _, seq, kernel, grid, args, writes = raw
     max_handle, max_grid = limits.max_handle, limits.max_grid
     if type(kernel) is not int or not 0 < kernel <= max_handle:
         raise _bad(f"bad kernel handle {kernel!r}")
-    if type(grid) is not list or len(grid) != 3:
+    if type(grid) is not tuple or len(grid) != 3:
         raise _bad("grid must be a list of 3 ints")
     gx, gy, gz = grid
     if type(gx) is not int or type(gy) is not int or type(gz) is not int:
         raise _bad("grid must be a list of 3 ints")
     if not (0 <= gx <= max_grid and 0 <= gy <= max_grid and 0 <= gz <= max_grid):
         raise _bad(f"grid values must be in [0, {max_grid}]")
-    if type(args) is not list or len(args) > limits.max_args:
+    if type(args) is not tuple or len(args) > limits.max_args:
         raise _bad(f"args must be a list of at most {limits.max_args}")
     decoded: list[Arg] = []
     for item in args:
-        if type(item) is not list or len(item) != 2 or type(item[0]) is not int:  # True == 1, 1.0 == 1
+        if type(item) is not tuple or len(item) != 2 or type(item[0]) is not int:  # True == 1, 1.0 == 1
             raise _bad("each arg must be [kind, value]")
         kind, v = item
         t = type(v)
-        if kind == 0 and t is int and 0 < v <= max_handle:
-            decoded.append((0, v))
-        elif kind == 1 and (t is float or t is int):
-            decoded.append((1, float(v)))
-        elif kind == 2 and t is int and -(1 << 31) <= v < (1 << 31):
-            decoded.append((2, v))
-        elif kind == 3 and t is int and 0 <= v < (1 << 32):
-            decoded.append((3, v))
+        if t is float:
+            valid = kind == 1
+        elif t is int and kind == 1:
+            item, valid = (1, float(v)), True
+        elif t is int:
+            valid = (
+                (kind == 0 and 0 < v <= max_handle)
+                or (kind == 2 and -(1 << 31) <= v < (1 << 31))
+                or (kind == 3 and 0 <= v < (1 << 32))
+            )
+        else:
+            valid = False
+        if valid:
+            decoded.append(item)
         else:
             raise _bad(f"bad arg [{str(kind)[:8]}, {str(v)[:20]}]")
     if writes is not None:
@@ -459,9 +465,9 @@ def _kernel_options(value: object, limits: Limits) -> KernelOptions:
     if not isinstance(value, dict) or len(value) > limits.max_options or not set(value) <= _OPTION_KEYS:
         raise _bad(f"kernel options must be a map with keys from {sorted(_OPTION_KEYS)}")
     block = value.get("block")
-    flags = value.get("flags", [])
+    flags = value.get("flags", ())
     writes = value.get("writes")
-    if not isinstance(flags, list) or len(flags) > limits.max_options:
+    if not isinstance(flags, tuple) or len(flags) > limits.max_options:
         raise _bad("flags must be a list of strings")
     if not all(isinstance(f, str) and f.startswith("-") and len(f) <= 256 for f in flags):
         raise _bad("each compiler flag must be a string starting with '-'")
