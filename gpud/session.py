@@ -104,6 +104,7 @@ class Session:
                 self._scheduler.want_flush()
                 self._backend.after(lambda err: self._reply_when_done(op.seq, err))
             case proto.FlushOp():
+                self._check_sticky()
                 self._scheduler.flush()
                 self._reply(op.seq)
             case proto.Copy():
@@ -121,6 +122,7 @@ class Session:
                 self._residents.publish(handle.tensor, op.name, op.mode)
                 self._uncharge(handle.tensor)  # the store holds it now
             case proto.Open():
+                self._check_sticky()
                 self._new_handle(op.handle)
                 tensor = self._residents.open(op.name)
                 self.handles[op.handle] = Handle(tensor, writable=tensor.mode == "rw")
@@ -231,11 +233,15 @@ class Session:
 
     def _request(self, seq: int) -> None:
         """Admit one more awaited request, or refuse it (back-pressure)."""
-        if self.error is not None:
-            raise _Sticky(self.error)
+        self._check_sticky()
         if self.requests_in_flight >= self._config.session_max_requests:
             raise Busy(f"more than {self._config.session_max_requests} requests in flight")
         self.requests_in_flight += 1
+
+    def _check_sticky(self) -> None:
+        """A request fails with the session's unacknowledged error, so the client hears of it."""
+        if self.error is not None:
+            raise _Sticky(self.error)
 
     def _fail(self, seq: int, code: ErrorCode, message: str, op: str, *, request: bool) -> None:
         if code == ErrorCode.INTERNAL:

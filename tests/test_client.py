@@ -467,6 +467,29 @@ async def test_sticky_error_fails_every_request_until_seen(gpu: Client) -> None:
     np.testing.assert_array_equal(await x.numpy(), np.ones(16, dtype=np.float32))
 
 
+async def test_flush_and_open_report_the_sticky_error(gpu: Client) -> None:
+    x = gpu.tensor(np.ones(4, dtype=np.float32))
+    ghost = gpud_client.Tensor(gpu, 2_000_001, np.dtype("float32"), (4,))
+    gpu.copy(ghost, x)
+    with pytest.raises(NotFound) as failed:
+        await gpu.flush()
+    assert failed.value.op == "copy"
+    await gpu.flush()  # seen once: the session goes on
+    gpu.copy(ghost, x)
+    with pytest.raises(NotFound) as failed:
+        await gpu.open(_name("nothing-here"))
+    assert failed.value.op == "copy"  # the copy's error first, not the open's own
+    np.testing.assert_array_equal(await x.numpy(), np.ones(4, dtype=np.float32))
+
+
+async def test_daemon_error_with_nothing_waiting_reaches_the_next_request(gpu: Client) -> None:
+    gpu._send([b"\xc1 not msgpack"])  # the daemon answers with an unattributable protocol error
+    await anyio.sleep(0.3)
+    with pytest.raises(gpud_client.ProtocolError):
+        await gpu.sync()
+    await gpu.sync()
+
+
 async def test_client_side_validation(gpu: Client) -> None:
     with pytest.raises(InvalidArgument):
         gpu.empty(4, "complex64")

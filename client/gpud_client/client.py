@@ -131,6 +131,7 @@ class Client:
         self._incoming = SocketReader(sock)
         self._spin_s = spin_us / 1e6
         self._received_at = 0.0
+        self._unreported: GpudError | None = None  # a daemon error that arrived while nothing waited
         self.last_trace: Trace | None = None  # set when the daemon runs with --trace
         self._seqs = itertools.count(1)
         self._handles = itertools.count(1)
@@ -326,6 +327,9 @@ class Client:
                 self._unsent.popleft()
 
     async def _request(self, opcode: Opcode, *fields: Any) -> tuple[dict[str, Any], list[Any]]:
+        if (unreported := self._unreported) is not None:
+            self._unreported = None
+            raise unreported
         seq = self._next_seq()
         self._queue([opcode, seq, *fields])
         future: asyncio.Future[tuple[dict[str, Any], list[Any]]] = asyncio.get_running_loop().create_future()
@@ -394,9 +398,11 @@ class Client:
 
     def _fail_all(self, error: GpudError) -> None:
         futures, self._futures = self._futures, {}
-        for future in futures.values():
-            if not future.done():
-                future.set_exception(error)
+        pending = [future for future in futures.values() if not future.done()]
+        for future in pending:
+            future.set_exception(error)
+        if not pending and not isinstance(error, DaemonLost):
+            self._unreported = error  # nobody waits: the next request raises it, so it is not lost
 
     def _mark_lost(self, error: DaemonLost) -> None:
         if self._lost is None:
