@@ -67,6 +67,7 @@ class Session:
         self._received_at = received_at
         if batch.ack is not None and self.error is not None and batch.ack >= self.error.seq:
             self.error = None
+        dispatch_type = proto.Dispatch
         for op in batch.ops:
             if self.closed:
                 return
@@ -74,10 +75,13 @@ class Session:
                 self._fail(op.seq, op.code, op.message, op.op, request=True)
                 continue
             try:
-                await self._execute(op, batch.frames)
+                if type(op) is dispatch_type:  # the hot path, without a coroutine per op
+                    self._dispatch(op)
+                else:
+                    await self._execute(op, batch.frames)
             except GpudError as exc:
                 self._fail(op.seq, exc.code, str(exc), _opname(op), request=_is_request(op))
-            self.ops_done += 1
+        self.ops_done += len(batch.ops)
 
     async def _execute(self, op: proto.Op, frames: list[Any]) -> None:
         match op:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import struct
 from functools import partial
 from typing import Any
@@ -109,12 +110,22 @@ def _reference(x0: np.ndarray, chain: int) -> np.ndarray:
 
 
 def main(args: argparse.Namespace) -> int:
+    # lavapipe hands every dispatch to a thread pool by default, which costs ~50 us a dispatch on
+    # a small host and hides what submission costs. Inline execution is also the better setting for
+    # small dispatches; the in-process ways and the daemon (a child process) all run with it.
+    os.environ.setdefault("LP_NUM_THREADS", "0")
     n, chain = 4096, 100
     reps = 5 if args.quick else 30
     x0 = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     ref = _reference(x0, chain)
     local = InProcess(n)
-    results: dict[str, Any] = {"benchmark": "webgpu-chain", "n": n, "chain": chain, "reps": reps}
+    results: dict[str, Any] = {
+        "benchmark": "webgpu-chain",
+        "n": n,
+        "chain": chain,
+        "reps": reps,
+        "LP_NUM_THREADS": os.environ["LP_NUM_THREADS"],
+    }
     results["adapter"] = {k: local.adapter_info.get(k) for k in ("device", "vendor", "adapter_type", "backend_type")}
     print(f"adapter: {results['adapter']['device']} ({results['adapter']['backend_type']})")
     print(f"workload: {chain} dependent axpb dispatches on {n} floats, then one readback; {reps} repetitions")
