@@ -178,8 +178,10 @@ class Server:
         return await reader.recv()
 
     async def _handle(self, identity: bytes, frames: list[Any], received_at: float = 0.0) -> None:
+        session = self.sessions.get(identity)
+        memo = session.dispatch_memo if session is not None else None
         try:
-            message = proto.decode_client_message([f.buffer for f in frames], self.config.limits)
+            message = proto.decode_client_message([f.buffer for f in frames], self.config.limits, memo)
         except ProtocolViolation as exc:
             log.info("bad message from %s: %s", identity.hex(), exc.message)
             self._send(identity, [proto.encode_error(exc.code, exc.message)])
@@ -188,7 +190,6 @@ class Server:
             log.exception("internal error decoding a message from %s", identity.hex())
             self._send(identity, [proto.encode_error(ErrorCode.INTERNAL, f"internal error decoding: {exc}")])
             return
-        session = self.sessions.get(identity)
         if session is not None:
             session.last_seen = time.monotonic()
         try:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import gpud_protocol as proto
-from gpud.backends.base import Arg, Backend, Kernel
+from gpud.backends.base import Arg, Backend, Kernel, Prepared
 from gpud.config import Config
 from gpud.errors import Busy, GpudError, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
 from gpud.resident import Handle, ResidentStore, Tensor
@@ -25,6 +25,7 @@ from gpud_protocol import ArgKind, ErrorCode
 log = logging.getLogger(__name__)
 
 Send = Callable[[list[Any]], None]
+PREPARED_DISPATCHES = 4096  # distinct dispatches a session keeps checked and packed
 
 
 class Failure(NamedTuple):
@@ -60,6 +61,8 @@ class Session:
         self.closed = False
         self.ops_done = 0
         self._received_at = 0.0
+        self._prepared: dict[tuple[Any, ...], Prepared] = {}
+        self.dispatch_memo: proto.DispatchMemo = {}  # validated dispatch ops, for the decoder
 
     # ------------------------------------------------------------------ batches
 
@@ -137,6 +140,19 @@ class Session:
     # ------------------------------------------------------------------ op handlers
 
     def _dispatch(self, op: proto.Dispatch) -> None:
+        # Steps repeat: the same kernel, grid and arguments come again and again. What was checked
+        # and packed is kept per session (bounded) until a handle goes away.
+        key = (op.kernel, op.grid, op.args, op.writes)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepare(op)
+            if len(self._prepared) >= PREPARED_DISPATCHES:
+                self._prepared.clear()
+            self._prepared[key] = prepared
+        self._backend.dispatch_prepared(prepared)
+        self._scheduler.dispatched()
+
+    def _prepare(self, op: proto.Dispatch) -> Prepared:
         kernel = self.kernels.get(op.kernel)
         if kernel is None:
             raise NotFound(f"unknown kernel handle {op.kernel}")
@@ -157,8 +173,7 @@ class Session:
                 args.append((kind, value))  # type: ignore[arg-type]
         if read_only:
             self._check_writes(op, kernel, read_only)
-        self._backend.dispatch(kernel, op.grid, args)
-        self._scheduler.dispatched()
+        return self._backend.prepare(kernel, op.grid, args)
 
     def _check_writes(self, op: proto.Dispatch, kernel: Kernel, read_only: list[tuple[int, Handle]]) -> None:
         writes = op.writes if op.writes is not None else kernel.writes
@@ -190,6 +205,7 @@ class Session:
         future.add_done_callback(lambda f: self._reply_data(op.seq, f, trace))
 
     def _free(self, handle_id: int) -> None:
+        self._prepared.clear()  # they may name this handle
         handle = self.handles.pop(handle_id, None)
         if handle is None:
             raise NotFound(f"unknown tensor handle {handle_id}")

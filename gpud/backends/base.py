@@ -59,6 +59,14 @@ class Kernel:
 Arg = Buffer | Scalar
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class Prepared:
+    """A dispatch checked and packed once (see `Backend.prepare`)."""
+
+    buffers: tuple[Buffer, ...]  # marked as used by every submission that encodes it
+    native: Any  # the backend's packed form; None: an empty grid
+
+
 def kernel_key(source: str, entry: str, options: KernelOptions, *extra: Any) -> tuple[Any, ...]:
     """Exact cache key: a hash of the source plus every option as a separate tuple member."""
     digest = hashlib.sha256(source.encode()).hexdigest()
@@ -125,21 +133,30 @@ class Backend(ABC):
             self._mark(buffer)
             self._encoded += 1
 
-    def dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None:
+    def prepare(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> Prepared:
+        """Check and pack a dispatch once; `dispatch_prepared` may then encode it many times."""
         gx, gy, gz = grid
         mx, my, mz = self.max_grid
         if gx > mx or gy > my or gz > mz:
             raise InvalidArgument(f"grid {grid} exceeds the device limit {self.max_grid}")
+        buffers = tuple([arg for arg in args if type(arg) is Buffer])
         if not (gx and gy and gz):
+            return Prepared(buffers, None)  # an empty grid: nothing to run
+        return Prepared(buffers, self._prepare(kernel, grid, args))
+
+    def dispatch_prepared(self, prepared: Prepared) -> None:
+        if prepared.native is None:
             return
-        self._encode_dispatch(kernel, grid, args)
+        self._encode_dispatch(prepared)
         self._encoded += 1
         index = self._submitted + 1
-        for arg in args:
-            if type(arg) is Buffer:
-                arg.last_use = index
+        for buffer in prepared.buffers:
+            buffer.last_use = index
         self.dispatches_pending += 1
         self.counters["dispatches"] += 1
+
+    def dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None:
+        self.dispatch_prepared(self.prepare(kernel, grid, args))
 
     def copy(self, src: Buffer, dst: Buffer) -> None:
         if src.nbytes != dst.nbytes:
@@ -249,7 +266,12 @@ class Backend(ABC):
     async def _encode_upload(self, buffer: Buffer, offset: int, data: memoryview) -> None: ...
 
     @abstractmethod
-    def _encode_dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None: ...
+    def _prepare(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> Any:
+        """Validate the arguments against the kernel and pack them: everything that does not
+        depend on the dispatch's position in the command buffer."""
+
+    @abstractmethod
+    def _encode_dispatch(self, prepared: Prepared) -> None: ...
 
     @abstractmethod
     def _encode_copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None: ...

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gpud.backends.base import Arg, Backend, Buffer, Done, Kernel, kernel_key, settle
+from gpud.backends.base import Arg, Backend, Buffer, Done, Kernel, Prepared, kernel_key, settle
 from gpud.cache import LruCache
 from gpud.config import Config
 from gpud.errors import CompileError, DeviceLost, GpudError, InvalidArgument, OutOfMemory
@@ -461,7 +461,7 @@ class CudaBackend(Backend):
 
     # ------------------------------------------------------------------ encoding
 
-    def _encode_dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None:
+    def _prepare(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> tuple[Any, ...]:
         launch: _Launch = kernel.native
         kinds: list[Any] = []
         values: list[Any] = []
@@ -478,7 +478,10 @@ class CudaBackend(Backend):
             params = struct.pack(fmt, *values)
         except struct.error as exc:
             raise InvalidArgument(f"bad argument for {kernel.entry}: {exc}") from None
-        self._recorded.append((launch.module_id, launch.function, *grid, *launch.block, params))
+        return (launch.module_id, launch.function, *grid, *launch.block, params)
+
+    def _encode_dispatch(self, prepared: Prepared) -> None:
+        self._recorded.append(prepared.native)
 
     # A run of launches between copies is recorded, not launched, and issued as one segment when a
     # copy or a flush comes. A segment seen again with exactly the same launches (kernels, grids,

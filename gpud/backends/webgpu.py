@@ -27,7 +27,7 @@ from typing import Any
 
 import wgpu
 
-from gpud.backends.base import Arg, Backend, Buffer, Done, Kernel, Scalar, settle
+from gpud.backends.base import Arg, Backend, Buffer, Done, Kernel, Prepared, settle
 from gpud.cache import LruCache
 from gpud.config import Config
 from gpud.errors import CompileError, DeviceLost, InvalidArgument, OutOfMemory
@@ -175,19 +175,34 @@ class WebGpuBackend(Backend):
             self._pass = self._encoder.begin_compute_pass()
         return self._pass
 
-    def _encode_dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None:
-        pipeline, layout, kernel_id = kernel.native
+    def _prepare(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> tuple[Any, ...]:
         tensors: list[Buffer] = []
-        scalars: list[Scalar] = []
+        kinds: list[int] = []
+        values: list[int | float] = []
         for arg in args:
             if type(arg) is Buffer:
                 tensors.append(arg)
             else:
-                scalars.append(arg)  # type: ignore[arg-type]
-        slot = self._write_scalars(scalars) if scalars else -1
+                kinds.append(arg[0])  # type: ignore[index]
+                values.append(arg[1])  # type: ignore[index]
+        key = tuple(kinds)
+        packer = (_SCALAR_STRUCTS.get(key) or _scalar_struct(key)) if kinds else None
+        if packer is not None:
+            packer.pack(*values)  # checks ranges now, not while encoding
+        return (*kernel.native, tuple(tensors), packer, tuple(values), grid)
+
+    def _encode_dispatch(self, prepared: Prepared) -> None:
+        pipeline, layout, kernel_id, tensors, packer, values, grid = prepared.native
+        slot = -1
+        if packer is not None:
+            if self._uniform_used * SLOT_BYTES == len(self._uniform_host):
+                self.flush()
+            slot = self._uniform_used
+            packer.pack_into(self._uniform_host, slot * SLOT_BYTES, *values)
+            self._uniform_used += 1
         key = (kernel_id, slot, *[t.id for t in tensors])
         bind_group = self._bind_groups.get(key)
-        if bind_group is None and (tensors or scalars):
+        if bind_group is None and (tensors or packer is not None):
             bind_group = self._make_bind_group(layout, tensors, slot, key)
         compute = self._pass if self._pass is not None else self._compute_pass()
         if self._pipeline_in_pass is not pipeline:
@@ -197,17 +212,7 @@ class WebGpuBackend(Backend):
             compute.set_bind_group(0, bind_group)
         compute.dispatch_workgroups(*grid)
 
-    def _write_scalars(self, scalars: list[Scalar]) -> int:
-        if self._uniform_used * SLOT_BYTES == len(self._uniform_host):
-            self.flush()
-        slot = self._uniform_used
-        kinds = tuple([kind for kind, _ in scalars])
-        packer = _SCALAR_STRUCTS.get(kinds) or _scalar_struct(kinds)
-        packer.pack_into(self._uniform_host, slot * SLOT_BYTES, *[value for _, value in scalars])
-        self._uniform_used += 1
-        return slot
-
-    def _make_bind_group(self, layout: Any, tensors: list[Buffer], slot: int, key: tuple[int, ...]) -> Any:
+    def _make_bind_group(self, layout: Any, tensors: Sequence[Buffer], slot: int, key: tuple[int, ...]) -> Any:
         if layout is None:
             raise InvalidArgument("this kernel declares no bindings but was given arguments")
         entries = []

@@ -266,14 +266,25 @@ def unpack_header(frame: Frame, limits: Limits) -> dict[str, Any]:
     return header
 
 
-def decode_client_message(frames: Sequence[Frame], limits: Limits) -> ClientMessage:
-    """Decode and validate one message from a client; raise ProtocolViolation if unusable."""
+DispatchMemo = dict[tuple[Any, ...], tuple[Any, ...]]
+DISPATCH_MEMO_SIZE = 4096
+
+
+def decode_client_message(
+    frames: Sequence[Frame], limits: Limits, dispatch_memo: DispatchMemo | None = None
+) -> ClientMessage:
+    """Decode and validate one message from a client; raise ProtocolViolation if unusable.
+
+    `dispatch_memo` (one per session) remembers dispatch ops that passed validation, keyed by
+    everything but their sequence number, so a repeated step is not checked again. Keys compare
+    by value: an op equal to a validated one (1 == 1.0 == True) is taken as that one.
+    """
     if not frames:
         raise ProtocolViolation(ErrorCode.PROTOCOL, "empty message")
     header = unpack_header(frames[0], limits)
     kind = header["t"]
     if kind == "batch":
-        return _decode_batch(header, frames[1:], limits)
+        return _decode_batch(header, frames[1:], limits, dispatch_memo)
     if len(frames) != 1:
         raise ProtocolViolation(ErrorCode.PROTOCOL, f"'{kind}' message carries no frames")
     if kind == "ping":
@@ -290,7 +301,9 @@ def decode_client_message(frames: Sequence[Frame], limits: Limits) -> ClientMess
     raise ProtocolViolation(ErrorCode.PROTOCOL, f"unknown message type {kind[:32]!r}")
 
 
-def _decode_batch(header: dict[str, Any], payloads: Sequence[Frame], limits: Limits) -> Batch:
+def _decode_batch(
+    header: dict[str, Any], payloads: Sequence[Frame], limits: Limits, memo: DispatchMemo | None
+) -> Batch:
     raw_ops, n_frames, ack = header.get("ops"), header.get("nf"), header.get("ack")
     if not isinstance(raw_ops, tuple) or not _is_int(n_frames):
         raise ProtocolViolation(ErrorCode.PROTOCOL, "batch needs a list 'ops' and an int 'nf'")
@@ -307,8 +320,21 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Frame], limits: Lim
     for raw in raw_ops:
         if not isinstance(raw, tuple) or len(raw) < 2 or not _is_int(raw[0]) or not _is_int(raw[1]):
             raise ProtocolViolation(ErrorCode.PROTOCOL, "an op must be a list [opcode, seq, ...]")
+        if memo is not None and raw[0] == Opcode.DISPATCH:
+            body = raw[2:]
+            try:
+                fields = memo.get(body)
+            except TypeError:  # a map somewhere inside: unhashable, and invalid anyway
+                fields = None
+            if fields is not None:
+                ops.append(Dispatch(raw[1], *fields))
+                continue
         try:
             op = _decode_op(raw, payloads, limits)
+            if memo is not None and type(op) is Dispatch:
+                if len(memo) >= DISPATCH_MEMO_SIZE:
+                    memo.clear()
+                memo[raw[2:]] = op[1:]
             if type(op) is Upload:
                 if op.frame in used_frames:
                     raise ProtocolViolation(ErrorCode.INVALID_ARGUMENT, f"frame {op.frame} used twice")
