@@ -20,7 +20,7 @@ class Tensor:
     dtype: str
     shape: tuple[int, ...]
     owner: str  # session id that allocated it
-    charged: bool = True  # counted in the owner's quota (while private)
+    charged: bool = True  # counted in the owner's quota while the owner holds its handle
     refs: int = 1
     name: str | None = None  # set while published
     mode: str = "rw"  # the publisher's mode for other sessions

@@ -127,7 +127,6 @@ class Session:
                 if not handle.writable and op.mode == "rw":
                     raise PermissionDenied("a read-only tensor cannot be republished read-write")
                 self._residents.publish(handle.tensor, op.name, op.mode)
-                self._uncharge(handle.tensor)  # the store holds it now
             case proto.Open():
                 self._check_sticky()
                 self._new_handle(op.handle)
@@ -176,12 +175,14 @@ class Session:
         return self._backend.prepare(kernel, op.grid, args)
 
     def _check_writes(self, op: proto.Dispatch, kernel: Kernel, read_only: list[tuple[int, Handle]]) -> None:
-        writes = op.writes if op.writes is not None else kernel.writes
+        # A dispatch may declare more written arguments than the kernel's, never fewer: what the
+        # daemon knows of the kernel (WGSL access modes, CUDA const, a declaration at registration)
+        # cannot be narrowed per dispatch.
         for position, handle in read_only:
-            if writes is None or position in writes:
+            if kernel.writes is None or position in kernel.writes or position in (op.writes or ()):
                 raise PermissionDenied(
-                    f"tensor argument {position} is read-only resident {handle.tensor.name!r}; "
-                    "declare the arguments the kernel writes (writes=[...]) if it only reads it"
+                    f"tensor argument {position} is read-only resident {handle.tensor.name!r} and the "
+                    "kernel writes it (declare writes=[...] when registering a kernel that only reads it)"
                 )
 
     def _alloc(self, op: proto.Alloc) -> None:

@@ -120,9 +120,8 @@ class WebGpuBackend(Backend):
             layout = pipeline.get_bind_group_layout(0)
         except Exception:
             layout = None  # the kernel binds nothing
-        writes = options.writes
-        if writes is None:
-            writes = tuple(int(m) for m in _WRITABLE_BINDING.findall(source))
+        # WGSL states each binding's access: a declaration may add written bindings, never hide one.
+        writes = {int(m) for m in _WRITABLE_BINDING.findall(source)} | set(options.writes or ())
         return Kernel(key, entry, (pipeline, layout, next(self._ids)), None, frozenset(writes))
 
     def _alloc(self, nbytes: int) -> Any:
