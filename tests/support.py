@@ -106,7 +106,7 @@ async def scale(gpu: gpud_client.Client) -> gpud_client.Kernel:
 
 def last_seq(gpu: gpud_client.Client) -> int:
     """The sequence number of the op queued last (to check which op an error names)."""
-    seq: int = gpu._ops[-1][1]
+    seq: int = gpu._last_seq
     return seq
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import anyio
+import msgpack
 import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -135,7 +136,10 @@ class Client:
         self.last_trace: Trace | None = None  # set when the daemon runs with --trace
         self._seqs = itertools.count(1)
         self._handles = itertools.count(1)
-        self._ops: list[Sequence[Any]] = []
+        self._packed = bytearray()  # queued ops, each packed when queued
+        self._queued = 0
+        self._last_seq = 0  # of the op queued last
+        self._pack = msgpack.Packer(use_bin_type=True).pack
         self._frames: list[Any] = []
         self._futures: dict[int, asyncio.Future[tuple[dict[str, Any], list[Any]]]] = {}
         self._unsent: deque[list[Any]] = deque()
@@ -232,11 +236,14 @@ class Client:
             elif kind is float:
                 encoded.append((_F32, arg))
             elif kind is Scalar:
-                encoded.append(arg)
+                encoded.append((arg[0], arg[1]))  # a plain tuple: the collector can untrack it
             else:
                 encoded.append(self._arg(arg))
         dims = (grid, 1, 1) if type(grid) is int else _dim3(grid)
-        self._queue((_DISPATCH, next(self._seqs), kernel.handle, dims, encoded, writes and list(writes)))
+        declared = None if writes is None else tuple(writes)
+        # All tuples of numbers: the collector stops tracking them at its first look, so queued
+        # ops never pile up in the old generation of a process with a large heap (torch, cupy...).
+        self._queue((_DISPATCH, next(self._seqs), kernel.handle, dims, tuple(encoded), declared))
 
     # ------------------------------------------------------------------ requests
 
@@ -292,16 +299,23 @@ class Client:
     def _queue(self, op: Sequence[Any]) -> None:
         if self._lost is not None:
             raise self._lost
-        self._ops.append(op)
-        if len(self._ops) >= self.limits.max_ops_per_batch or len(self._frames) >= self.limits.max_frames:
+        self._packed += self._pack(op)
+        self._queued += 1
+        self._last_seq = op[1]
+        limits = self.limits
+        if (
+            self._queued >= limits.max_ops_per_batch
+            or len(self._frames) >= limits.max_frames
+            or len(self._packed) >= limits.max_header_bytes // 2
+        ):
             self._send_batch()
 
     def _send_batch(self) -> None:
-        if not self._ops:
+        if not self._queued:
             return
-        ops, frames, self._ops, self._frames = self._ops, self._frames, [], []
-        header = proto.encode_batch(ops, len(frames), self._ack)
-        self._ack = None
+        header = proto.encode_packed_batch(self._packed, self._queued, len(self._frames), self._ack)
+        frames, self._frames = self._frames, []
+        self._packed, self._queued, self._ack = bytearray(), 0, None
         self._send([header, *frames])
 
     def _send(self, frames: list[Any]) -> None:

@@ -44,6 +44,7 @@ from gpud_protocol.messages import (
     encode_error,
     encode_error_reply,
     encode_hello,
+    encode_packed_batch,
     encode_reply,
     pack,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "encode_error",
     "encode_error_reply",
     "encode_hello",
+    "encode_packed_batch",
     "encode_reply",
     "pack",
 ]

@@ -221,9 +221,24 @@ def encode_hello(name: str, pid: int) -> bytes:
 
 
 def encode_batch(ops: Sequence[Sequence[Any]], n_frames: int, ack: int | None) -> bytes:
-    return pack({"t": "batch", "ops": ops, "nf": n_frames, "ack": ack})
+    return encode_packed_batch(b"".join([_packer.pack(op) for op in ops]), len(ops), n_frames, ack)
 
 
+def encode_packed_batch(packed_ops: bytes | bytearray, count: int, n_frames: int, ack: int | None) -> bytes:
+    """A batch from ops already packed one by one (the client packs each op as it is queued, so
+    no Python object per op outlives the call that made it)."""
+    if count < 16:
+        array = bytes([0x90 | count])
+    elif count < 1 << 16:
+        array = b"\xdc" + count.to_bytes(2, "big")
+    else:
+        array = b"\xdd" + count.to_bytes(4, "big")
+    tail = (_NF, _packer.pack(n_frames), _ACK, _packer.pack(ack))
+    return b"".join((_BATCH_PREFIX, array, packed_ops, *tail))
+
+
+_BATCH_PREFIX = b"\x84" + _packer.pack("t") + _packer.pack("batch") + _packer.pack("ops")  # a map of 4
+_NF, _ACK = _packer.pack("nf"), _packer.pack("ack")
 PING = pack({"t": "ping"})
 BYE = pack({"t": "bye"})
 PONG = pack({"t": "pong"})
