@@ -8,16 +8,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from gpud_client import default_address
 from gpud_protocol import Limits
-
-
-def default_address() -> str:
-    """`GPUD_ADDRESS`, else ipc:// in $XDG_RUNTIME_DIR/gpud (or /run/gpud for root)."""
-    if address := os.environ.get("GPUD_ADDRESS"):
-        return address
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) if runtime and os.geteuid() != 0 else Path("/run")
-    return f"ipc://{base / 'gpud' / 'gpud.sock'}"
 
 
 def default_cache_dir() -> Path:

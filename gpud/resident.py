@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpud.backends.base import Backend, Buffer
-from gpud.errors import AlreadyExists, NotFound
+from gpud_protocol.errors import AlreadyExists, NotFound
 
 
 @dataclasses.dataclass(eq=False)

@@ -31,12 +31,12 @@ from gpud import __version__
 from gpud.backends import create_backend
 from gpud.backends.base import Backend
 from gpud.config import Config
-from gpud.errors import DeviceLost
 from gpud.resident import ResidentStore
 from gpud.scheduler import Scheduler
 from gpud.session import Session
 from gpud_client.zmqio import SocketReader
 from gpud_protocol import ErrorCode, ProtocolViolation
+from gpud_protocol.errors import DeviceLost
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 import gpud_protocol as proto
 from gpud.backends.base import Arg, Backend, Kernel, Prepared
 from gpud.config import Config
-from gpud.errors import Busy, GpudError, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
 from gpud.resident import Handle, ResidentStore, Tensor
 from gpud.scheduler import Scheduler
 from gpud_protocol import ArgKind, ErrorCode
+from gpud_protocol.errors import Busy, GpudError, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 from gpud.cache import LruCache
 from gpud.config import Config
-from gpud.errors import DeviceLost, InvalidArgument, OutOfMemory
 from gpud_protocol import ArgKind, KernelOptions
+from gpud_protocol.errors import DeviceLost, InvalidArgument, OutOfMemory
 
 Done = Callable[[BaseException | None], None]
 Scalar = tuple[ArgKind, int | float]

@@ -36,9 +36,9 @@ import numpy as np
 from gpud.backends.base import Arg, Backend, Buffer, Done, Kernel, Prepared, kernel_key, settle
 from gpud.cache import LruCache
 from gpud.config import Config
-from gpud.errors import CompileError, DeviceLost, GpudError, InvalidArgument, OutOfMemory
 from gpud.pools import StagingPool
 from gpud_protocol import ArgKind, KernelOptions
+from gpud_protocol.errors import CompileError, DeviceLost, GpudError, InvalidArgument, OutOfMemory
 
 try:
     from cuda.bindings import driver as cu

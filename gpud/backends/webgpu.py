@@ -30,9 +30,9 @@ import wgpu
 from gpud.backends.base import Arg, Backend, Buffer, Done, Kernel, Prepared, settle
 from gpud.cache import LruCache
 from gpud.config import Config
-from gpud.errors import CompileError, DeviceLost, InvalidArgument, OutOfMemory
 from gpud.pools import StagingPool
 from gpud_protocol import ArgKind, KernelOptions
+from gpud_protocol.errors import CompileError, DeviceLost, InvalidArgument, OutOfMemory
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import pytest
 
 from gpud.backends.base import Buffer
 from gpud.config import Config
-from gpud.errors import CompileError, InvalidArgument
 from gpud_protocol import ArgKind, KernelOptions
+from gpud_protocol.errors import CompileError, InvalidArgument
 
 cu = pytest.importorskip("cuda.bindings.driver")
 
@@ -387,7 +387,7 @@ import asyncio, sys
 from gpud_protocol import ArgKind, KernelOptions
 from gpud.backends.cuda import CudaBackend
 from gpud.config import Config
-from gpud.errors import DeviceLost
+from gpud_protocol.errors import DeviceLost
 
 BAD = 'extern "C" __global__ void bad(float* p) { *(volatile float*)(p + (1ull << 40)) = 1.0f; }'
 
