@@ -16,8 +16,8 @@ import numpy as np
 
 import gpud_client
 from gpud import kernels
-from gpud.config import default_address
 from gpud.spawn import answers, daemon
+from gpud_client import default_address
 
 A, B = 0.999, 0.001
 
