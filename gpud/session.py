@@ -87,9 +87,8 @@ class Session:
         self.ops_done += len(batch.ops)
 
     async def _execute(self, op: proto.Op, frames: list[Any]) -> None:
+        """Every op but a dispatch (which `run_batch` runs itself)."""
         match op:
-            case proto.Dispatch():
-                self._dispatch(op)
             case proto.Alloc():
                 self._alloc(op)
             case proto.Upload():

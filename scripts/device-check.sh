@@ -56,7 +56,7 @@ main() {
             section python3 -m gpud bench webgpu --json "$OUT/bench-webgpu-vulkan.json" || status=1
             section python3 -m gpud bench clients --backend webgpu --seconds 3 --json "$OUT/bench-clients-webgpu-vulkan.json" || status=1
             ;;
-        launch) section python3 scripts/bench_cuda_launch.py --json "$OUT/launch-cuda.json" || status=1 ;;
+        launch) section python3 benchmarks/cuda_launch.py --json "$OUT/launch-cuda.json" || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac
     done

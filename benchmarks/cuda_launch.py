@@ -1,6 +1,6 @@
 """Launch-path overhead of the CUDA backend against raw cuLaunchKernel, in one process.
 
-    python3 scripts/bench_cuda_launch.py [--launches 10000] [--json out.json]
+    python3 benchmarks/cuda_launch.py [--launches 10000] [--json out.json]
 
 Prints µs per launch for: raw cuLaunchKernel (pre-built void** array / (values, types) tuple /
 no arguments), `CudaBackend.dispatch` of the same 4-argument kernel, and the round trip of one
