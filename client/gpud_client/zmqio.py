@@ -25,7 +25,9 @@ class SocketReader:
         self._loop.add_reader(self._fd, self._ready.set)
 
     def try_recv(self) -> list[zmq.Frame] | None:
-        """One message if one is waiting, else None."""
+        """One message if one is waiting, else None (asking EVENTS first: no exception to raise)."""
+        if not int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            return None
         try:
             return self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
