@@ -62,7 +62,7 @@ def per_launch_us(
 
 
 async def launch_overhead(launches: int, cache_dir: str) -> dict[str, float]:
-    b = CudaBackend(Config(cache_dir=Path(cache_dir)), on_fatal=lambda _e: None)
+    b = CudaBackend(Config(cache_dir=Path(cache_dir), graph_cache_size=0)  # eager launches, no replay, on_fatal=lambda _e: None)
     k = b.kernel(SOURCE, "scale", KernelOptions((N, 1, 1), (), None))
     x, y = b.alloc(N * 4), b.alloc(N * 4)
     args: list[Arg] = [x, y, (ArgKind.F32, 2.0), (ArgKind.U32, N)]
