@@ -62,7 +62,8 @@ def per_launch_us(
 
 
 async def launch_overhead(launches: int, cache_dir: str) -> dict[str, float]:
-    b = CudaBackend(Config(cache_dir=Path(cache_dir), graph_cache_size=0)  # eager launches, no replay, on_fatal=lambda _e: None)
+    # graph_cache_size=0: measure eager launches, not graph replays of the repeated run
+    b = CudaBackend(Config(cache_dir=Path(cache_dir), graph_cache_size=0), on_fatal=lambda _e: None)
     k = b.kernel(SOURCE, "scale", KernelOptions((N, 1, 1), (), None))
     x, y = b.alloc(N * 4), b.alloc(N * 4)
     args: list[Arg] = [x, y, (ArgKind.F32, 2.0), (ArgKind.U32, N)]
