@@ -316,7 +316,8 @@ class Backend(ABC):
             self._callbacks[index].append(fn)
 
     def _complete(self, index: int, error: BaseException | None) -> None:
-        if error is not None and self.fatal_error is None:
+        first_failure = error is not None and self.fatal_error is None
+        if first_failure:
             self.fatal_error = error if isinstance(error, DeviceLost) else DeviceLost(str(error))
         if self.fatal_error is not None:
             index = max(self._callbacks, default=index)  # fail everything still waiting
@@ -324,8 +325,8 @@ class Backend(ABC):
             for fn in self._callbacks.pop(done_index, ()):
                 fn(self.fatal_error)
         self._completed = max(self._completed, index)
-        if self.fatal_error is not None and error is not None:
-            self._on_fatal(self.fatal_error)
+        if first_failure and self.fatal_error is not None:
+            self._on_fatal(self.fatal_error)  # once: the daemon stops
 
 
 def settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
