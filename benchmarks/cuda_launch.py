@@ -137,7 +137,8 @@ class _Timed(CudaBackend):
 async def round_trip(blocking: bool, iterations: int, cache_dir: str) -> dict[str, float]:
     """dispatch + 4-byte readback + flush + await, in process: p50/p99 µs and where the time goes (p50s)."""
     _Timed.blocking_sync = blocking
-    b = _Timed(Config(cache_dir=Path(cache_dir)), on_fatal=lambda _e: None)
+    # completion_spin_us=0: break down the completion-thread path (short readbacks skip it by default)
+    b = _Timed(Config(cache_dir=Path(cache_dir), completion_spin_us=0), on_fatal=lambda _e: None)
     k = b.kernel(SOURCE, "scale", KernelOptions((N, 1, 1), (), None))
     x, y = b.alloc(4), b.alloc(4)
     args: list[Arg] = [x, y, (ArgKind.F32, 2.0), (ArgKind.U32, 1)]
