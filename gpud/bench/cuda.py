@@ -248,7 +248,11 @@ def main(args: argparse.Namespace) -> int:
     if not np.allclose(measured["out"], ref, rtol=1e-3, atol=1e-4):
         raise AssertionError("gpud computed a wrong result")
     timings["gpud_client"] = per_item_us(measured["chain"], chain)
-    latency_modes = {"gpud_client": ((), 0.0), "gpud_client_busy_poll_100us": (("--busy-poll-us", "100"), 100.0)}
+    latency_modes = {
+        "gpud_client": ((), 0.0),
+        "gpud_client_busy_poll_100us": (("--busy-poll-us", "100"), 100.0),
+        "gpud_client_busy_poll_1ms": (("--busy-poll-us", "1000"), 1000.0),
+    }
     gpud_latency = {}
     for name, (daemon_args, spin_us) in latency_modes.items():
         with daemon("cuda", extra_args=("--trace", *daemon_args)) as (address, _proc):
