@@ -548,3 +548,35 @@ async def test_session_limits_from_a_config_file() -> None:
             async with gpud_client.connect(address) as gpu:
                 await check_well_behaved(gpu)
             assert proc.poll() is None
+
+
+# --------------------------------------------------------------------------- back-pressure
+
+
+async def test_a_flooding_client_is_throttled_and_nobody_starves() -> None:
+    """With one submission allowed in flight, the daemon stops reading while the device is behind;
+    a client that queues thousands of dispatches without awaiting still gets correct results, and
+    another client keeps working meanwhile."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "gpud.toml"
+        config.write_text("[gpud]\nmax_submissions_in_flight = 1\nmax_dispatches_per_flush = 8\n")
+        with spawn.daemon("webgpu", extra_args=("--config", str(config))) as (address, proc):
+            async with gpud_client.connect(address) as flood, gpud_client.connect(address) as other:
+                k = await axpb(flood)
+                n = 256
+                x = np.random.default_rng(9).standard_normal(n).astype(np.float32)
+                bufs = [flood.tensor(x), flood.empty(n)]
+                steps = 3000
+                for i in range(steps):  # no await: batches go out as they fill
+                    run_axpb(flood, k, bufs[i % 2], bufs[(i + 1) % 2], 1.0, 0.001)
+                for seed in range(3):
+                    await check_well_behaved(other, seed)
+                got = await bufs[steps % 2].numpy()
+                want = x
+                for _ in range(steps):
+                    want = want + np.float32(0.001)
+                assert_close(got, want)
+                stats = await flood.stats()
+                assert stats["device"]["dispatches"] >= steps
+                assert stats["device"]["throttle_waits"] > 0  # the daemon did stop reading
+            assert proc.poll() is None

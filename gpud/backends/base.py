@@ -228,6 +228,7 @@ class Backend(ABC):
         """Wait while more than `max_in_flight` submissions are on the device (back-pressure)."""
         loop = asyncio.get_running_loop()
         while self._submitted - self._completed > max_in_flight and self.fatal_error is None:
+            self.counters["throttle_waits"] += 1
             future: asyncio.Future[None] = loop.create_future()
             self._after_index(self._completed + 1, lambda _err, f=future: settle(f, None, None))  # type: ignore[misc]
             await future
