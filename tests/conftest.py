@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from support import Daemon
+from support import Daemon, wait_for_memory
 
 import gpud_client
 from gpud import spawn
@@ -46,6 +46,9 @@ def daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
     with spawn.daemon(backend) as (address, proc):
         yield Daemon(address, proc, backend)
         assert proc.poll() is None, f"the {backend} daemon died during the tests (exit {proc.returncode})"
+        # No leak across the whole run: every session is gone, so every buffer must be too.
+        empty = {"memory_in_use": 0, "live_buffers": 0}
+        asyncio.run(wait_for_memory(address, empty, timeout=30))
 
 
 @pytest.fixture
