@@ -18,13 +18,16 @@ import zmq
 import gpud_protocol as proto
 
 
-def answers(address: str, timeout: float = 1.0) -> bool:
+def answers(address: str, timeout: float = 1.0, server_public_key: bytes | None = None) -> bool:
     """True if a gpud at `address` completes a handshake within `timeout` seconds."""
     if address.startswith("ipc://") and not Path(address[len("ipc://") :]).exists():
         return False
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if server_public_key is not None:
+        sock.curve_serverkey = server_public_key
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
     try:
         sock.connect(address)
         sock.send(proto.encode_hello("gpud-probe", os.getpid()))
@@ -44,8 +47,12 @@ def daemon(
     address: str | None = None,
     extra_args: tuple[str, ...] = (),
     startup_timeout: float = 60.0,
+    server_public_key: bytes | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Run `python -m gpud serve` on `address` (default: a fresh ipc socket in a temp dir)."""
+    """Run `python -m gpud serve` on `address` (default: a fresh ipc socket in a temp dir).
+
+    For a tcp:// daemon with CURVE, pass its public key so that the readiness probe can talk to it.
+    """
     with tempfile.TemporaryDirectory(prefix="gpud-") as tmp:
         address = address or f"ipc://{tmp}/gpud.sock"
         log_path = Path(tmp) / "daemon.log"
@@ -56,7 +63,7 @@ def daemon(
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + startup_timeout
-            while not answers(address, 0.5):
+            while not answers(address, 0.5, server_public_key):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"gpud did not start (exit {proc.poll()}):\n{log_path.read_text()[-4000:]}")
                 time.sleep(0.05)

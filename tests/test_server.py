@@ -580,3 +580,47 @@ async def test_a_flooding_client_is_throttled_and_nobody_starves() -> None:
                 assert stats["device"]["dispatches"] >= steps
                 assert stats["device"]["throttle_waits"] > 0  # the daemon did stop reading
             assert proc.poll() is None
+
+
+# --------------------------------------------------------------------------- tcp
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_plain_tcp_is_refused_without_the_insecure_flag() -> None:
+    import subprocess
+    import sys
+
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    run = subprocess.run(
+        [sys.executable, "-m", "gpud", "serve", "--address", address, "--backend", "webgpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert "CURVE" in run.stderr and "--insecure-tcp" in run.stderr
+
+
+async def test_tcp_with_curve_keys(tmp_path: Path) -> None:
+    import zmq.auth
+
+    server_public, server_secret = zmq.auth.create_certificates(str(tmp_path), "server")
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    args = ("--curve-secret-key", server_secret)
+    public, _secret = zmq.auth.load_certificate(server_public)
+    assert public is not None
+    with spawn.daemon("webgpu", address=address, extra_args=args, server_public_key=public) as (_address, proc):
+        async with gpud_client.connect(address, server_public_key=public) as gpu:
+            await check_well_behaved(gpu)
+        with pytest.raises(gpud_client.DaemonLost):  # no key: the CURVE handshake never completes
+            async with gpud_client.connect(address, timeout=1.0):
+                pass
+        assert proc.poll() is None
