@@ -9,9 +9,10 @@ session that made it and its memory is held once however many sessions open it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from gpud.backends.base import Backend, Buffer
-from gpud_protocol.errors import AlreadyExists, NotFound
+from gpud_protocol.errors import AlreadyExists, NotFound, PermissionDenied
 
 
 @dataclasses.dataclass(eq=False)
@@ -24,6 +25,7 @@ class Tensor:
     refs: int = 1
     name: str | None = None  # set while published
     mode: str = "rw"  # the publisher's mode for other sessions
+    publisher: str = ""  # session id that published it
 
     @property
     def nbytes(self) -> int:
@@ -37,8 +39,9 @@ class Handle:
 
 
 class ResidentStore:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, is_connected: Callable[[str], bool] = lambda _session: False) -> None:
         self._backend = backend
+        self._is_connected = is_connected  # session id -> still connected?
         self._by_name: dict[str, Tensor] = {}
 
     def __len__(self) -> int:
@@ -48,12 +51,12 @@ class ResidentStore:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self._by_name.values())
 
-    def publish(self, tensor: Tensor, name: str, mode: str) -> None:
+    def publish(self, tensor: Tensor, name: str, mode: str, by: str) -> None:
         if name in self._by_name:
             raise AlreadyExists(f"a resident tensor named {name!r} exists")
         if tensor.name is not None:
             raise AlreadyExists(f"tensor is already published as {tensor.name!r}")
-        tensor.name, tensor.mode = name, mode
+        tensor.name, tensor.mode, tensor.publisher = name, mode, by
         tensor.refs += 1
         self._by_name[name] = tensor
 
@@ -62,8 +65,12 @@ class ResidentStore:
         tensor.refs += 1
         return tensor
 
-    def unpublish(self, name: str) -> None:
+    def unpublish(self, name: str, by: str) -> None:
+        """Remove a name. A read-only one only by its publisher while the publisher is connected,
+        so that a reader cannot take shared weights away from everyone else."""
         tensor = self._lookup(name)
+        if tensor.mode == "ro" and tensor.publisher != by and self._is_connected(tensor.publisher):
+            raise PermissionDenied(f"{name!r} is read-only and its publishing session is still connected")
         del self._by_name[name]
         tensor.name = None
         self.drop(tensor)
@@ -84,5 +91,5 @@ class ResidentStore:
             raise NotFound(f"no resident tensor named {name!r}") from None
 
     def clear(self) -> None:
-        for name in list(self._by_name):
-            self.unpublish(name)
+        for tensor in list(self._by_name.values()):
+            self.unpublish(tensor.name or "", by=tensor.publisher)

@@ -71,7 +71,7 @@ class Server:
             gc.freeze()
             gc.set_threshold(50_000, 20, 100)
             self._scheduler = Scheduler(self.backend, self.config)
-            self._residents = ResidentStore(self.backend)
+            self._residents = ResidentStore(self.backend, self._is_connected)
             log.info("gpud %s serving %s on %s", __version__, self.config.address, self.backend.device_info())
             try:
                 async with anyio.create_task_group() as tg:
@@ -236,6 +236,9 @@ class Server:
             "max_requests": self.config.session_max_requests,
         }
         self._send(identity, [proto.pack(welcome)])
+
+    def _is_connected(self, session_id: str) -> bool:
+        return any(session.id == session_id for session in self.sessions.values())
 
     def _end_session(self, identity: bytes) -> None:
         session = self.sessions.pop(identity, None)

@@ -125,7 +125,7 @@ class Session:
                 handle = self._handle(op.handle)
                 if not handle.writable and op.mode == "rw":
                     raise PermissionDenied("a read-only tensor cannot be republished read-write")
-                self._residents.publish(handle.tensor, op.name, op.mode)
+                self._residents.publish(handle.tensor, op.name, op.mode, by=self.id)
             case proto.Open():
                 self._check_sticky()
                 self._new_handle(op.handle)
@@ -133,7 +133,7 @@ class Session:
                 self.handles[op.handle] = Handle(tensor, writable=tensor.mode == "rw")
                 self._reply(op.seq, dtype=tensor.dtype, shape=list(tensor.shape), mode=tensor.mode)
             case proto.Unpublish():
-                self._residents.unpublish(op.name)
+                self._residents.unpublish(op.name, by=self.id)
 
     # ------------------------------------------------------------------ op handlers
 

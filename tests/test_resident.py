@@ -573,3 +573,29 @@ async def test_bad_mode_is_invalid(gpu: Client) -> None:
     assert info.value.op == "publish"
     with pytest.raises(NotFound):  # nothing was published
         await gpu.open(name)
+
+
+async def test_only_the_publisher_unpublishes_a_read_only_name_while_connected(address: str) -> None:
+    name = _name("guarded")
+    async with gpud_client.connect(address) as publisher:
+        publisher.publish(publisher.tensor(np.ones(8, dtype=np.float32)), name, "ro")
+        await publisher.flush()
+        async with gpud_client.connect(address) as reader:
+            reader.unpublish(name)
+            with pytest.raises(PermissionDenied) as denied:
+                await reader.flush()
+            assert denied.value.op == "unpublish"
+            await reader.open(name)  # still there
+        rw_name = _name("shared-rw")
+        publisher.publish(publisher.tensor(np.ones(8, dtype=np.float32)), rw_name, "rw")
+        await publisher.flush()
+        async with gpud_client.connect(address) as other:
+            other.unpublish(rw_name)  # read-write: anyone may
+            await other.flush()
+            with pytest.raises(NotFound):
+                await other.open(rw_name)
+    async with gpud_client.connect(address) as reader:  # the publisher is gone: cleanup is allowed
+        reader.unpublish(name)
+        await reader.flush()
+        with pytest.raises(NotFound):
+            await reader.open(name)
