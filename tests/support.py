@@ -157,3 +157,14 @@ async def wait_for_memory(address: str, baseline: dict[str, Any], timeout: float
         if time.monotonic() > deadline:
             raise AssertionError(f"device memory did not return to its baseline: {now} vs {baseline}")
         await anyio.sleep(0.05)
+
+
+async def check_well_behaved(gpu: gpud_client.Client, k: gpud_client.Kernel | None = None, seed: int = 0) -> None:
+    """A small axpb round trip that must give the right answer (pass `k` when calling it often)."""
+    k = k or await axpb(gpu)
+    x = np.random.default_rng(seed).standard_normal(513).astype(np.float32)
+    tx, ty = gpu.tensor(x), gpu.empty(513)
+    run_axpb(gpu, k, tx, ty, 1.5, -2.0)
+    assert_close(await ty.numpy(), ref_axpb(x, 1.5, -2.0))
+    tx.free()
+    ty.free()

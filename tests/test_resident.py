@@ -25,6 +25,7 @@ from support import (
     Daemon,
     assert_close,
     axpb,
+    check_well_behaved,
     device_memory,
     last_seq,
     ref_axpb,
@@ -82,17 +83,6 @@ def plus(baseline: dict[str, Any], nbytes: int, buffers: int) -> dict[str, Any]:
         "memory_in_use": baseline["memory_in_use"] + nbytes,
         "live_buffers": baseline["live_buffers"] + buffers,
     }
-
-
-async def check_well_behaved(gpu: Client, k: Kernel | None = None, seed: int = 0) -> None:
-    """A small axpb round trip that must give the right answer (pass `k` when calling it often)."""
-    k = k or await axpb(gpu)
-    x = np.random.default_rng(seed).standard_normal(513).astype(np.float32)
-    tx, ty = gpu.tensor(x), gpu.empty(513)
-    run_axpb(gpu, k, tx, ty, 1.5, -2.0)
-    assert_close(await ty.numpy(), ref_axpb(x, 1.5, -2.0))
-    tx.free()
-    ty.free()
 
 
 # --------------------------------------------------------------------------- keep on device

@@ -25,6 +25,7 @@ from support import (
     Daemon,
     assert_close,
     axpb,
+    check_well_behaved,
     device_memory,
     ref_axpb,
     run_axpb,
@@ -112,16 +113,6 @@ async def raw(address: str) -> AsyncIterator[RawPeer]:
         yield peer
     finally:
         peer.close()
-
-
-async def check_well_behaved(gpu: gpud_client.Client, seed: int = 0) -> None:
-    k = await axpb(gpu)
-    x = np.random.default_rng(seed).standard_normal(513).astype(np.float32)
-    tx, ty = gpu.tensor(x), gpu.empty(513)
-    run_axpb(gpu, k, tx, ty, 1.5, -2.0)
-    assert_close(await ty.numpy(), ref_axpb(x, 1.5, -2.0))
-    tx.free()
-    ty.free()
 
 
 # --------------------------------------------------------------------------- before a session
@@ -570,7 +561,7 @@ async def test_a_flooding_client_is_throttled_and_nobody_starves() -> None:
                 for i in range(steps):  # no await: batches go out as they fill
                     run_axpb(flood, k, bufs[i % 2], bufs[(i + 1) % 2], 1.0, 0.001)
                 for seed in range(3):
-                    await check_well_behaved(other, seed)
+                    await check_well_behaved(other, seed=seed)
                 got = await bufs[steps % 2].numpy()
                 want = x
                 for _ in range(steps):
