@@ -61,6 +61,7 @@ class Server:
         self._fatal: BaseException | None = None
         self._stop = anyio.Event()
         self._drained_at = time.monotonic()
+        self._waiting = False  # the receive loop is waiting on an empty socket
 
     async def serve(self, ready: anyio.Event | None = None) -> int:
         """Run until SIGTERM/SIGINT, `stop()`, or a fatal device error; return the exit code."""
@@ -175,7 +176,11 @@ class Server:
                 await asyncio.sleep(0)  # replies and completions run in between
                 if (frames := reader.try_recv()) is not None:
                     return frames
-        return await reader.recv()
+        self._waiting = True  # the socket is empty for as long as this waits
+        try:
+            return await reader.recv()
+        finally:
+            self._waiting = False
 
     async def _handle(self, identity: bytes, frames: list[Any], received_at: float = 0.0) -> None:
         session = self.sessions.get(identity)
@@ -252,7 +257,8 @@ class Server:
             await anyio.sleep(lease / 4)
             # Judge by the last time the socket was read empty, not by the clock: while the loop
             # is busy or throttled, heartbeats wait unread in the socket and prove nothing.
-            deadline = self._drained_at - lease
+            drained = time.monotonic() if self._waiting else self._drained_at
+            deadline = drained - lease
             for identity, session in list(self.sessions.items()):
                 if session.last_seen < deadline:
                     log.info("session %s (%s) missed its lease", session.id, session.client)

@@ -510,6 +510,23 @@ async def test_vanished_session_is_released_after_its_lease(private_daemon: Daem
     private_daemon.assert_alive()
 
 
+async def test_vanished_session_is_released_while_nobody_else_talks(private_daemon: Daemon) -> None:
+    """An idle daemon still expires leases: the socket is empty, so silence proves the client gone."""
+    address = private_daemon.address
+    baseline = await device_memory(address)
+    peer = RawPeer(address)
+    try:
+        await peer.hello()
+        seq = peer.next_seq()
+        await peer.batch([[Opcode.ALLOC, peer.next_seq(), 1, "float32", [1 << 18]], [Opcode.SYNC, seq]])
+        await peer.reply(seq)
+    finally:
+        peer.close()
+    await anyio.sleep(3)  # lease 1 s; no message reaches the daemon meanwhile
+    now = await device_memory(address)  # the first request after the silence: already released
+    assert (now["memory_in_use"], now["live_buffers"]) == (baseline["memory_in_use"], baseline["live_buffers"])
+
+
 async def test_session_limits_from_a_config_file() -> None:
     """Per-session quota (OUT_OF_MEMORY) and request window (BUSY) are enforced with clear errors."""
     with tempfile.TemporaryDirectory() as tmp:
