@@ -88,6 +88,7 @@ class Backend(ABC):
         self._callbacks: defaultdict[int, list[Done]] = defaultdict(list)
         self._encoded = 0  # ops encoded since the last flush
         self.dispatches_pending = 0
+        self.dispatch_count = 0
         self.memory_in_use = 0
         self.live_buffers = 0
         self.counters: defaultdict[str, int] = defaultdict(int)
@@ -153,7 +154,7 @@ class Backend(ABC):
         for buffer in prepared.buffers:
             buffer.last_use = index
         self.dispatches_pending += 1
-        self.counters["dispatches"] += 1
+        self.dispatch_count += 1
 
     def dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None:
         self.dispatch_prepared(self.prepare(kernel, grid, args))
@@ -240,6 +241,7 @@ class Backend(ABC):
             "live_buffers": self.live_buffers,
             "submitted": self._submitted,
             "completed": self._completed,
+            "dispatches": self.dispatch_count,
             "kernel_cache": self._kernels.stats(),
             **self.counters,
         }

@@ -332,17 +332,17 @@ def _decode_batch(
         )
     ops: list[Op | OpError] = []
     used_frames: set[int] = set()
-    for raw in raw_ops:
-        if not isinstance(raw, tuple) or len(raw) < 2 or not _is_int(raw[0]) or not _is_int(raw[1]):
+    dispatch, new_tuple = int(Opcode.DISPATCH), tuple.__new__
+    for raw in raw_ops:  # the hot loop: inline checks, no helper calls on a memo hit
+        if type(raw) is not tuple or len(raw) < 2 or type(raw[0]) is not int or type(raw[1]) is not int:
             raise ProtocolViolation(ErrorCode.PROTOCOL, "an op must be a list [opcode, seq, ...]")
-        if memo is not None and raw[0] == Opcode.DISPATCH:
-            body = raw[2:]
+        if memo is not None and raw[0] == dispatch:
             try:
-                fields = memo.get(body)
+                fields = memo.get(raw[2:])
             except TypeError:  # a map somewhere inside: unhashable, and invalid anyway
                 fields = None
             if fields is not None:
-                ops.append(Dispatch(raw[1], *fields))
+                ops.append(new_tuple(Dispatch, (raw[1], *fields)))
                 continue
         try:
             op = _decode_op(raw, payloads, limits)
