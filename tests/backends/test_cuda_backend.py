@@ -98,7 +98,7 @@ def test_dependent_chain_matches_numpy(tmp_path: Path) -> None:
             b.flush()
             got = np.frombuffer(await future, np.float32)
             np.testing.assert_allclose(got, expect, rtol=1e-6)
-            assert b.counters["dispatches"] == 200
+            assert b.dispatch_count == 200 and b.stats()["dispatches"] == 200
         finally:
             await teardown(b, bufs)
 
