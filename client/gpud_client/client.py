@@ -56,6 +56,8 @@ class Scalar(NamedTuple):
 
 _TENSOR, _F32, _I32, _U32 = (int(k) for k in (ArgKind.TENSOR, ArgKind.F32, ArgKind.I32, ArgKind.U32))
 _DISPATCH = int(Opcode.DISPATCH)
+_DISPATCH_PREFIX = bytes([0x96]) + msgpack.packb(_DISPATCH)  # a msgpack array of 6, then the opcode
+DISPATCH_BODY_CACHE = 4096  # distinct dispatches whose packed bytes a client keeps
 
 
 def f32(value: float) -> Scalar:
@@ -100,6 +102,7 @@ class Tensor:
         self.shape = shape
         self.mode = mode
         self.freed = False
+        self._wire = (_TENSOR, handle)  # as a dispatch argument
 
     @property
     def nbytes(self) -> int:
@@ -140,6 +143,7 @@ class Client:
         self._queued = 0
         self._last_seq = 0  # of the op queued last
         self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._dispatch_bodies: dict[tuple[Any, ...], bytes] = {}
         self._frames: list[Any] = []
         self._futures: dict[int, asyncio.Future[tuple[dict[str, Any], list[Any]]]] = {}
         self._unsent: deque[list[Any]] = deque()
@@ -226,24 +230,29 @@ class Client:
         writes: Sequence[int] | None = None,
     ) -> None:
         """Queue a dispatch: no round trip. Floats go as f32, ints as i32; use u32() for unsigned."""
-        # The hot path: tuples of plain ints and floats (cheap to build, untracked by the garbage
-        # collector once checked), common argument types first, everything else through _arg.
+        # The hot path. Arguments become tuples of plain numbers, common types first; the packed
+        # bytes of everything but the sequence number are kept per distinct dispatch (steps
+        # repeat), so queueing one costs a lookup and packing one integer.
         encoded = []
         for arg in args:
             kind = type(arg)
             if kind is Tensor and arg._client is self and not arg.freed:
-                encoded.append((_TENSOR, arg.handle))
+                encoded.append(arg._wire)
             elif kind is float:
                 encoded.append((_F32, arg))
             elif kind is Scalar:
-                encoded.append((arg[0], arg[1]))  # a plain tuple: the collector can untrack it
+                encoded.append((arg[0], arg[1]))
             else:
                 encoded.append(self._arg(arg))
         dims = (grid, 1, 1) if type(grid) is int else _dim3(grid)
-        declared = None if writes is None else tuple(writes)
-        # All tuples of numbers: the collector stops tracking them at its first look, so queued
-        # ops never pile up in the old generation of a process with a large heap (torch, cupy...).
-        self._queue((_DISPATCH, next(self._seqs), kernel.handle, dims, tuple(encoded), declared))
+        key = (kernel.handle, dims, tuple(encoded), None if writes is None else tuple(writes))
+        body = self._dispatch_bodies.get(key)
+        if body is None:
+            if len(self._dispatch_bodies) >= DISPATCH_BODY_CACHE:
+                self._dispatch_bodies.clear()
+            body = self._dispatch_bodies[key] = b"".join([self._pack(field) for field in key])
+        seq = next(self._seqs)
+        self._queue_packed(_DISPATCH_PREFIX + self._pack(seq) + body, seq)
 
     # ------------------------------------------------------------------ requests
 
@@ -297,11 +306,16 @@ class Client:
         raise InvalidArgument(f"cannot pass {type(value).__name__} to a kernel")
 
     def _queue(self, op: Sequence[Any]) -> None:
+        self._queue_packed(self._pack(op), op[1])
+
+    def _queue_packed(self, packed: bytes, seq: int) -> None:
+        """Queue one op, packed as it is queued: no Python object per queued op survives into the
+        old generation of a process with a large heap (torch, cupy...)."""
         if self._lost is not None:
             raise self._lost
-        self._packed += self._pack(op)
+        self._packed += packed
         self._queued += 1
-        self._last_seq = op[1]
+        self._last_seq = seq
         limits = self.limits
         if (
             self._queued >= limits.max_ops_per_batch
