@@ -19,8 +19,6 @@ from gpud import kernels
 from gpud.spawn import answers, daemon
 from gpud_client import default_address
 
-A, B = 0.999, 0.001
-
 
 @contextlib.contextmanager
 def _daemon_for(backend: str) -> Iterator[str]:
@@ -43,31 +41,6 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def _reference(x: np.ndarray, chain: int) -> np.ndarray:
-    for _ in range(chain):
-        x = (x * np.float32(A) + np.float32(B)).astype(np.float32)
-    return x
-
-
-async def _run_chain(
-    gpu: gpud_client.Client,
-    k: gpud_client.Kernel,
-    bufs: list[gpud_client.Tensor],
-    x0: np.ndarray,
-    chain: int,
-    *,
-    each: bool,
-) -> np.ndarray:
-    """One step: a fresh input into the same two tensors, the chain ping-ponging between them."""
-    n = x0.size
-    bufs[0].upload(x0)
-    for i in range(chain):
-        gpu.dispatch(k, kernels.groups(n), [bufs[i % 2], bufs[(i + 1) % 2], A, B, gpud_client.u32(n)])
-        if each:
-            await gpu.sync()
-    return await bufs[chain % 2].numpy()
-
-
 async def run_demo(backend: str, steps: int, chain: int, size: int) -> int:
     with _daemon_for(backend) as address:
         async with gpud_client.connect(address) as gpu:
@@ -78,13 +51,13 @@ async def run_demo(backend: str, steps: int, chain: int, size: int) -> int:
             rng = np.random.default_rng(0)
             bufs = [gpu.empty(size), gpu.empty(size)]
             warm = rng.standard_normal(size).astype(np.float32)
-            await _run_chain(gpu, k, bufs, warm, chain, each=False)  # compiles, caches: not timed
+            await kernels.run_chain(gpu, k, bufs, warm, chain, each=False)  # compiles, caches: not timed
             worst = 0.0
             t0 = time.perf_counter()
             for step in range(steps):
                 x0 = rng.standard_normal(size).astype(np.float32)
-                out = await _run_chain(gpu, k, bufs, x0, chain, each=False)
-                ref = _reference(x0, chain)
+                out = await kernels.run_chain(gpu, k, bufs, x0, chain, each=False)
+                ref = kernels.chain_reference(x0, chain)
                 worst = max(worst, float(np.max(np.abs(out - ref))))
                 if not np.allclose(out, ref, rtol=1e-4, atol=1e-5):
                     print(f"\nstep {step}: result differs from numpy (max error {worst:g})")
@@ -95,8 +68,8 @@ async def run_demo(backend: str, steps: int, chain: int, size: int) -> int:
             t0 = time.perf_counter()
             for step in range(each_steps):
                 x0 = rng.standard_normal(size).astype(np.float32)
-                out = await _run_chain(gpu, k, bufs, x0, chain, each=True)
-                if not np.allclose(out, _reference(x0, chain), rtol=1e-4, atol=1e-5):
+                out = await kernels.run_chain(gpu, k, bufs, x0, chain, each=True)
+                if not np.allclose(out, kernels.chain_reference(x0, chain), rtol=1e-4, atol=1e-5):
                     print("\nper-dispatch result differs from numpy")
                     return 1
                 _progress(step + 1, each_steps, "one submit per dispatch")

@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+import gpud_client
+
 AXPB_WGSL = """
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
@@ -38,6 +42,42 @@ def axpb_source(backend: str) -> tuple[str, dict[str, object]]:
 
 def groups(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK
+
+
+# The chain workload of the demo and the benchmarks: x <- x * A + B, each dispatch reading the
+# previous one's output, ping-ponging between two tensors.
+A, B = 0.999, 0.001
+
+
+def chain_reference(x0: np.ndarray, chain: int) -> np.ndarray:
+    """What `run_chain` computes, in float32 numpy."""
+    x = x0
+    for _ in range(chain):
+        x = (x * np.float32(A) + np.float32(B)).astype(np.float32)
+    return x
+
+
+async def run_chain(
+    gpu: gpud_client.Client,
+    k: gpud_client.Kernel,
+    bufs: list[gpud_client.Tensor],
+    x0: np.ndarray,
+    chain: int,
+    *,
+    each: bool = False,
+) -> np.ndarray:
+    """One step: `x0` into bufs[0], `chain` axpb dispatches, then read the result back.
+
+    `each`: wait for every dispatch (one submit and round trip each), to compare with coalescing.
+    """
+    n = x0.size
+    bufs[0].upload(x0)
+    n32, grid = gpud_client.u32(n), groups(n)
+    for i in range(chain):
+        gpu.dispatch(k, grid, [bufs[i % 2], bufs[(i + 1) % 2], A, B, n32])
+        if each:
+            await gpu.sync()
+    return await bufs[chain % 2].numpy()
 
 
 # `axpw`: y[i] = x[i] * a + w[i] for i < n, where w is typically a shared read-only resident tensor.

@@ -24,7 +24,7 @@ from gpud import kernels
 from gpud.bench import per_item_us, percentiles_us, print_table, time_async, time_sync, write_json
 from gpud.spawn import daemon
 
-A, B = 0.999, 0.001
+A, B = kernels.A, kernels.B
 N = 4096
 
 
@@ -157,15 +157,10 @@ async def _gpud_chain(address: str, x0: np.ndarray, chain: int, reps: int) -> di
     """The chain through gpud, with the CPU time each side spent per dispatch."""
     async with gpud_client.connect(address) as gpu:
         k = await gpu.kernel(kernels.AXPB_CUDA, "axpb", block=(kernels.BLOCK, 1, 1))
-        bufs = [gpu.tensor(x0), gpu.empty(N)]
-        n32 = gpud_client.u32(N)
-        groups = kernels.groups(N)
+        bufs = [gpu.empty(N), gpu.empty(N)]
 
         async def step() -> np.ndarray:
-            bufs[0].upload(x0)
-            for i in range(chain):
-                gpu.dispatch(k, groups, [bufs[i % 2], bufs[(i + 1) % 2], A, B, n32])
-            return await bufs[chain % 2].numpy()
+            return await kernels.run_chain(gpu, k, bufs, x0, chain)
 
         out = await step()
         before = (await gpu.stats())["process"]["cpu_s"], time.process_time()
@@ -209,19 +204,12 @@ async def _gpud_latency(address: str, samples: int, spin_us: float) -> dict[str,
         }
 
 
-def _reference(x0: np.ndarray, chain: int) -> np.ndarray:
-    x = x0
-    for _ in range(chain):
-        x = (x * np.float32(A) + np.float32(B)).astype(np.float32)
-    return x
-
-
 def main(args: argparse.Namespace) -> int:
     chain = 1000 if args.quick else 10_000
     reps = 3 if args.quick else 7
     rt_samples = 200 if args.quick else 2000
     x0 = np.random.default_rng(0).standard_normal(N).astype(np.float32)
-    ref = _reference(x0, chain)
+    ref = kernels.chain_reference(x0, chain)
     local = CudaPython()
     print(f"device: {local.name}")
     print(f"workload: {chain} dependent axpb dispatches on {N} floats, then one readback; {reps} repetitions")

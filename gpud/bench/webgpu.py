@@ -24,7 +24,7 @@ from gpud import kernels
 from gpud.bench import per_item_us, print_table, time_async, time_sync, write_json
 from gpud.spawn import daemon
 
-A, B = 0.999, 0.001
+A, B = kernels.A, kernels.B
 
 
 class InProcess:
@@ -86,27 +86,14 @@ class InProcess:
 async def _through_gpud(address: str, x0: np.ndarray, chain: int, reps: int) -> tuple[list[float], np.ndarray]:
     async with gpud_client.connect(address) as gpu:
         k = await gpu.kernel(kernels.AXPB_WGSL, "axpb")
-        n = x0.size
-        bufs = [gpu.tensor(x0), gpu.empty(n)]
-        n32 = gpud_client.u32(n)
-        groups = kernels.groups(n)
+        bufs = [gpu.empty(x0.size), gpu.empty(x0.size)]
 
         async def step() -> np.ndarray:
-            bufs[0].upload(x0)
-            for i in range(chain):
-                gpu.dispatch(k, groups, [bufs[i % 2], bufs[(i + 1) % 2], A, B, n32])
-            return await bufs[chain % 2].numpy()
+            return await kernels.run_chain(gpu, k, bufs, x0, chain)
 
         out = await step()
         samples = await time_async(step, reps)
         return samples, out
-
-
-def _reference(x0: np.ndarray, chain: int) -> np.ndarray:
-    x = x0
-    for _ in range(chain):
-        x = (x * np.float32(A) + np.float32(B)).astype(np.float32)
-    return x
 
 
 def main(args: argparse.Namespace) -> int:
@@ -117,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     n, chain = 4096, 100
     reps = 5 if args.quick else 30
     x0 = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    ref = _reference(x0, chain)
+    ref = kernels.chain_reference(x0, chain)
     local = InProcess(n)
     results: dict[str, Any] = {
         "benchmark": "webgpu-chain",
