@@ -1,3 +1,3 @@
-from gpud.cli import main
+from gpud.service.cli import main
 
 raise SystemExit(main())

@@ -15,8 +15,8 @@ import pytest
 from support import Daemon, wait_for_memory
 
 import gpud_client
-from gpud import spawn
 from gpud.backends import cuda_available
+from gpud.testing import spawn
 
 HAVE_CUDA = cuda_available()
 

@@ -14,7 +14,7 @@ import anyio
 import numpy as np
 
 import gpud_client
-from gpud import kernels
+from gpud.testing import workloads as kernels
 from gpud_client import u32
 
 

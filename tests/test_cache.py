@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.backends.base import kernel_key
-from gpud.cache import LruCache
+from gpud.backends.base import program_key as kernel_key
+from gpud.runtime.cache import LruCache
 from gpud_protocol import KernelOptions
 
 

@@ -31,7 +31,9 @@ from support import (
 )
 
 import gpud_client
-from gpud import kernels, spawn
+import gpud_protocol
+from gpud.testing import spawn
+from gpud.testing import workloads as kernels
 from gpud_client import (
     AlreadyExists,
     CompileError,
@@ -68,7 +70,7 @@ async def test_readme_example_flow(gpu: Client) -> None:
 
 async def test_welcome_describes_the_daemon(gpu: Client, daemon: Daemon) -> None:
     assert gpu.backend == daemon.backend
-    assert gpu.welcome["v"] == 1
+    assert gpu.welcome["v"] == gpud_protocol.PROTOCOL_VERSION
     assert gpu.welcome["devices"] and gpu.welcome["devices"][0]["backend"] == daemon.backend
     assert gpu.limits.max_ops_per_batch > 0
 
@@ -362,7 +364,7 @@ async def test_cancelled_await_does_not_lose_another_reply(gpu: Client) -> None:
     y = gpu.empty(1000)
     run_axpb(gpu, k, a, y, 3.0, 0.5)
     np.testing.assert_array_equal(await y.numpy(), np.full(1000, 3.5, dtype=np.float32))
-    assert not gpu._futures  # nothing left behind by the cancelled awaits
+    assert not gpu._connection._futures  # nothing left behind by the cancelled awaits
 
 
 # --------------------------------------------------------------------------- typed errors
@@ -420,7 +422,7 @@ async def test_grid_beyond_the_device_limit(gpu: Client) -> None:
 
 async def test_unknown_and_freed_handles_are_not_found(gpu: Client) -> None:
     good = gpu.tensor(np.arange(8, dtype=np.float32))
-    ghost = gpud_client.Tensor(gpu, 1_000_000, np.dtype("float32"), (8,))
+    ghost = gpud_client.Tensor(gpu, 1_000_000, np.dtype("float32"), (8,), 0)
     with pytest.raises(NotFound) as info:
         await ghost.numpy()
     assert info.value.op == "readback"
@@ -430,7 +432,7 @@ async def test_unknown_and_freed_handles_are_not_found(gpu: Client) -> None:
     gone.free()
     with pytest.raises(InvalidArgument):  # the client knows it freed it
         await gone.numpy()
-    same_handle = gpud_client.Tensor(gpu, gone.handle, gone.dtype, gone.shape)
+    same_handle = gpud_client.Tensor(gpu, gone.handle, gone.dtype, gone.shape, 0)
     with pytest.raises(NotFound):  # and so does the daemon
         await same_handle.numpy()
 
@@ -457,7 +459,7 @@ async def test_unknown_and_freed_handles_are_not_found(gpu: Client) -> None:
 async def test_sticky_error_fails_every_request_until_seen(gpu: Client) -> None:
     """The first failure is reported on the next reply; requests already in flight get it too."""
     x = gpu.tensor(np.ones(16, dtype=np.float32))
-    ghost = gpud_client.Tensor(gpu, 2_000_000, np.dtype("float32"), (16,))
+    ghost = gpud_client.Tensor(gpu, 2_000_000, np.dtype("float32"), (16,), 0)
     gpu.copy(ghost, x)  # fails: no reply of its own
     bad_seq = last_seq(gpu)
     results = await asyncio.gather(x.numpy(), gpu.sync(), x.numpy(), return_exceptions=True)
@@ -469,7 +471,7 @@ async def test_sticky_error_fails_every_request_until_seen(gpu: Client) -> None:
 
 async def test_flush_and_open_report_the_sticky_error(gpu: Client) -> None:
     x = gpu.tensor(np.ones(4, dtype=np.float32))
-    ghost = gpud_client.Tensor(gpu, 2_000_001, np.dtype("float32"), (4,))
+    ghost = gpud_client.Tensor(gpu, 2_000_001, np.dtype("float32"), (4,), 0)
     gpu.copy(ghost, x)
     with pytest.raises(NotFound) as failed:
         await gpu.flush()
@@ -483,7 +485,7 @@ async def test_flush_and_open_report_the_sticky_error(gpu: Client) -> None:
 
 
 async def test_daemon_error_with_nothing_waiting_reaches_the_next_request(gpu: Client) -> None:
-    gpu._send([b"\xc1 not msgpack"])  # the daemon answers with an unattributable protocol error
+    gpu._connection._send([b"\xc1 not msgpack"])  # the daemon answers with an unattributable protocol error
     await anyio.sleep(0.3)
     with pytest.raises(gpud_client.ProtocolError):
         await gpu.sync()
@@ -513,8 +515,11 @@ async def test_same_kernel_source_is_compiled_once(gpu: Client) -> None:
     k1 = await axpb(gpu)
     k2 = await axpb(gpu)
     after = (await gpu.stats())["device"].get("compiles", 0)
-    assert k1.handle != k2.handle
+    assert k1 == k2  # the same kernel, without a second registration
     assert after - before <= 1  # the daemon's cache is shared by every session
+    async with gpud_client.connect(gpu.address) as other:
+        assert (await axpb(other)).handle >= 1
+        assert (await other.stats())["device"].get("compiles", 0) == after
 
 
 # --------------------------------------------------------------------------- the daemon going away
@@ -530,7 +535,7 @@ async def test_errors_leave_the_connect_block_unwrapped(address: str) -> None:
     """`except NotFound` around `async with connect()` works: no exception group in the way."""
     with pytest.raises(NotFound):
         async with gpud_client.connect(address) as gpu:
-            await gpud_client.Tensor(gpu, 3_000_000, np.dtype("uint8"), (1,)).numpy()
+            await gpud_client.Tensor(gpu, 3_000_000, np.dtype("uint8"), (1,), 0).numpy()
     with pytest.raises(KeyError, match="mine"):
         async with gpud_client.connect(address):
             raise KeyError("mine")

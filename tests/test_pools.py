@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import gpud_client
-from gpud import spawn
-from gpud.pools import StagingPool, size_class
+from gpud.runtime.pools import StagingPool, size_class
+from gpud.testing import spawn
 
 _ids = itertools.count(1)
 

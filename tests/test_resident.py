@@ -34,7 +34,8 @@ from support import (
 )
 
 import gpud_client
-from gpud import kernels, spawn
+from gpud.testing import spawn
+from gpud.testing import workloads as kernels
 from gpud_client import (
     AlreadyExists,
     Client,
@@ -409,7 +410,7 @@ _VICTIM = textwrap.dedent(
     import asyncio, sys
     import numpy as np
     import gpud_client
-    from gpud import kernels, spawn
+    from gpud.testing import workloads as kernels
 
     async def main(address, name):
         async with gpud_client.connect(address) as gpu:

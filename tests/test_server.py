@@ -34,10 +34,15 @@ from support import (
 
 import gpud_client
 import gpud_protocol as proto
-from gpud import kernels, spawn
+from gpud.testing import spawn
+from gpud.testing import workloads as kernels
 from gpud_protocol import ErrorCode, Opcode
 
 TENSOR, F32, I32, U32 = (int(k) for k in proto.ArgKind)
+
+
+def raw_batch(ops: list[list[Any]], n_frames: int) -> bytes:
+    return proto.encode_batch(b"".join(msgpack.packb(op) for op in ops), len(ops), n_frames)
 
 
 class RawPeer:
@@ -61,8 +66,8 @@ class RawPeer:
     async def recv(self, timeout: float = 20.0) -> tuple[dict[str, Any], list[bytes]]:
         with anyio.fail_after(timeout):
             frames = await self.sock.recv_multipart()
-        message = proto.decode_server_message(frames, proto.DEFAULT_LIMITS)
-        return message.header, [bytes(f) for f in message.frames]
+        header, payload = proto.decode_server_message(frames, proto.DEFAULT_LIMITS)
+        return header, [bytes(f) for f in payload]
 
     async def hello(self, version: int = proto.PROTOCOL_VERSION) -> dict[str, Any]:
         await self.send(msgpack.packb({"t": "hello", "v": version, "name": "raw-test", "pid": os.getpid()}))
@@ -71,7 +76,8 @@ class RawPeer:
 
     async def batch(self, ops: list[list[Any]], frames: list[bytes] = (), ack: int | None = None) -> None:  # type: ignore[assignment]
         frames = list(frames)
-        await self.send(proto.encode_batch(ops, len(frames), ack), *frames)
+        packed = b"".join(msgpack.packb(op) for op in ops)
+        await self.send(proto.encode_batch(packed, len(ops), len(frames), None if ack is None else [ack]), *frames)
 
     async def error(self) -> dict[str, Any]:
         """The next message, which must be an unattributable error."""
@@ -204,8 +210,8 @@ async def test_raw_happy_path(raw: RawPeer) -> None:
     kernel_options = {k: list(v) for k, v in options.items()}  # type: ignore[call-overload]
     await raw.batch(
         [
-            [Opcode.ALLOC, s[0], 1, "float32", [100]],
-            [Opcode.ALLOC, s[1], 2, "float32", [100]],
+            [Opcode.ALLOC, s[0], 1, "float32", [100], 0],
+            [Opcode.ALLOC, s[1], 2, "float32", [100], 0],
             [Opcode.UPLOAD, s[2], 1, 0, data.nbytes],
             [Opcode.KERNEL, s[3], 3, source, "axpb", kernel_options],
             [Opcode.DISPATCH, s[4], 3, [2, 1, 1], [[TENSOR, 1], [TENSOR, 2], [F32, 3.0], [F32, 1.0], [U32, 100]], None],
@@ -234,18 +240,18 @@ async def _backend(raw: RawPeer) -> str:
 async def test_wrong_frame_counts(raw: RawPeer, gpu: gpud_client.Client) -> None:
     await raw.hello()
     s = raw.next_seq()
-    await raw.batch([[Opcode.ALLOC, s, 1, "uint8", [4]]])
+    await raw.batch([[Opcode.ALLOC, s, 1, "uint8", [4], 0]])
     # The header announces two payload frames but the message carries one ...
-    await raw.send(proto.encode_batch([[Opcode.UPLOAD, raw.next_seq(), 1, 0, 4]], 2, None), b"abcd")
+    await raw.send(raw_batch([[Opcode.UPLOAD, raw.next_seq(), 1, 0, 4]], 2), b"abcd")
     assert (await raw.error())["code"] == ErrorCode.PROTOCOL
     # ... or none, or one that no op uses.
-    await raw.send(proto.encode_batch([[Opcode.UPLOAD, raw.next_seq(), 1, 0, 4]], 1, None))
+    await raw.send(raw_batch([[Opcode.UPLOAD, raw.next_seq(), 1, 0, 4]], 1))
     assert (await raw.error())["code"] == ErrorCode.PROTOCOL
-    await raw.send(proto.encode_batch([], 1, None), b"abcd")
+    await raw.send(raw_batch([], 1), b"abcd")
     assert (await raw.error())["code"] == ErrorCode.PROTOCOL
     # Too many frames for the limit.
     count = proto.DEFAULT_LIMITS.max_frames + 1
-    await raw.send(proto.encode_batch([], count, None), *[b"x"] * count)
+    await raw.send(raw_batch([], count), *[b"x"] * count)
     assert (await raw.error())["code"] == ErrorCode.PROTOCOL
     # The session is fine: none of those batches ran.
     header, frames = await raw.readback(1)
@@ -257,7 +263,7 @@ async def test_frame_shorter_than_declared(raw: RawPeer, gpu: gpud_client.Client
     await raw.hello()
     a, up, rb = raw.next_seq(), raw.next_seq(), raw.next_seq()
     await raw.batch(
-        [[Opcode.ALLOC, a, 1, "float32", [4]], [Opcode.UPLOAD, up, 1, 0, 16], [Opcode.READBACK, rb, 1]],
+        [[Opcode.ALLOC, a, 1, "float32", [4], 0], [Opcode.UPLOAD, up, 1, 0, 16], [Opcode.READBACK, rb, 1]],
         [b"\x00" * 8],
     )
     code, message, failed_seq, op = await raw.failed(rb)
@@ -273,7 +279,7 @@ async def test_upload_size_differs_from_the_tensor(raw: RawPeer, gpu: gpud_clien
     await raw.hello()
     a, up, rb = raw.next_seq(), raw.next_seq(), raw.next_seq()
     await raw.batch(
-        [[Opcode.ALLOC, a, 1, "float32", [4]], [Opcode.UPLOAD, up, 1, 0, 12], [Opcode.READBACK, rb, 1]],
+        [[Opcode.ALLOC, a, 1, "float32", [4], 0], [Opcode.UPLOAD, up, 1, 0, 12], [Opcode.READBACK, rb, 1]],
         [b"\x01" * 12],
     )
     code, message, failed_seq, op = await raw.failed(rb)
@@ -285,7 +291,7 @@ async def test_upload_size_differs_from_the_tensor(raw: RawPeer, gpu: gpud_clien
 async def test_sticky_error_until_acknowledged(raw: RawPeer) -> None:
     await raw.hello()
     a = raw.next_seq()
-    await raw.batch([[Opcode.ALLOC, a, 1, "int32", [2]]])
+    await raw.batch([[Opcode.ALLOC, a, 1, "int32", [2], 0]])
     bad = raw.next_seq()
     await raw.batch([[Opcode.FREE, bad, 99]])  # fails, no reply of its own
     for _ in range(3):  # every later request fails with it until it is acknowledged
@@ -307,14 +313,14 @@ async def test_sticky_error_until_acknowledged(raw: RawPeer) -> None:
         ([Opcode.FREE, None, 12345], ErrorCode.NOT_FOUND),
         ([Opcode.COPY, None, 12345, 1], ErrorCode.NOT_FOUND),
         ([Opcode.DISPATCH, None, 777, [1, 1, 1], [[TENSOR, 1]], None], ErrorCode.NOT_FOUND),
-        ([Opcode.ALLOC, None, 2, "float128", [4]], ErrorCode.INVALID_ARGUMENT),
-        ([Opcode.ALLOC, None, 2, "object", [4]], ErrorCode.INVALID_ARGUMENT),
-        ([Opcode.ALLOC, None, 2, [], [4]], ErrorCode.INVALID_ARGUMENT),  # once crashed the daemon
-        ([Opcode.ALLOC, None, 2, {"a": 1}, [4]], ErrorCode.INVALID_ARGUMENT),
-        ([Opcode.ALLOC, None, 2, "float32", [1] * 9], ErrorCode.INVALID_ARGUMENT),
-        ([Opcode.ALLOC, None, 2, "float32", [1 << 30]], ErrorCode.INVALID_ARGUMENT),
-        ([Opcode.ALLOC, None, 1, "float32", [4]], ErrorCode.INVALID_ARGUMENT),  # handle 1 is in use
-        ([Opcode.ALLOC, None, 0, "float32", [4]], ErrorCode.INVALID_ARGUMENT),
+        ([Opcode.ALLOC, None, 2, "float128", [4], 0], ErrorCode.INVALID_ARGUMENT),
+        ([Opcode.ALLOC, None, 2, "object", [4], 0], ErrorCode.INVALID_ARGUMENT),
+        ([Opcode.ALLOC, None, 2, [], [4], 0], ErrorCode.INVALID_ARGUMENT),  # once crashed the daemon
+        ([Opcode.ALLOC, None, 2, {"a": 1}, [4], 0], ErrorCode.INVALID_ARGUMENT),
+        ([Opcode.ALLOC, None, 2, "float32", [1] * 9, 0], ErrorCode.INVALID_ARGUMENT),
+        ([Opcode.ALLOC, None, 2, "float32", [1 << 30], 0], ErrorCode.INVALID_ARGUMENT),
+        ([Opcode.ALLOC, None, 1, "float32", [4], 0], ErrorCode.INVALID_ARGUMENT),  # handle 1 is in use
+        ([Opcode.ALLOC, None, 0, "float32", [4], 0], ErrorCode.INVALID_ARGUMENT),
         ([Opcode.DISPATCH, None, 1, [1, 1, 1], [[9, 1]], None], ErrorCode.INVALID_ARGUMENT),
         ([Opcode.DISPATCH, None, 1, [1, 1], [], None], ErrorCode.INVALID_ARGUMENT),
         ([Opcode.DISPATCH, None, 1, [1, 1, 1], [[U32, -1]], None], ErrorCode.INVALID_ARGUMENT),
@@ -332,15 +338,21 @@ async def test_bad_op_is_reported_against_its_seq(
     raw: RawPeer, gpu: gpud_client.Client, op: list[Any], code: ErrorCode
 ) -> None:
     await raw.hello()
-    await raw.batch([[Opcode.ALLOC, raw.next_seq(), 1, "float32", [4]]])
+    await raw.batch([[Opcode.ALLOC, raw.next_seq(), 1, "float32", [4], 0]])
     op = list(op)
     op[1] = bad = raw.next_seq()
     rb = raw.next_seq()
     await raw.batch([op, [Opcode.READBACK, rb, 1]])
-    got_code, message, failed_seq, _name = await raw.failed(rb)
-    assert (got_code, failed_seq) == (code, bad), message
-    header, _ = await raw.readback(1, ack=bad)
-    assert header["ok"] is True
+    if op[0] in proto.REQUEST_OPCODES:  # a request that fails is answered itself, and nothing more
+        got_code, message, failed_seq, _name = await raw.failed(bad)
+        assert (got_code, failed_seq) == (code, bad), message
+        header, _ = await raw.reply(rb)
+        assert header["ok"] is True
+    else:  # other ops are reported on the next request, until acknowledged
+        got_code, message, failed_seq, _name = await raw.failed(rb)
+        assert (got_code, failed_seq) == (code, bad), message
+        header, _ = await raw.readback(1, ack=bad)
+        assert header["ok"] is True
     await check_well_behaved(gpu)
 
 
@@ -385,8 +397,8 @@ async def test_bad_dispatch_args_for_a_real_kernel(raw: RawPeer, gpu: gpud_clien
     k = raw.next_seq()
     await raw.batch(
         [
-            [Opcode.ALLOC, raw.next_seq(), 1, "float32", [64]],
-            [Opcode.ALLOC, raw.next_seq(), 2, "float32", [64]],
+            [Opcode.ALLOC, raw.next_seq(), 1, "float32", [64], 0],
+            [Opcode.ALLOC, raw.next_seq(), 2, "float32", [64], 0],
             [Opcode.KERNEL, k, 9, source, "axpb", {k: list(v) for k, v in opts.items()}],  # type: ignore[call-overload]
         ]
     )
@@ -452,7 +464,7 @@ async def test_abuse_while_a_good_client_works(address: str, daemon: Daemon) -> 
                 [msgpack.packb({"t": "batch", "ops": [[1, 1, 1, [], [2]]], "nf": 0, "ack": None})],
                 [msgpack.packb({"t": "hello", "v": 999, "name": "x", "pid": 1})],
                 [msgpack.packb({"t": "nope"})],
-                [proto.encode_batch([[Opcode.UPLOAD, 1, 1, 0, 99]], 1, None), b"short"],
+                [raw_batch([[Opcode.UPLOAD, 1, 1, 0, 99]], 1), b"short"],
             ]
             for peer in peers:
                 for frames in bad_messages:
@@ -463,8 +475,8 @@ async def test_abuse_while_a_good_client_works(address: str, daemon: Daemon) -> 
                 s = [peer.next_seq() for _ in range(5)]
                 await peer.batch(
                     [
-                        [Opcode.ALLOC, s[0], 1, "float32", [1 << 30]],
-                        [Opcode.ALLOC, s[1], 2, [], [3]],
+                        [Opcode.ALLOC, s[0], 1, "float32", [1 << 30], 0],
+                        [Opcode.ALLOC, s[1], 2, [], [3], 0],
                         [Opcode.DISPATCH, s[2], 5, [1, 1, 1], [[TENSOR, 2]], None],
                         [Opcode.UPLOAD, s[3], 1, 0, 3],
                         [Opcode.READBACK, s[4], 1],
@@ -498,7 +510,10 @@ async def test_vanished_session_is_released_after_its_lease(private_daemon: Daem
     try:
         await peer.hello()
         await peer.batch(
-            [[Opcode.ALLOC, peer.next_seq(), 1, "float32", [1 << 18]], [Opcode.ALLOC, peer.next_seq(), 2, "uint8", [5]]]
+            [
+                [Opcode.ALLOC, peer.next_seq(), 1, "float32", [1 << 18], 0],
+                [Opcode.ALLOC, peer.next_seq(), 2, "uint8", [5], 0],
+            ]
         )
         seq = peer.next_seq()
         await peer.batch([[Opcode.SYNC, seq]])
@@ -518,7 +533,7 @@ async def test_vanished_session_is_released_while_nobody_else_talks(private_daem
     try:
         await peer.hello()
         seq = peer.next_seq()
-        await peer.batch([[Opcode.ALLOC, peer.next_seq(), 1, "float32", [1 << 18]], [Opcode.SYNC, seq]])
+        await peer.batch([[Opcode.ALLOC, peer.next_seq(), 1, "float32", [1 << 18], 0], [Opcode.SYNC, seq]])
         await peer.reply(seq)
     finally:
         peer.close()
@@ -537,13 +552,13 @@ async def test_session_limits_from_a_config_file() -> None:
             try:
                 await peer.hello()
                 big, rb = peer.next_seq(), peer.next_seq()
-                await peer.batch([[Opcode.ALLOC, big, 1, "uint8", [(1 << 20) + 1]], [Opcode.READBACK, rb, 1]])
+                await peer.batch([[Opcode.ALLOC, big, 1, "uint8", [(1 << 20) + 1], 0], [Opcode.READBACK, rb, 1]])
                 code, message, failed_seq, op = await peer.failed(rb)
                 assert (code, failed_seq, op) == (ErrorCode.OUT_OF_MEMORY, big, "alloc")
                 assert "quota" in message
                 seqs = [peer.next_seq() for _ in range(10)]
                 await peer.batch(
-                    [[Opcode.ALLOC, peer.next_seq(), 2, "uint8", [4]]] + [[Opcode.READBACK, s, 2] for s in seqs],
+                    [[Opcode.ALLOC, peer.next_seq(), 2, "uint8", [4], 0]] + [[Opcode.READBACK, s, 2] for s in seqs],
                     ack=big,
                 )
                 replies = {s: (await peer.reply(s))[0] for s in seqs}

@@ -1,6 +1,7 @@
-"""Async client for gpud. Needs anyio, pyzmq and numpy; no GPU packages."""
+"""Async client for gpud. Needs anyio, pyzmq, numpy and msgpack; no GPU packages."""
 
-from gpud_client.client import Client, Kernel, Scalar, Tensor, Trace, connect, default_address, f32, i32, u32
+from gpud_client.api import Client, Kernel, Scalar, Tensor, connect, f32, i32, u32
+from gpud_client.connection import Trace, default_address
 from gpud_client.errors import (
     AlreadyExists,
     Busy,
@@ -14,7 +15,7 @@ from gpud_client.errors import (
     OutOfMemory,
     PermissionDenied,
     ProtocolError,
-    SessionError,
+    SessionLost,
 )
 
 __version__ = "0.1.0"
@@ -35,7 +36,7 @@ __all__ = [
     "PermissionDenied",
     "ProtocolError",
     "Scalar",
-    "SessionError",
+    "SessionLost",
     "Tensor",
     "Trace",
     "connect",

@@ -1,5 +1,5 @@
 """Exceptions raised by the client: one class per daemon error code (from gpud_protocol), and
-DaemonLost for a daemon that went away."""
+DaemonLost for a daemon that went away or never was there."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from gpud_protocol.errors import (
     OutOfMemory,
     PermissionDenied,
     ProtocolError,
-    SessionError,
+    SessionLost,
     from_code,
 )
 
 
 class DaemonLost(GpudError):
-    """The daemon did not answer, went away, or never was there. Connect again to go on."""
+    """The daemon did not answer, went away, or nothing listens at the address. Connect again to go on."""
 
 
 __all__ = [
@@ -37,6 +37,6 @@ __all__ = [
     "OutOfMemory",
     "PermissionDenied",
     "ProtocolError",
-    "SessionError",
+    "SessionLost",
     "from_code",
 ]

@@ -1,20 +1,31 @@
-"""The backend contract, documented once; `webgpu.py` and `cuda.py` implement its primitives.
+"""The backend contract, documented once: what a `Device` promises and who calls what, from where.
 
-A backend owns one device and one stream (an ordered queue of GPU work). Ops are *encoded* into
-the pending command buffer as they arrive and *submitted* by `flush`. Submissions are numbered
-1, 2, 3...; every buffer remembers the number of the submission that last used it
-(`Buffer.last_use`), so that:
+A backend drives one GPU (one CUDA device, one WebGPU adapter, one fake device). Everything
+above it is backend-neutral: `gpud.runtime.DeviceRuntime` owns the flush policy, the completion
+ledger, the staging pools and the caches, and calls these primitives. Implementations
+(`cuda/`, `webgpu/`, `fake.py`) do not repeat this documentation.
 
-- `release` destroys a buffer only after that submission has completed (ordering rule 3);
-- staging buffers go back to their pool only after the submission that used them completed;
-- `after(fn)` runs `fn` once everything encoded so far has completed.
+Threads. Every method runs on the event-loop thread except `compile` (a compile worker) and
+`submit` (the submit worker, or the loop thread when the device is idle and it cannot block).
+Neither of those two touches the pending command buffer or any state the loop thread uses.
 
-Completions arrive in submission order, on the event-loop thread, through the `done` callback
-given to `_submit`. A completion with an error is fatal: the GPU context is unusable (sticky
-CUDA errors, a lost WebGPU device), so every waiter fails and `on_fatal` stops the daemon.
+The pending command buffer. `encode_*` append to it in op order; `take_commands` closes it and
+returns an opaque object that `submit` hands to the device; `watch` then arranges for
+`done(error)` to be called on the loop thread once the device has finished that submission.
+Completions arrive in submission order. `done(None)`: finished. `done(SubmissionFailed)`: the
+device refused this submission but is fine. Any other error: the device is lost.
 
-Policy shared by every backend lives here: caches and their bounds, the out-of-memory retry after
-dropping caches, argument and grid checks, transfer chunking, statistics.
+Memory. `alloc` returns a zero-filled allocation (or encodes the zero fill, see `zero_on_alloc`)
+and raises OutOfMemory when the device has none left; `free` is called only after every
+submission that used the allocation has completed. Staging buffers are host-visible: the runtime
+fills an upload staging with `write_staging` before encoding the copy, and reads a download
+staging with `read_staging` only after the submission that filled it completed (on WebGPU,
+completion is the staging buffer's map). `recycle_staging` makes one ready for reuse.
+
+Programs. `compile` turns source into a `Program` (raising CompileError with the compiler's log,
+or InvalidArgument), saying which tensor arguments it writes and which scalars it takes, as far as
+the backend can tell; `prepare` checks a dispatch against it (argument count, kinds, aliasing,
+grid) and packs it once, so that `encode_dispatch` of the packed form is as cheap as possible.
 """
 
 from __future__ import annotations
@@ -22,324 +33,146 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import itertools
 from abc import ABC, abstractmethod
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from gpud.cache import LruCache
-from gpud.config import Config
 from gpud_protocol import ArgKind, KernelOptions
-from gpud_protocol.errors import DeviceLost, InvalidArgument, OutOfMemory
+from gpud_protocol.errors import DeviceLost
 
 Done = Callable[[BaseException | None], None]
-Scalar = tuple[ArgKind, int | float]
+Scalar = tuple[int, int | float]  # (ArgKind, value)
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Buffer:
-    """A device allocation of at least `nbytes` (backends may round the real size up)."""
+    """A device allocation of `nbytes` (the backend may round the real size up)."""
 
     id: int
     nbytes: int
     native: Any
+    device: int  # index of the runtime that owns it
     last_use: int = 0  # number of the last submission that uses it; 0: never used
-
-
-@dataclasses.dataclass(eq=False)
-class Kernel:
-    key: tuple[Any, ...]
-    entry: str
-    native: Any
-    block: tuple[int, int, int] | None
-    writes: frozenset[int] | None  # positions (among tensor args) the kernel writes; None: all
 
 
 Arg = Buffer | Scalar
 
 
-@dataclasses.dataclass(eq=False, slots=True)
-class Prepared:
-    """A dispatch checked and packed once (see `Backend.prepare`)."""
+@dataclasses.dataclass(eq=False)
+class Program:
+    """A compiled kernel on one device."""
 
-    buffers: tuple[Buffer, ...]  # marked as used by every submission that encodes it
-    native: Any  # the backend's packed form; None: an empty grid
+    key: tuple[Any, ...]
+    entry: str
+    native: Any
+    tensors: int | None  # tensor arguments it takes; None: unknown
+    scalars: tuple[str, ...] | None  # kinds ("f32", "i32", "u32") of its scalars, in order; None: unknown
+    writes: frozenset[int] | None  # positions among tensor args it may write; None: all of them
+    unchecked: tuple[str, ...] = ()  # what the daemon could not check about it, for the kernel's reply
 
 
-def kernel_key(source: str, entry: str, options: KernelOptions, *extra: Any) -> tuple[Any, ...]:
+def program_key(source: str, entry: str, options: KernelOptions, *extra: Any) -> tuple[Any, ...]:
     """Exact cache key: a hash of the source plus every option as a separate tuple member."""
-    digest = hashlib.sha256(source.encode()).hexdigest()
+    digest = hashlib.sha256(source.encode(errors="surrogatepass")).hexdigest()
     return (digest, entry, options.block, options.flags, options.writes, *extra)
 
 
-class Backend(ABC):
-    name: ClassVar[str]
+def scalar_kind(kind: int) -> str:
+    return {ArgKind.F32: "f32", ArgKind.I32: "i32", ArgKind.U32: "u32"}[ArgKind(kind)]
+
+
+class Device(ABC):
+    kind: ClassVar[str]
     #: the largest workgroup/block count per grid dimension
     max_grid: tuple[int, int, int] = ((1 << 31) - 1, 65535, 65535)
+    #: alloc returns zeroed memory; else the runtime encodes `encode_zero` after it
+    zero_on_alloc: bool = True
+    #: a software rasteriser (lavapipe): slow, and every shader loop stops at 65,535 iterations
+    software: bool = False
 
-    def __init__(self, config: Config, on_fatal: Callable[[BaseException], None]) -> None:
-        self.config = config
-        self._on_fatal = on_fatal
-        self._kernels: LruCache[tuple[Any, ...], Kernel] = LruCache(config.kernel_cache_size)
-        self._ids = itertools.count(1)
-        self._submitted = 0
-        self._completed = 0
-        self._callbacks: defaultdict[int, list[Done]] = defaultdict(list)
-        self._encoded = 0  # ops encoded since the last flush
-        self.dispatches_pending = 0
-        self.dispatch_count = 0
-        self.memory_in_use = 0
-        self.live_buffers = 0
-        self.counters: defaultdict[str, int] = defaultdict(int)
-        self.fatal_error: BaseException | None = None
+    def __init__(self, index: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.index = index
+        self.loop = loop
+        #: set by the runtime: call (on the loop thread) when the device is lost outside a submission
+        self.on_lost: Callable[[DeviceLost], None] = lambda _error: None
 
-    # ------------------------------------------------------------------ public interface
+    @abstractmethod
+    def info(self) -> dict[str, Any]:
+        """Name, vendor, memory: what the welcome tells clients about this device."""
 
-    def device_info(self) -> dict[str, Any]:
-        """Name, vendor, memory: what the welcome message tells clients."""
-        return {"backend": self.name}
+    def memory(self) -> tuple[int, int] | None:
+        """(free, total) bytes of device memory, where the backend can tell."""
+        return None
 
-    def kernel(self, source: str, entry: str, options: KernelOptions) -> Kernel:
-        """Compile (or fetch from the cache) a kernel; raises CompileError with the log."""
-        key = self._kernel_key(source, entry, options)
-        if (kernel := self._kernels.get(key)) is None:
-            kernel = self._compile(key, source, entry, options)
-            self._kernels.put(key, kernel)
-            self.counters["compiles"] += 1
-        return kernel
+    # ------------------------------------------------------------------ memory
 
-    def alloc(self, nbytes: int) -> Buffer:
-        try:
-            native = self._alloc(nbytes)
-        except OutOfMemory:
-            self._drop_caches()
-            native = self._alloc(nbytes)
-        self.memory_in_use += nbytes
-        self.live_buffers += 1
-        return Buffer(next(self._ids), nbytes, native)
+    @abstractmethod
+    def alloc(self, nbytes: int) -> Any: ...
 
-    def release(self, buffer: Buffer) -> None:
-        """Free `buffer` once every submission that uses it has completed."""
-        self.after_use(buffer, lambda _err: self._destroy(buffer))
+    @abstractmethod
+    def free(self, native: Any) -> None: ...
 
-    async def upload(self, buffer: Buffer, data: memoryview) -> None:
-        """Encode a host-to-device copy; it keeps its place in op order."""
-        if data.nbytes != buffer.nbytes:
-            raise InvalidArgument(f"upload of {data.nbytes} bytes into a tensor of {buffer.nbytes}")
-        self.counters["upload_bytes"] += data.nbytes
-        chunk = self._chunk_bytes()
-        for offset in range(0, data.nbytes, chunk):
-            await self._encode_upload(buffer, offset, data[offset : offset + chunk])
-            self._mark(buffer)
-            self._encoded += 1
+    def encode_zero(self, native: Any, nbytes: int) -> None:
+        raise NotImplementedError
 
-    def prepare(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> Prepared:
-        """Check and pack a dispatch once; `dispatch_prepared` may then encode it many times."""
-        gx, gy, gz = grid
-        mx, my, mz = self.max_grid
-        if gx > mx or gy > my or gz > mz:
-            raise InvalidArgument(f"grid {grid} exceeds the device limit {self.max_grid}")
-        buffers = tuple([arg for arg in args if type(arg) is Buffer])
-        if not (gx and gy and gz):
-            return Prepared(buffers, None)  # an empty grid: nothing to run
-        return Prepared(buffers, self._prepare(kernel, grid, args))
+    @abstractmethod
+    def make_staging(self, nbytes: int, upload: bool) -> Any: ...
 
-    def dispatch_prepared(self, prepared: Prepared) -> None:
-        if prepared.native is None:
-            return
-        self._encode_dispatch(prepared)
-        self._encoded += 1
-        index = self._submitted + 1
-        for buffer in prepared.buffers:
-            buffer.last_use = index
-        self.dispatches_pending += 1
-        self.dispatch_count += 1
+    @abstractmethod
+    def destroy_staging(self, staging: Any) -> None: ...
 
-    def dispatch(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> None:
-        self.dispatch_prepared(self.prepare(kernel, grid, args))
+    @abstractmethod
+    def write_staging(self, staging: Any, data: memoryview) -> None: ...
 
-    def copy(self, src: Buffer, dst: Buffer) -> None:
-        if src.nbytes != dst.nbytes:
-            raise InvalidArgument(f"copy of {src.nbytes} bytes into a tensor of {dst.nbytes}")
-        if src is dst or src.nbytes == 0:
-            return
-        self._encode_copy(src, dst, src.nbytes)
-        self._encoded += 1
-        self._mark(src)
-        self._mark(dst)
+    @abstractmethod
+    def read_staging(self, staging: Any, nbytes: int) -> bytes | memoryview: ...
 
-    async def download(self, buffer: Buffer) -> asyncio.Future[bytes]:
-        """Encode a device-to-host copy; the future resolves with the bytes once it completed."""
-        self.counters["download_bytes"] += buffer.nbytes
-        chunk = self._chunk_bytes()
-        parts = []
-        for offset in range(0, buffer.nbytes, chunk):
-            parts.append(await self._encode_download(buffer, offset, min(chunk, buffer.nbytes - offset)))
-            self._mark(buffer)
-            self._encoded += 1
-        if not parts:
-            empty: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-            empty.set_result(b"")
-            return empty
-        if len(parts) == 1:
-            return parts[0]
-        return asyncio.ensure_future(_join(parts))
+    def recycle_staging(self, staging: Any, upload: bool, done: Callable[[bool], None]) -> None:
+        done(True)
 
-    def flush(self) -> None:
-        """Submit the pending command buffer (no-op when nothing is pending)."""
-        if not self._encoded:
-            return
-        if self.fatal_error is not None:
-            raise self.fatal_error
-        self._encoded = 0
-        self.dispatches_pending = 0
-        self._submitted += 1
-        index = self._submitted
-        self.counters["flushes"] += 1
-        try:
-            self._submit(lambda err: self._complete(index, err))
-        except Exception as exc:  # a failed submit poisons everything encoded in it
-            self._complete(index, DeviceLost(f"submit failed: {exc}"))
+    def drop_caches(self) -> None:
+        """Release what can be rebuilt (bind groups...) to free memory."""
+        return None
 
-    @property
-    def has_pending(self) -> bool:
-        return self._encoded > 0
+    # ------------------------------------------------------------------ programs
 
-    def after(self, fn: Done) -> None:
-        """Run `fn(error)` once all work encoded so far has completed (now, if it has)."""
-        self._after_index(self._submitted + (1 if self._encoded else 0), fn)
+    def program_key(self, source: str, entry: str, options: KernelOptions) -> tuple[Any, ...]:
+        return program_key(source, entry, options, self.kind)
 
-    def after_pending(self, fn: Done) -> None:
-        """Run `fn(error)` once the submission now being encoded has completed."""
-        self._after_index(self._submitted + 1, fn)
+    @abstractmethod
+    def compile(self, key: tuple[Any, ...], source: str, entry: str, options: KernelOptions) -> Program: ...
 
-    def after_use(self, buffer: Buffer, fn: Done) -> None:
-        """Run `fn(error)` once the last submission that uses `buffer` has completed."""
-        self._after_index(buffer.last_use, fn)
+    @abstractmethod
+    def prepare(self, program: Program, grid: tuple[int, int, int], args: Sequence[Arg]) -> Any: ...
 
-    async def synchronize(self) -> None:
-        """Flush and wait (without blocking the loop) until the device has done everything."""
-        self.flush()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.after(lambda err: settle(future, None, err))
-        await future
+    # ------------------------------------------------------------------ encoding
 
-    async def throttle(self, max_in_flight: int) -> None:
-        """Wait while more than `max_in_flight` submissions are on the device (back-pressure)."""
-        loop = asyncio.get_running_loop()
-        while self._submitted - self._completed > max_in_flight and self.fatal_error is None:
-            self.counters["throttle_waits"] += 1
-            future: asyncio.Future[None] = loop.create_future()
-            self._after_index(self._completed + 1, lambda _err, f=future: settle(f, None, None))  # type: ignore[misc]
-            await future
+    @abstractmethod
+    def encode_dispatch(self, packed: Any) -> None: ...
+
+    @abstractmethod
+    def encode_copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int) -> None: ...
+
+    @abstractmethod
+    def encode_upload(self, staging: Any, dst: Any, offset: int, nbytes: int) -> None: ...
+
+    @abstractmethod
+    def encode_download(self, src: Any, offset: int, staging: Any, nbytes: int) -> None: ...
+
+    @abstractmethod
+    def take_commands(self) -> Any: ...
+
+    @abstractmethod
+    def submit(self, commands: Any) -> Any: ...
+
+    @abstractmethod
+    def watch(self, submitted: Any, done: Done, awaited: bool) -> None:
+        """`awaited`: a client waits on this submission (a backend may poll briefly instead of
+        handing the completion to another thread)."""
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "backend": self.name,
-            "memory_in_use": self.memory_in_use,
-            "live_buffers": self.live_buffers,
-            "submitted": self._submitted,
-            "completed": self._completed,
-            "dispatches": self.dispatch_count,
-            "kernel_cache": self._kernels.stats(),
-            **self.counters,
-        }
+        return {}
 
-    async def close(self) -> None:
-        """Wait for outstanding work, then drop caches; live buffers are the caller's to release."""
-        if self.fatal_error is None:
-            await self.synchronize()
-        self._drop_caches()
-        self._kernels.clear()
-
-    # ------------------------------------------------------------------ backend primitives
-
-    @abstractmethod
-    def _compile(self, key: tuple[Any, ...], source: str, entry: str, options: KernelOptions) -> Kernel: ...
-
-    @abstractmethod
-    def _alloc(self, nbytes: int) -> Any:
-        """Allocate device memory; raise OutOfMemory when the device has none left."""
-
-    @abstractmethod
-    def _free(self, buffer_id: int, native: Any) -> None: ...
-
-    @abstractmethod
-    async def _encode_upload(self, buffer: Buffer, offset: int, data: memoryview) -> None: ...
-
-    @abstractmethod
-    def _prepare(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Arg]) -> Any:
-        """Validate the arguments against the kernel and pack them: everything that does not
-        depend on the dispatch's position in the command buffer."""
-
-    @abstractmethod
-    def _encode_dispatch(self, prepared: Prepared) -> None: ...
-
-    @abstractmethod
-    def _encode_copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None: ...
-
-    @abstractmethod
-    async def _encode_download(self, buffer: Buffer, offset: int, nbytes: int) -> asyncio.Future[bytes]: ...
-
-    @abstractmethod
-    def _submit(self, done: Done) -> None:
-        """Submit pending work; call `done(None)` on the loop thread once the device finished it."""
-
-    def _kernel_key(self, source: str, entry: str, options: KernelOptions) -> tuple[Any, ...]:
-        return kernel_key(source, entry, options)
-
-    @abstractmethod
-    def _drop_caches(self) -> None:
-        """Release what can be rebuilt (idle staging buffers, bind groups...) to free memory."""
-
-    def _chunk_bytes(self) -> int:
-        """Transfers larger than this go through several staging buffers."""
-        return 16 << 20
-
-    # ------------------------------------------------------------------ bookkeeping
-
-    def _mark(self, buffer: Buffer) -> None:
-        buffer.last_use = self._submitted + 1
-
-    def _destroy(self, buffer: Buffer) -> None:
-        if buffer.native is None:
-            return
-        native, buffer.native = buffer.native, None
-        self.memory_in_use -= buffer.nbytes
-        self.live_buffers -= 1
-        self._free(buffer.id, native)
-
-    def _after_index(self, index: int, fn: Done) -> None:
-        if self.fatal_error is not None:
-            fn(self.fatal_error)
-        elif index <= self._completed:
-            fn(None)
-        else:
-            self._callbacks[index].append(fn)
-
-    def _complete(self, index: int, error: BaseException | None) -> None:
-        first_failure = error is not None and self.fatal_error is None
-        if first_failure:
-            self.fatal_error = error if isinstance(error, DeviceLost) else DeviceLost(str(error))
-        if self.fatal_error is not None:
-            index = max(self._callbacks, default=index)  # fail everything still waiting
-        for done_index in range(self._completed + 1, index + 1):
-            for fn in self._callbacks.pop(done_index, ()):
-                fn(self.fatal_error)
-        self._completed = max(self._completed, index)
-        if first_failure and self.fatal_error is not None:
-            self._on_fatal(self.fatal_error)  # once: the daemon stops
-
-
-def settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(value)
-    else:
-        future.set_exception(error)
-
-
-async def _join(parts: list[asyncio.Future[bytes]]) -> bytes:
-    return b"".join([await part for part in parts])
+    def close(self) -> None:
+        """Release the device; called once every submission has completed (or the device is lost)."""
+        return None

@@ -15,7 +15,7 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 7  # e.g. writing a read-only resident tensor
     DEVICE_LOST = 8  # the GPU context is gone; the daemon exits
     INTERNAL = 9  # a bug in gpud
-    SESSION = 10  # no session, or the session ended (lease expired)
+    SESSION = 10  # no session, or the session ended (lease expired, too many unread replies...)
     ALREADY_EXISTS = 11  # resident name taken
 
 
@@ -43,14 +43,20 @@ class GpudError(Exception):
 
 
 class ProtocolError(GpudError):
+    """A message or op broke the protocol (malformed, unknown opcode, wrong field types)."""
+
     code = ErrorCode.PROTOCOL
 
 
 class InvalidArgument(GpudError):
+    """A well-formed op with bad values: dtype, shape, grid, or arguments that do not match the kernel."""
+
     code = ErrorCode.INVALID_ARGUMENT
 
 
 class NotFound(GpudError):
+    """An unknown or freed handle, an unknown resident name or graph."""
+
     code = ErrorCode.NOT_FOUND
 
 
@@ -61,30 +67,45 @@ class CompileError(GpudError):
 
 
 class OutOfMemory(GpudError):
+    """Device memory, a session quota or a daemon-wide bound (residents, handles, kernels) is exhausted."""
+
     code = ErrorCode.OUT_OF_MEMORY
 
 
 class Busy(GpudError):
+    """Back-pressure: too many requests, unconfirmed batches or unread reply bytes in flight."""
+
     code = ErrorCode.BUSY
 
 
 class PermissionDenied(GpudError):
+    """Writing a read-only resident tensor, or unpublishing a name this session may not remove."""
+
     code = ErrorCode.PERMISSION_DENIED
 
 
 class DeviceLost(GpudError):
+    """The GPU context is gone (a sticky CUDA error, a lost WebGPU device); the daemon exits and restarts."""
+
     code = ErrorCode.DEVICE_LOST
 
 
 class InternalError(GpudError):
+    """A bug in gpud; the op named failed, the daemon goes on serving."""
+
     code = ErrorCode.INTERNAL
 
 
-class SessionError(GpudError):
+class SessionLost(GpudError):
+    """The daemon ended this session (its lease expired, or it did not read its replies), or never had one.
+    Its private tensors are freed; connect again to go on."""
+
     code = ErrorCode.SESSION
 
 
 class AlreadyExists(GpudError):
+    """A resident tensor or graph of that name exists."""
+
     code = ErrorCode.ALREADY_EXISTS
 
 
@@ -100,7 +121,7 @@ _BY_CODE: dict[int, type[GpudError]] = {
         PermissionDenied,
         DeviceLost,
         InternalError,
-        SessionError,
+        SessionLost,
         AlreadyExists,
     )
 }

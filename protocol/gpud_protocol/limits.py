@@ -19,15 +19,19 @@ DTYPE_SIZES: dict[str, int] = {
     "uint64": 8,
 }
 
-SCALAR_KINDS = ("f32", "i32", "u32")
+F32_MAX = 3.4028234663852886e38
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
+    """What one message may hold. The daemon checks each before allocating; the welcome tells the
+    client, which splits its batches to stay within them."""
+
     max_header_bytes: int = 4 << 20
     max_ops_per_batch: int = 4096
     max_frames: int = 1024
     max_tensor_bytes: int = 1 << 30
+    max_message_bytes: int = (1 << 30) + (4 << 20)  # header and payload frames together
     max_ndim: int = 8
     max_args: int = 32
     max_source_bytes: int = 1 << 20
@@ -35,6 +39,8 @@ class Limits:
     max_options: int = 32
     max_handle: int = (1 << 31) - 1
     max_grid: int = (1 << 31) - 1
+    max_devices: int = 64
+    reply_part_bytes: int = 4 << 20  # a readback's data travels in messages of at most this many bytes
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

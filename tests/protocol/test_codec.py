@@ -41,9 +41,13 @@ def decode(header: Any, frames: list[bytes] = (), limits: Limits = LIMITS) -> pr
     return proto.decode_client_message([raw, *frames], limits)
 
 
-def batch(ops: list[Any], frames: list[bytes] = (), ack: int | None = None, limits: Limits = LIMITS) -> Batch:  # type: ignore[assignment]
+def encode(ops: list[Any], n_frames: int, ack: list[int] | None = None) -> bytes:
+    return proto.encode_batch(b"".join(msgpack.packb(op) for op in ops), len(ops), n_frames, ack)
+
+
+def batch(ops: list[Any], frames: list[bytes] = (), ack: list[int] | None = None, limits: Limits = LIMITS) -> Batch:  # type: ignore[assignment]
     frames = list(frames)
-    message = proto.decode_client_message([proto.encode_batch(ops, len(frames), ack), *frames], limits)
+    message = proto.decode_client_message([encode(ops, len(frames), ack), *frames], limits)
     assert isinstance(message, Batch)
     return message
 
@@ -71,9 +75,9 @@ def violation(header: Any, frames: list[bytes] = (), limits: Limits = LIMITS) ->
 
 
 OPS: list[tuple[list[Any], Any]] = [
-    ([Opcode.ALLOC, 1, 7, "float32", [2, 3]], Alloc(1, 7, "float32", (2, 3))),
-    ([Opcode.ALLOC, 2, 8, "uint8", []], Alloc(2, 8, "uint8", ())),
-    ([Opcode.ALLOC, 3, 9, "float16", [0]], Alloc(3, 9, "float16", (0,))),
+    ([Opcode.ALLOC, 1, 7, "float32", [2, 3], 0], Alloc(1, 7, "float32", (2, 3), 0)),
+    ([Opcode.ALLOC, 2, 8, "uint8", [], 1], Alloc(2, 8, "uint8", (), 1)),
+    ([Opcode.ALLOC, 3, 9, "float16", [0], 63], Alloc(3, 9, "float16", (0,), 63)),
     (
         [Opcode.DISPATCH, 4, 2, [3, 1, 1], [[0, 7], [1, 2.5], [2, -3], [3, 4]], None],
         Dispatch(
@@ -114,9 +118,9 @@ def test_op_round_trip(raw: list[Any], expected: Any) -> None:
 def test_upload_round_trip_and_frames() -> None:
     payloads = [b"\x01\x02\x03\x04", b"", b"x" * 70_000]
     ops = [[Opcode.UPLOAD, 1, 5, 0, 4], [Opcode.UPLOAD, 2, 6, 1, 0], [Opcode.UPLOAD, 3, 7, 2, 70_000]]
-    decoded = batch(ops, payloads, ack=41)
+    decoded = batch(ops, payloads, ack=[41, 40])
     assert decoded.ops == [Upload(1, 5, 0, 4), Upload(2, 6, 1, 0), Upload(3, 7, 2, 70_000)]
-    assert decoded.ack == 41
+    assert decoded.ack == (41, 40)
     assert [bytes(f) for f in decoded.frames] == payloads
 
 
@@ -128,30 +132,36 @@ def test_every_opcode_has_a_round_trip() -> None:
 def test_all_ops_in_one_batch_keep_order() -> None:
     decoded = batch([raw for raw, _ in OPS])
     assert decoded.ops == [expected for _, expected in OPS]
-    assert decoded.ack is None
+    assert decoded.ack == ()
 
 
 def test_control_messages_round_trip() -> None:
     hello = proto.decode_client_message([proto.encode_hello("trainer.py", 1234)], LIMITS)
-    assert hello == proto.Hello(proto.PROTOCOL_VERSION, "trainer.py", 1234)
+    assert hello == proto.Hello(proto.PROTOCOL_VERSION, "trainer.py", 1234, None)
+    hello = proto.decode_client_message([proto.encode_hello("trainer.py", 1234, 3)], LIMITS)
+    assert hello == proto.Hello(proto.PROTOCOL_VERSION, "trainer.py", 1234, 3)
+    beat = proto.decode_client_message([proto.encode_beat("abc", "key")], LIMITS)
+    assert beat == proto.Beat("abc", "key")
     assert proto.decode_client_message([proto.PING], LIMITS) == proto.Ping()
     assert proto.decode_client_message([proto.BYE], LIMITS) == proto.Bye()
 
 
 def test_server_messages_round_trip() -> None:
-    reply = proto.decode_server_message([proto.encode_reply(5, n=3), b"abc"], LIMITS)
-    assert reply.header == {"t": "reply", "seq": 5, "ok": True, "n": 3}
-    assert reply.frames == [b"abc"]
-    err = proto.decode_server_message(
+    header, frames = proto.decode_server_message([proto.encode_reply(5, n=3), b"abc"], LIMITS)
+    assert header == {"t": "reply", "seq": 5, "ok": True, "n": 3}
+    assert frames == [b"abc"]
+    header, _ = proto.decode_server_message(
         [proto.encode_error_reply(9, ErrorCode.NOT_FOUND, "no such tensor", 4, "dispatch")], LIMITS
     )
-    assert err.header == {"t": "reply", "seq": 9, "ok": False, "err": (3, "no such tensor", 4, "dispatch")}
-    assert proto.decode_server_message([proto.encode_error(ErrorCode.SESSION, "who?")], LIMITS).header == {
+    assert header == {"t": "reply", "seq": 9, "ok": False, "err": (3, "no such tensor", 4, "dispatch")}
+    assert proto.decode_server_message([proto.encode_error(ErrorCode.SESSION, "who?")], LIMITS)[0] == {
         "t": "error",
         "code": int(ErrorCode.SESSION),
         "msg": "who?",
     }
-    assert proto.decode_server_message([proto.PONG], LIMITS).header == {"t": "pong"}
+    assert proto.decode_server_message([proto.PONG], LIMITS)[0] == {"t": "pong"}
+    assert proto.decode_server_message([proto.encode_part(5, 2), b"x"], LIMITS)[0] == {"t": "part", "seq": 5, "i": 2}
+    assert proto.decode_server_message([proto.encode_receipt(7)], LIMITS)[0] == {"t": "receipt", "b": 7}
 
 
 def test_scalar_limits_accepted_at_the_edges() -> None:
@@ -277,7 +287,7 @@ def test_bad_hello(hello: dict[str, Any]) -> None:
 
 def test_hello_other_version_decodes() -> None:
     """A well-formed hello of another version decodes; the daemon answers it with an error."""
-    assert decode({"t": "hello", "v": 99, "name": "x", "pid": 1}) == proto.Hello(99, "x", 1)
+    assert decode({"t": "hello", "v": 99, "name": "x", "pid": 1}) == proto.Hello(99, "x", 1, None)
     version = decode({"t": "hello", "name": "x", "pid": 1})  # no version at all: answered the same way
     assert isinstance(version, proto.Hello) and version.version != proto.PROTOCOL_VERSION
 
@@ -329,7 +339,7 @@ def test_frame_used_twice() -> None:
     error = decoded.ops[1]
     assert isinstance(error, OpError)
     assert (error.seq, error.code, error.op) == (2, ErrorCode.INVALID_ARGUMENT, "upload")
-    assert "used twice" in error.message
+    assert "used by two uploads" in error.message
 
 
 def test_unused_frame() -> None:
@@ -349,7 +359,7 @@ def test_upload_nbytes_must_match_frame(nbytes: Any) -> None:
     """The op that lies about its frame fails with its own clear error, against its seq."""
     error = op_error([Opcode.UPLOAD, 3, 1, 0, nbytes], [b"abcd"])
     assert error.code == ErrorCode.INVALID_ARGUMENT and error.op == "upload"
-    assert "frame 0 holds 4 bytes" in error.message
+    assert "frame 0 holds 4 bytes" in error.message or "byte count" in error.message
 
 
 def test_upload_with_bad_handle_consumes_its_frame() -> None:
@@ -365,7 +375,7 @@ def test_bad_handles(handle: Any) -> None:
     for op in (
         [Opcode.READBACK, 5, handle],
         [Opcode.FREE, 5, handle],
-        [Opcode.ALLOC, 5, handle, "float32", [1]],
+        [Opcode.ALLOC, 5, handle, "float32", [1], 0],
         [Opcode.COPY, 5, handle, 1],
         [Opcode.COPY, 5, 1, handle],
         [Opcode.DISPATCH, 5, handle, [1, 1, 1], [], None],
@@ -386,13 +396,13 @@ def test_largest_handle_accepted() -> None:
     "dtype", ["float128", "object", "O", "complex64", "bool", "", "f4", 5, None, 1.5, [], {}, ["x"]]
 )
 def test_bad_dtype(dtype: Any) -> None:
-    error = op_error([Opcode.ALLOC, 1, 1, dtype, [4]])
+    error = op_error([Opcode.ALLOC, 1, 1, dtype, [4], 0])
     assert error.code == ErrorCode.INVALID_ARGUMENT and error.op == "alloc"
 
 
 @pytest.mark.parametrize("dtype", sorted(proto.DTYPE_SIZES))
 def test_every_whitelisted_dtype(dtype: str) -> None:
-    op = one_op([Opcode.ALLOC, 1, 1, dtype, [3, 5]])
+    op = one_op([Opcode.ALLOC, 1, 1, dtype, [3, 5], 0])
     assert op.nbytes == 15 * proto.DTYPE_SIZES[dtype]
 
 
@@ -412,11 +422,11 @@ def test_every_whitelisted_dtype(dtype: str) -> None:
     ],
 )
 def test_bad_shape(shape: Any) -> None:
-    assert op_error([Opcode.ALLOC, 1, 1, "float32", shape]).code == ErrorCode.INVALID_ARGUMENT
+    assert op_error([Opcode.ALLOC, 1, 1, "float32", shape, 0]).code == ErrorCode.INVALID_ARGUMENT
 
 
 def test_max_ndim_accepted() -> None:
-    assert one_op([Opcode.ALLOC, 1, 1, "uint8", [1] * LIMITS.max_ndim]).shape == (1,) * LIMITS.max_ndim
+    assert one_op([Opcode.ALLOC, 1, 1, "uint8", [1] * LIMITS.max_ndim, 0]).shape == (1,) * LIMITS.max_ndim
 
 
 @pytest.mark.parametrize(
@@ -430,11 +440,11 @@ def test_max_ndim_accepted() -> None:
     ],
 )
 def test_nbytes_past_max_tensor_bytes(dtype: str, shape: list[int]) -> None:
-    assert op_error([Opcode.ALLOC, 1, 1, dtype, shape]).code == ErrorCode.INVALID_ARGUMENT
+    assert op_error([Opcode.ALLOC, 1, 1, dtype, shape, 0]).code == ErrorCode.INVALID_ARGUMENT
 
 
 def test_nbytes_at_max_tensor_bytes_accepted() -> None:
-    assert one_op([Opcode.ALLOC, 1, 1, "uint8", [LIMITS.max_tensor_bytes]]).nbytes == LIMITS.max_tensor_bytes
+    assert one_op([Opcode.ALLOC, 1, 1, "uint8", [LIMITS.max_tensor_bytes], 0]).nbytes == LIMITS.max_tensor_bytes
 
 
 @pytest.mark.parametrize(
@@ -604,6 +614,31 @@ def _random_object(rng: random.Random, depth: int = 0) -> Any:
     return rng.choice(leaves + branches if depth < 4 else leaves)()
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("field", range(2, 6))
+def test_deep_nesting_in_any_field_is_an_invalid_argument(field: int) -> None:
+    """A list nested ~1000 deep where a value belongs: a clear error against the op, never a RecursionError."""
+    for raw in ([Opcode.DISPATCH, 9, 1, [1, 1, 1], [], None], [Opcode.ALLOC, 9, 1, "float32", [1], 0]):
+        op = list(raw)
+        if field < len(op):
+            op[field] = _nested(1000)
+            error = op_error(op)
+            assert error.code == ErrorCode.INVALID_ARGUMENT and len(error.message) < 200
+
+
+def test_f32_scalars_out_of_range_are_refused_at_decode() -> None:
+    error = op_error([Opcode.DISPATCH, 4, 1, [1, 1, 1], [[1, 1e300]], None])
+    assert error.code == ErrorCode.INVALID_ARGUMENT and "32-bit float" in error.message
+    op = one_op([Opcode.DISPATCH, 5, 1, [1, 1, 1], [[1, float("inf")], [1, 3.4e38]], None])
+    assert op.args[0][1] == float("inf")
+
+
 def _mutate(rng: random.Random, op: list[Any]) -> list[Any]:
     op = list(op)
     for _ in range(rng.randrange(1, 3)):
@@ -637,7 +672,7 @@ def _check(frames: list[bytes]) -> None:
     except ProtocolViolation as exc:
         assert isinstance(exc.code, ErrorCode) and isinstance(exc.message, str)
         return
-    assert isinstance(message, proto.Hello | proto.Batch | proto.Ping | proto.Bye)
+    assert isinstance(message, proto.Hello | proto.Batch | proto.Ping | proto.Beat | proto.Bye)
     if isinstance(message, proto.Batch):
         for op in message.ops:
             assert isinstance(op, OpError | OP_TYPES)
@@ -650,7 +685,7 @@ def test_fuzz_only_protocol_violations() -> None:
     for _ in range(3000):  # mutated ops inside an otherwise valid batch
         ops = [_mutate(rng, rng.choice(VALID_OPS)) for _ in range(rng.randrange(1, 4))]
         nf = rng.choice([1, 1, 1, 0, 2])
-        _check([proto.encode_batch(ops, nf, rng.choice([None, None, 3])), *[frame] * nf])
+        _check([encode(ops, nf, rng.choice([None, None, [3]])), *[frame] * nf])
     for _ in range(2000):  # random objects as the whole header, with the odd random frame
         header = _random_object(rng)
         try:
@@ -658,7 +693,7 @@ def test_fuzz_only_protocol_violations() -> None:
         except (OverflowError, ValueError):
             continue
         _check([raw, *[frame] * rng.randrange(2)])
-    valid = proto.encode_batch([rng.choice(VALID_OPS) for _ in range(4)], 1, None)
+    valid = encode([rng.choice(VALID_OPS) for _ in range(4)], 1, None)
     for _ in range(3000):  # byte flips, truncations and insertions in a valid header
         raw = bytearray(valid)
         for _ in range(rng.randrange(1, 4)):

@@ -1,4 +1,4 @@
-"""Receiving from a ZeroMQ socket inside an asyncio loop, without a future per message.
+"""Receiving from a ZeroMQ socket inside an asyncio loop, without a future per message (needs pyzmq).
 
 pyzmq's zmq.asyncio adds and removes the socket's file descriptor from the loop around every
 receive; on a small host that costs most of a round trip. Here the descriptor is registered once.

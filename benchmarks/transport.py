@@ -1,0 +1,157 @@
+"""`gpud bench transport`: where a round trip's time goes, on this host.
+
+Side by side in one run, all over ipc:// with an 80-byte payload:
+1. raw ZeroMQ echo, blocking client and blocking server (the floor);
+2. raw ZeroMQ echo, asyncio client and asyncio server (pyzmq's zmq.asyncio);
+3. the same on uvloop, when installed;
+4. gpud requests that touch no GPU (`flush`), and `sync`, through a real daemon;
+so a gpud readback's latency can be split into transport, daemon and GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import Any, TypeVar
+
+import zmq
+import zmq.asyncio
+
+import gpud_client
+from benchmarks import percentiles_us, write_json
+from gpud.testing.spawn import daemon
+
+PAYLOAD = b"x" * 80
+
+
+def _echo_blocking(address: str, ready: Any) -> None:
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.bind(address)
+    ready.set()
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        if frames[1].bytes == b"stop":
+            return
+        sock.send_multipart(frames, copy=False)
+
+
+async def _echo_async(address: str, ready: Any) -> None:
+    sock = zmq.asyncio.Context().socket(zmq.ROUTER)
+    sock.bind(address)
+    ready.set()
+    while True:
+        frames = await sock.recv_multipart(copy=False)
+        if frames[1].bytes == b"stop":
+            return
+        sock.send_multipart(frames, copy=False)
+
+
+def _serve(kind: str, address: str, ready: Any) -> None:
+    if kind == "blocking":
+        _echo_blocking(address, ready)
+    elif kind == "uvloop":
+        import uvloop
+
+        uvloop.run(_echo_async(address, ready))
+    else:
+        asyncio.run(_echo_async(address, ready))
+
+
+def _client_blocking(address: str, samples: int) -> list[float]:
+    sock = zmq.Context().socket(zmq.DEALER)
+    sock.connect(address)
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        sock.send(PAYLOAD)
+        sock.recv_multipart(copy=False)
+        out.append(time.perf_counter() - t0)
+    sock.send(b"stop")
+    sock.close(linger=1000)
+    return out
+
+
+async def _client_async(address: str, samples: int) -> list[float]:
+    sock = zmq.asyncio.Context().socket(zmq.DEALER)
+    sock.connect(address)
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        await sock.send(PAYLOAD)
+        await sock.recv_multipart(copy=False)
+        out.append(time.perf_counter() - t0)
+    await sock.send(b"stop")
+    sock.close(linger=1000)
+    return out
+
+
+T = TypeVar("T")
+
+
+def _run(loop: str, coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro())  # type: ignore[no-any-return]
+    return asyncio.run(coro())
+
+
+def _echo_round_trips(kind: str, samples: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        address = f"ipc://{tmp}/echo.sock"
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        server = ctx.Process(target=_serve, args=(kind, address, ready))
+        server.start()
+        ready.wait(30)
+        if kind == "blocking":
+            result = _client_blocking(address, samples)
+        else:
+            result = _run(kind, lambda: _client_async(address, samples))
+        server.join(10)
+        return result[samples // 10 :]  # drop the warm-up
+
+
+async def _gpud_round_trips(address: str, samples: int) -> dict[str, list[float]]:
+    async with gpud_client.connect(address) as gpu:
+        out: dict[str, list[float]] = {"flush": [], "sync": []}
+        for name in out:
+            request = gpu.flush if name == "flush" else gpu.sync
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                await request()
+                out[name].append(time.perf_counter() - t0)
+            out[name] = out[name][samples // 10 :]
+        return out
+
+
+def main(args: argparse.Namespace) -> int:
+    samples = 500 if args.quick else 5000
+    kinds = ["blocking", "asyncio"]
+    try:
+        import uvloop  # noqa: F401
+
+        kinds.append("uvloop")
+    except ImportError:
+        print("uvloop is not installed: skipping it")
+    results: dict[str, Any] = {"benchmark": "transport", "samples": samples, "cpus": os.cpu_count()}
+    rows: dict[str, dict[str, float]] = {}
+    for kind in kinds:
+        rows[f"zmq_echo_{kind}"] = percentiles_us(_echo_round_trips(kind, samples))
+    for loop in ["asyncio", *(["uvloop"] if "uvloop" in kinds else [])]:
+        with daemon(args.backend, extra_args=("--event-loop", loop)) as (address, _proc):
+            measured = _run(loop, partial(_gpud_round_trips, address, samples))
+        for name, values in measured.items():
+            rows[f"gpud_{name}_{loop}"] = percentiles_us(values)
+    print(f"\nround trips over ipc (us), {samples} samples each")
+    for name, p in rows.items():
+        print(f"  {name:<24} p50 {p['p50']:8.1f}   p99 {p['p99']:8.1f}")
+    results["round_trip_us"] = rows
+    write_json(args.json, results)
+    return 0

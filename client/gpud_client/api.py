@@ -1,0 +1,386 @@
+"""The client API: tensors, kernels, dispatches and requests.
+
+    async with gpud_client.connect() as gpu:
+        k = await gpu.kernel(wgsl_source, entry="main")
+        x = gpu.tensor(np_array); y = gpu.empty((n,), "float32")
+        gpu.dispatch(k, grid=(n // 64, 1, 1), args=[x, y, 2.0])   # queued, no round trip
+        out = await y.numpy()                                      # flush + readback
+
+Ops queue in the client and travel as one message when something is awaited. Only awaited calls
+cost a round trip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import gpud_protocol as proto
+from gpud_client.connection import HANDSHAKE_TIMEOUT_S, Connection, Trace, default_address, open_connection
+from gpud_client.errors import GpudError, InvalidArgument
+from gpud_protocol import ArgKind, KernelOptions
+
+
+class Scalar(NamedTuple):
+    kind: int  # an ArgKind
+    value: int | float
+
+
+_TENSOR, _F32, _I32, _U32 = (int(k) for k in (ArgKind.TENSOR, ArgKind.F32, ArgKind.I32, ArgKind.U32))
+
+
+def f32(value: float) -> Scalar:
+    return Scalar(_F32, float(value))
+
+
+def i32(value: int) -> Scalar:
+    return Scalar(_I32, int(value))
+
+
+def u32(value: int) -> Scalar:
+    return Scalar(_U32, int(value))
+
+
+class Kernel(NamedTuple):
+    handle: int
+    entry: str
+    writes: tuple[int, ...] | None  # tensor-argument positions the kernel writes, as the daemon sees it
+    unchecked: tuple[str, ...] = ()  # what the daemon could not check about this kernel
+
+
+class Tensor:
+    """A device tensor owned by a session (or opened from a resident name). Zero-filled when made."""
+
+    def __init__(
+        self,
+        client: Client,
+        handle: int,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        device: int,
+        mode: str = "rw",
+    ) -> None:
+        self._client = client
+        self.handle = handle
+        self.dtype = dtype
+        self.shape = shape
+        self.device = device
+        self.mode = mode
+        self.freed = False
+        self._wire = (_TENSOR, handle)  # as a dispatch argument
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    async def numpy(self) -> np.ndarray[Any, Any]:
+        """Flush queued work and read the tensor back."""
+        client = self._client
+        seq = client._next_seq()
+        client._queue(proto.Readback(seq, client._handle_of(self)), request=seq)
+        _header, data = await client._connection.request(seq)
+        if data is None:
+            return np.zeros(self.shape, self.dtype)
+        if isinstance(data, np.ndarray):  # assembled from several parts: already a private copy
+            return data.view(self.dtype).reshape(self.shape)
+        return np.frombuffer(data, self.dtype).reshape(self.shape).copy()
+
+    def upload(self, array: Any) -> None:
+        """Queue a host-to-device copy of `array` (same dtype and shape) into this tensor."""
+        self._client.upload(self, array)
+
+    def free(self) -> None:
+        """Queue the free; the daemon releases the memory once work using it has completed."""
+        if not self.freed:
+            self.freed = True
+            client = self._client
+            client._queue(proto.Free(client._next_seq(), self.handle))
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray[Any, Any]:
+        raise TypeError(f"{self!r} lives on the GPU: use `await tensor.numpy()` to read it")
+
+    def __repr__(self) -> str:
+        state = " freed" if self.freed else ""
+        return f"<gpud Tensor #{self.handle} {self.dtype}{list(self.shape)} device {self.device}{state}>"
+
+
+class Client:
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._seqs = itertools.count(1)
+        self._handles = itertools.count(1)
+        self._dispatches = proto.DispatchEncoder()
+        self._kernels: dict[tuple[str, str, KernelOptions], Kernel] = {}
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def address(self) -> str:
+        return self._connection.address
+
+    @property
+    def welcome(self) -> dict[str, Any]:
+        return self._connection.welcome
+
+    @property
+    def limits(self) -> proto.Limits:
+        return self._connection.limits
+
+    @property
+    def backend(self) -> str:
+        return str(self.welcome.get("backend", ""))
+
+    @property
+    def session_id(self) -> str:
+        return str(self.welcome.get("session", ""))
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        """What the daemon serves, one dict per device (index, name, memory...)."""
+        return list(self.welcome.get("devices", []))
+
+    @property
+    def device(self) -> int:
+        """This session's default device (chosen at connect, or the least loaded one)."""
+        return int(self.welcome.get("device", 0))
+
+    @property
+    def last_trace(self) -> Trace | None:
+        return self._connection.last_trace
+
+    @property
+    def _last_seq(self) -> int:
+        """The sequence number of the op queued last (tests use it to check which op an error names)."""
+        return self._seq_last
+
+    # ------------------------------------------------------------------ tensors
+
+    def tensor(self, array: Any, dtype: Any = None, *, device: int | None = None) -> Tensor:
+        """Allocate a tensor holding a copy of `array` (the copy is taken now)."""
+        host = np.asarray(array, dtype=dtype, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
+        if host.dtype == object:
+            raise InvalidArgument(f"cannot send an array of Python objects ({type(array).__name__})")
+        tensor = self.empty(host.shape, host.dtype, device=device)
+        self.upload(tensor, host)
+        return tensor
+
+    def empty(self, shape: int | Sequence[int], dtype: Any = "float32", *, device: int | None = None) -> Tensor:
+        """A new tensor, zero-filled on every backend, on `device` (default: the session's)."""
+        dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        np_dtype = np.dtype(dtype)
+        if np_dtype.name not in proto.DTYPE_SIZES:
+            raise InvalidArgument(f"dtype {np_dtype} is not supported: use one of {sorted(proto.DTYPE_SIZES)}")
+        where = self.device if device is None else int(device)
+        if not 0 <= where < max(1, len(self.devices)):
+            raise InvalidArgument(f"no device {where}: the daemon serves {len(self.devices)}")
+        handle = next(self._handles)
+        self._queue(proto.Alloc(self._next_seq(), handle, np_dtype.name, dims, where))
+        return Tensor(self, handle, np_dtype, dims, where)
+
+    zeros = empty
+
+    def upload(self, tensor: Tensor, array: Any) -> None:
+        host = np.asarray(array, order="C")
+        if host.dtype != tensor.dtype or host.shape != tensor.shape:
+            raise InvalidArgument(f"array {host.dtype}{list(host.shape)} does not match {tensor!r}")
+        payload = host.tobytes()  # a snapshot: the caller may change `array` before the batch goes
+        queue = self._connection.queue
+        index = queue.add_frame(payload)
+        if index is None:  # this payload goes with the next batch
+            self._connection.send_batch()
+            index = queue.add_frame(payload)
+            assert index is not None
+        self._queue(proto.Upload(self._next_seq(), self._handle_of(tensor), index, len(payload)))
+
+    def copy(self, src: Tensor, dst: Tensor) -> None:
+        """Queue a copy (same dtype and shape); the tensors may live on different devices."""
+        self._queue(proto.Copy(self._next_seq(), self._handle_of(src), self._handle_of(dst)))
+
+    # ------------------------------------------------------------------ kernels
+
+    async def kernel(
+        self,
+        source: str,
+        entry: str = "main",
+        *,
+        block: Sequence[int] | None = None,
+        flags: Sequence[str] = (),
+        writes: Sequence[int] | None = None,
+    ) -> Kernel:
+        """Compile `source` (WGSL on webgpu, CUDA C on cuda); raises CompileError with the log.
+
+        `block` is CUDA's block size (WGSL sets @workgroup_size in the source). `writes` lists the
+        tensor-argument positions the kernel writes, when the daemon cannot infer them. The same
+        source, entry and options give the same kernel, without a second round trip.
+        """
+        options = KernelOptions(
+            None if block is None else _dim3(block),  # type: ignore[arg-type]
+            tuple(flags),
+            None if writes is None else tuple(int(w) for w in writes),
+        )
+        key = (source, entry, options)
+        if (known := self._kernels.get(key)) is not None:
+            return known
+        seq = self._next_seq()
+        self._queue(proto.RegisterKernel(seq, next(self._handles), source, entry, options), request=seq)
+        header, _ = await self._connection.request(seq)
+        written = header.get("writes")
+        kernel = Kernel(
+            int(header["handle"]),
+            entry,
+            None if written is None else tuple(written),
+            tuple(header.get("unchecked", ())),
+        )
+        self._kernels[key] = kernel
+        return kernel
+
+    def dispatch(
+        self,
+        kernel: Kernel,
+        grid: int | Sequence[int],
+        args: Sequence[Any] = (),
+        *,
+        writes: Sequence[int] | None = None,
+    ) -> None:
+        """Queue a dispatch: no round trip. Floats go as f32, ints as i32; use u32() for unsigned."""
+        # The hot path: arguments become tuples of plain numbers, common types first.
+        encoded = []
+        for arg in args:
+            kind = type(arg)
+            if kind is Tensor and arg._client is self and not arg.freed:
+                encoded.append(arg._wire)
+            elif kind is float:
+                encoded.append((_F32, arg))
+            elif kind is Scalar:
+                encoded.append((arg[0], arg[1]))
+            else:
+                encoded.append(self._arg(arg))
+        dims = (grid, 1, 1) if type(grid) is int else _dim3(grid)
+        seq = next(self._seqs)
+        self._seq_last = seq
+        body = self._dispatches.encode(
+            seq, kernel.handle, dims, tuple(encoded), None if writes is None else tuple(writes)
+        )
+        if self._connection.lost is not None:
+            raise self._connection.lost
+        if self._connection.queue.add(body):
+            self._connection.send_batch()
+
+    # ------------------------------------------------------------------ requests
+
+    async def sync(self) -> None:
+        """Wait until the device has finished all work this session queued."""
+        await self._simple_request(proto.Sync)
+
+    async def flush(self) -> None:
+        """Send queued ops and return once the daemon executed them (no wait for the GPU)."""
+        await self._simple_request(proto.FlushOp)
+
+    async def stats(self) -> dict[str, Any]:
+        header = await self._simple_request(proto.Stats)
+        stats: dict[str, Any] = header["stats"]
+        return stats
+
+    async def _simple_request(self, op: type[Any]) -> dict[str, Any]:
+        seq = self._next_seq()
+        self._queue(op(seq), request=seq)
+        header, _ = await self._connection.request(seq)
+        return header
+
+    # ------------------------------------------------------------------ resident tensors
+
+    def publish(self, tensor: Tensor, name: str, mode: str = "ro") -> None:
+        """Publish `tensor` under `name`; other sessions open it read-only ("ro") or read-write."""
+        self._queue(proto.Publish(self._next_seq(), self._handle_of(tensor), name, mode))
+
+    async def open(self, name: str) -> Tensor:
+        """A handle to the resident tensor `name`, on the device where it lives."""
+        handle = next(self._handles)
+        seq = self._next_seq()
+        self._queue(proto.Open(seq, handle, name), request=seq)
+        header, _ = await self._connection.request(seq)
+        return Tensor(
+            self, handle, np.dtype(header["dtype"]), tuple(header["shape"]), int(header["device"]), header["mode"]
+        )
+
+    def unpublish(self, name: str) -> None:
+        self._queue(proto.Unpublish(self._next_seq(), name))
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _next_seq(self) -> int:
+        seq = self._seq_last = next(self._seqs)
+        return seq
+
+    def _handle_of(self, tensor: Tensor) -> int:
+        if not isinstance(tensor, Tensor):
+            raise InvalidArgument(f"expected a gpud Tensor, got {type(tensor).__name__}")
+        if tensor._client is not self or tensor.freed:
+            raise InvalidArgument(f"{tensor!r} is freed or belongs to another connection")
+        return tensor.handle
+
+    def _arg(self, value: Any) -> tuple[int, int | float]:
+        if isinstance(value, Tensor):
+            return (_TENSOR, self._handle_of(value))
+        if isinstance(value, Scalar):
+            return (value.kind, value.value)
+        if isinstance(value, bool):
+            raise InvalidArgument("bool is not a kernel argument; pass i32(int(flag))")
+        if isinstance(value, float | np.floating):
+            return (_F32, float(value))
+        if isinstance(value, np.unsignedinteger):
+            return (_U32, int(value))
+        if isinstance(value, int | np.integer):
+            return (_I32, int(value))
+        raise InvalidArgument(f"cannot pass {type(value).__name__} to a kernel")
+
+    def _queue(self, op: proto.Op, request: int | None = None) -> None:
+        connection = self._connection
+        if connection.lost is not None:
+            raise connection.lost
+        if connection.queue.add(proto.encode_op(op), request):
+            connection.send_batch()
+
+    _seq_last = 0
+
+
+def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
+    dims = (value,) if isinstance(value, int) else tuple(int(v) for v in value)
+    if not 1 <= len(dims) <= 3:
+        raise InvalidArgument(f"grid/block needs 1 to 3 dimensions, got {value!r}")
+    padded = dims + (1,) * (3 - len(dims))
+    return (padded[0], padded[1], padded[2])
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    address: str | None = None,
+    *,
+    timeout: float = HANDSHAKE_TIMEOUT_S,
+    server_public_key: bytes | None = None,
+    spin_us: float = 0.0,
+    device: int | None = None,
+) -> AsyncIterator[Client]:
+    """Open a session with the daemon at `address` (default: GPUD_ADDRESS or the system socket).
+
+    `device`: the session's default device (default: the daemon picks the least loaded one).
+    `spin_us`: after sending a request, poll the socket this long before yielding to the event
+    loop (lower round-trip latency, at the cost of CPU and of blocking the loop meanwhile).
+    For tcp:// with CURVE, pass the daemon's public key (z85); the client makes a key pair of its own.
+    """
+    async with open_connection(
+        address or default_address(),
+        timeout=timeout,
+        server_public_key=server_public_key,
+        spin_us=spin_us,
+        device=device,
+    ) as connection:
+        yield Client(connection)
+
+
+__all__ = ["Client", "GpudError", "Kernel", "Scalar", "Tensor", "connect", "f32", "i32", "u32"]

@@ -1,0 +1,54 @@
+"""When to flush: the coalescing policy of one device, backend-independent.
+
+Work is encoded as it arrives and submitted when someone needs a result (a readback, sync or
+flush op asks for it), when the pending command buffer holds `max_dispatches_per_flush`
+dispatches, or when `flush_deadline_ms` has passed since work became pending. The server calls
+`after_drain` once per drain of the socket, so work that arrived together is submitted together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+class FlushPolicy:
+    def __init__(self, flush: Callable[[], None], max_dispatches: int, deadline_ms: float) -> None:
+        self._flush = flush
+        self.max_dispatches = max_dispatches
+        self._deadline_s = deadline_ms / 1000
+        self._wanted = False
+        self._timer: asyncio.TimerHandle | None = None
+        self.flushed_at = 0.0  # perf_counter of the last flush (for request traces)
+
+    def want(self) -> None:
+        """A result is awaited: flush at the end of this drain."""
+        self._wanted = True
+
+    def dispatched(self, pending_dispatches: int) -> None:
+        if pending_dispatches >= self.max_dispatches:
+            self.flush()
+
+    def after_drain(self, has_pending: bool) -> None:
+        if self._wanted:
+            self.flush()
+        elif has_pending and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._deadline_s, self._deadline)
+
+    def flush(self) -> None:
+        self._wanted = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._flush()
+        self.flushed_at = time.perf_counter()
+
+    def _deadline(self) -> None:
+        self._timer = None
+        self.flush()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

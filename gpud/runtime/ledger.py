@@ -1,0 +1,104 @@
+"""The completion ledger of one device: numbered submissions and what waits on each.
+
+Submissions are numbered 1, 2, 3... and complete in order. `after(index, fn)` runs `fn(error)` once
+submission `index` has completed: at once if it already has, including when it is called from a
+callback of that very completion (a session ended while its completion runs must still get its
+memory back). A failed submission fails only its own waiters; a lost device fails every waiter,
+now and later, and is reported once through `on_lost`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+
+from gpud_protocol.errors import DeviceLost, GpudError, InternalError
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[BaseException | None], None]
+
+
+class SubmissionFailed(InternalError):
+    """A submission was refused without losing the device (a validation error the daemon did not
+    catch before encoding). Its ops failed; the device goes on."""
+
+
+class CompletionLedger:
+    def __init__(self, on_lost: Callable[[DeviceLost], None]) -> None:
+        self._on_lost = on_lost
+        self.submitted = 0
+        self.completed = 0
+        self.lost: DeviceLost | None = None
+        self._callbacks: defaultdict[int, list[Done]] = defaultdict(list)
+        self._failed: dict[int, GpudError] = {}  # failed submissions whose callbacks are still pending
+        self.failures = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.submitted - self.completed
+
+    @property
+    def pending_index(self) -> int:
+        """The number the submission being encoded now will get."""
+        return self.submitted + 1
+
+    def next_submission(self) -> int:
+        self.submitted += 1
+        return self.submitted
+
+    def after(self, index: int, fn: Done) -> None:
+        """Run `fn(error)` once submission `index` has completed (now, if it has)."""
+        if self.lost is not None:
+            fn(self.lost)
+        elif index <= self.completed:
+            fn(self._failed.get(index))
+        else:
+            self._callbacks[index].append(fn)
+
+    def complete(self, index: int, error: BaseException | None = None) -> None:
+        """Submission `index` (and every earlier one) finished; `error` is None, a SubmissionFailed
+        for this submission alone, or anything else for a lost device."""
+        if self.lost is not None:
+            return
+        if error is not None and not isinstance(error, SubmissionFailed):
+            self.lose(error if isinstance(error, DeviceLost) else DeviceLost(str(error)))
+            return
+        first = self.completed + 1
+        self.completed = max(self.completed, index)  # before the callbacks: they may add to this index
+        if error is not None:
+            self.failures += 1
+            log.error("submission %d failed: %s", index, error)
+            self._failed[index] = error  # type: ignore[assignment]
+        for done in range(first, index + 1):
+            failure = self._failed.get(done)
+            while callbacks := self._callbacks.pop(done, None):  # callbacks may append to this index
+                for fn in callbacks:
+                    self._run(fn, failure)
+            self._failed.pop(done, None)
+
+    def lose(self, error: DeviceLost) -> None:
+        """The device is gone: fail every waiter, now and later; report it once."""
+        if self.lost is not None:
+            return
+        self.lost = error
+        while self._callbacks:
+            index = min(self._callbacks)
+            for fn in self._callbacks.pop(index):
+                self._run(fn, error)
+        self._on_lost(error)
+
+    def _run(self, fn: Done, error: BaseException | None) -> None:
+        try:
+            fn(error)
+        except Exception:  # one waiter's bug must not strand the others
+            log.exception("completion callback failed")
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "submitted": self.submitted,
+            "completed": self.completed,
+            "in_flight": self.in_flight,
+            "failed_submissions": self.failures,
+        }

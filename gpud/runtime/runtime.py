@@ -1,0 +1,455 @@
+"""DeviceRuntime: everything the daemon keeps per GPU, around one backend `Device`.
+
+It owns the flush policy, the completion ledger, the staging pools, the program cache and the two
+worker threads (submits, compiles). Sessions and the server talk to it, never to the device:
+every encode, every flush and every completion goes through here.
+
+Nothing here blocks the event loop. An op that must wait (a full staging pool, a device with too
+many submissions in flight, a compile) gets a `Wait` back: the session parks on it and resumes the
+op where it stopped, while every other session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+from gpud.backends.base import Arg, Buffer, Device, Program
+from gpud.runtime.cache import LruCache
+from gpud.runtime.flush import FlushPolicy
+from gpud.runtime.ledger import CompletionLedger, Done, SubmissionFailed
+from gpud.runtime.pools import StagingPool
+from gpud.runtime.submitter import Worker
+from gpud_protocol import KernelOptions
+from gpud_protocol.errors import DeviceLost, GpudError, InvalidArgument, OutOfMemory
+
+log = logging.getLogger(__name__)
+
+
+class Wait(NamedTuple):
+    """An op that cannot go on yet: await `ready`, then call `resume()` (which may wait again)."""
+
+    ready: Awaitable[Any]
+    resume: Callable[[], Wait | None]
+
+
+class Prepared(NamedTuple):
+    """A dispatch checked and packed once; `DeviceRuntime.dispatch` encodes it as often as asked."""
+
+    buffers: tuple[Buffer, ...]  # marked as used by every submission that encodes it
+    packed: Any  # the backend's packed form; None: an empty grid
+
+
+class Owner(Protocol):
+    """Whoever encodes work (a session): told when a submission holding its work was refused."""
+
+    def work_lost(self, error: GpudError) -> None: ...
+
+
+Deliver = Callable[[int, "bytes | memoryview | None", "BaseException | None"], None]
+
+
+class RuntimeSettings(Protocol):
+    @property
+    def max_dispatches_per_flush(self) -> int: ...
+
+    @property
+    def flush_deadline_ms(self) -> float: ...
+
+    @property
+    def max_submissions_in_flight(self) -> int: ...
+
+    @property
+    def staging_pool_bytes(self) -> int: ...
+
+    @property
+    def kernel_cache_size(self) -> int: ...
+
+
+class DeviceRuntime:
+    def __init__(
+        self,
+        device: Device,
+        settings: RuntimeSettings,
+        on_lost: Callable[[DeviceRuntime, DeviceLost], None],
+        reply_part_bytes: int = 4 << 20,
+    ) -> None:
+        self.device = device
+        self.index = device.index
+        self._on_lost = on_lost
+        loop = device.loop
+        self.ledger = CompletionLedger(lambda error: on_lost(self, error))
+        device.on_lost = self.ledger.lose
+        self.policy = FlushPolicy(self.flush, settings.max_dispatches_per_flush, settings.flush_deadline_ms)
+        self.max_in_flight = settings.max_submissions_in_flight
+        half = settings.staging_pool_bytes // 2
+        self.uploads: StagingPool[Any] = StagingPool(
+            lambda n: device.make_staging(n, True), device.destroy_staging, half, self.flush
+        )
+        self.downloads: StagingPool[Any] = StagingPool(
+            lambda n: device.make_staging(n, False), device.destroy_staging, half, self.flush
+        )
+        self.chunk_bytes = min(16 << 20, self.uploads.largest_class())
+        self.part_bytes = max(4096, min(reply_part_bytes, self.downloads.largest_class()))
+        self.programs: LruCache[tuple[Any, ...], Program] = LruCache(settings.kernel_cache_size)
+        self._compiling: dict[tuple[Any, ...], asyncio.Future[Program]] = {}
+        self.submitter = Worker(f"gpud-submit-{self.index}", loop)
+        self.compiler = Worker(f"gpud-compile-{self.index}", loop)
+        self._ids = itertools.count(1)
+        self.encoded = 0  # ops encoded since the last flush
+        self.dispatches_pending = 0
+        self.dispatch_count = 0
+        self.memory_in_use = 0
+        self.live_buffers = 0
+        self.counters: defaultdict[str, int] = defaultdict(int)
+        self.sessions = 0  # sessions whose default device this is (placement)
+        self._awaited = False  # a readback or sync waits on the pending command buffer
+        self._owners: set[Owner] = set()  # who has work in the pending command buffer
+        self._unsaturated: asyncio.Future[None] | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------------ memory
+
+    def alloc(self, nbytes: int) -> Buffer:
+        self._check_alive()
+        try:
+            native = self.device.alloc(nbytes)
+        except OutOfMemory:
+            self._drop_caches()
+            native = self.device.alloc(nbytes)
+        buffer = Buffer(next(self._ids), nbytes, native, self.index)
+        self.memory_in_use += nbytes
+        self.live_buffers += 1
+        if not self.device.zero_on_alloc and nbytes:
+            self.device.encode_zero(native, nbytes)
+            self._encoded_with(buffer)
+        return buffer
+
+    def release(self, buffer: Buffer) -> None:
+        """Free `buffer` once every submission that uses it has completed."""
+        self.ledger.after(buffer.last_use, lambda _error: self._destroy(buffer))
+
+    def _destroy(self, buffer: Buffer) -> None:
+        if buffer.native is None:
+            return
+        native, buffer.native = buffer.native, None
+        self.memory_in_use -= buffer.nbytes
+        self.live_buffers -= 1
+        try:
+            self.device.free(native)
+        except Exception:  # reported, never raised from a completion
+            log.exception("device %d: freeing a buffer failed", self.index)
+
+    def _drop_caches(self) -> None:
+        self.device.drop_caches()
+        self.uploads.clear_idle()
+        self.downloads.clear_idle()
+
+    # ------------------------------------------------------------------ programs
+
+    def program(self, source: str, entry: str, options: KernelOptions) -> Program | asyncio.Future[Program]:
+        """The compiled program, or a future of it (compiled once on the compile worker, whoever asks)."""
+        key = self.device.program_key(source, entry, options)
+        if (program := self.programs.get(key)) is not None:
+            return program
+        future = self._compiling.get(key)
+        if future is None:
+            future = self.compiler.future(lambda: self.device.compile(key, source, entry, options))
+            self._compiling[key] = future
+            future.add_done_callback(lambda f: self._compiled(key, f))
+        return future
+
+    def _compiled(self, key: tuple[Any, ...], future: asyncio.Future[Program]) -> None:
+        self._compiling.pop(key, None)
+        if not future.cancelled() and future.exception() is None:
+            self.programs.put(key, future.result())
+            self.counters["compiles"] += 1
+        else:
+            self.counters["compile_errors"] += 1
+
+    # ------------------------------------------------------------------ encoding
+
+    @property
+    def has_pending(self) -> bool:
+        return self.encoded > 0
+
+    @property
+    def saturated(self) -> bool:
+        """Too many submissions in flight: new GPU work waits (`unsaturated`) instead of piling up."""
+        return self.ledger.in_flight >= self.max_in_flight
+
+    def unsaturated(self) -> asyncio.Future[None]:
+        if self._unsaturated is None or self._unsaturated.done():
+            future: asyncio.Future[None] = self.device.loop.create_future()
+            self._unsaturated = future
+            self.counters["throttle_waits"] += 1
+            self.ledger.after(self.ledger.completed + 1, lambda _error: _settle(future, None))
+        return self._unsaturated
+
+    def prepare(self, program: Program, grid: tuple[int, int, int], args: Sequence[Arg]) -> Prepared:
+        self._check_alive()
+        gx, gy, gz = grid
+        mx, my, mz = self.device.max_grid
+        if gx > mx or gy > my or gz > mz:
+            raise InvalidArgument(f"grid {grid} exceeds the device limit {self.device.max_grid}")
+        buffers = tuple([arg for arg in args if type(arg) is Buffer])
+        packed = self.device.prepare(program, grid, args)
+        return Prepared(buffers, packed if gx and gy and gz else None)
+
+    def dispatch(self, prepared: Prepared, owner: Owner) -> None:
+        if prepared.packed is None:
+            return  # an empty grid: nothing to run
+        self.device.encode_dispatch(prepared.packed)
+        self.encoded += 1
+        index = self.ledger.submitted + 1
+        for buffer in prepared.buffers:
+            buffer.last_use = index
+        self._owners.add(owner)
+        self.dispatches_pending += 1
+        self.dispatch_count += 1
+        if self.dispatches_pending >= self.policy.max_dispatches:
+            self.policy.flush()
+
+    def copy(self, src: Buffer, dst: Buffer, owner: Owner) -> None:
+        """A copy between two buffers of this device, in op order."""
+        self._check_alive()
+        if src is dst or src.nbytes == 0:
+            return
+        self.device.encode_copy(src.native, 0, dst.native, 0, min(src.nbytes, dst.nbytes))
+        self._encoded_with(src, dst)
+        self._owners.add(owner)
+
+    def upload(self, buffer: Buffer, data: memoryview, owner: Owner, start: int = 0) -> Wait | None:
+        """Encode a host-to-device copy of `data` in chunks through the staging pool; it keeps its
+        place in op order. Returns a Wait when the pool is exhausted (resume goes on from there)."""
+        self._check_alive()
+        position = start
+        while position < data.nbytes:
+            count = min(self.chunk_bytes, data.nbytes - position)
+            since = self.uploads.returns
+            got = self.uploads.try_acquire(count)
+            if got is None:
+                return Wait(self.uploads.returned(since), functools.partial(self.upload, buffer, data, owner, position))
+            staging, size = got
+            try:
+                self.device.write_staging(staging, data[position : position + count])
+                self.device.encode_upload(staging, buffer.native, position, count)
+            except BaseException:
+                self.uploads.discard(staging, size)
+                raise
+            self._encoded_with(buffer)
+            self._owners.add(owner)
+            self.ledger.after(self.ledger.pending_index, self._recycler(self.uploads, staging, size, True))
+            self.counters["upload_bytes"] += count
+            position += count
+        return None
+
+    def parts(self, nbytes: int) -> int:
+        """How many reply parts a readback of `nbytes` takes."""
+        return max(1, math.ceil(nbytes / self.part_bytes))
+
+    def download(self, buffer: Buffer, deliver: Deliver, owner: Owner, first: int = 0) -> Wait | None:
+        """Encode device-to-host copies of `buffer`, one per reply part; `deliver(part, data, error)`
+        runs for each in order once its copy completed. Returns a Wait when the pool is exhausted."""
+        self._check_alive()
+        nbytes = buffer.nbytes
+        if nbytes == 0:
+            deliver(0, b"", None)
+            return None
+        for part in range(first, self.parts(nbytes)):
+            offset = part * self.part_bytes
+            count = min(self.part_bytes, nbytes - offset)
+            since = self.downloads.returns
+            got = self.downloads.try_acquire(count)
+            if got is None:
+                resume = functools.partial(self.download, buffer, deliver, owner, part)
+                return Wait(self.downloads.returned(since), resume)
+            staging, size = got
+            try:
+                self.device.encode_download(buffer.native, offset, staging, count)
+            except BaseException:
+                self.downloads.discard(staging, size)
+                raise
+            self._encoded_with(buffer)
+            self._owners.add(owner)
+            self.counters["download_bytes"] += count
+            self.ledger.after(
+                self.ledger.pending_index,
+                lambda error, p=part, s=staging, z=size, c=count: self._downloaded(p, s, z, c, deliver, error),  # type: ignore[misc]
+            )
+        self._awaited = True
+        self.policy.want()
+        return None
+
+    def _downloaded(
+        self, part: int, staging: Any, size: int, count: int, deliver: Deliver, error: BaseException | None
+    ) -> None:
+        if error is not None:
+            self.downloads.discard(staging, size)
+            deliver(part, None, error)
+            return
+        try:
+            data = self.device.read_staging(staging, count)
+        except Exception as exc:
+            self.downloads.discard(staging, size)
+            deliver(part, None, DeviceLost(f"reading a staging buffer failed: {exc}"))
+            return
+        self.device.recycle_staging(staging, False, self._returner(self.downloads, staging, size))
+        deliver(part, data, None)
+
+    def _recycler(self, pool: StagingPool[Any], staging: Any, size: int, upload: bool) -> Done:
+        def recycle(error: BaseException | None) -> None:
+            if error is not None:
+                pool.discard(staging, size)
+            else:
+                self.device.recycle_staging(staging, upload, self._returner(pool, staging, size))
+
+        return recycle
+
+    def _returner(self, pool: StagingPool[Any], staging: Any, size: int) -> Callable[[bool], None]:
+        def returned(ok: bool) -> None:
+            if ok and not self.closed:
+                pool.give_back(staging, size)
+            else:
+                pool.discard(staging, size)
+
+        return returned
+
+    def _encoded_with(self, *buffers: Buffer) -> None:
+        self.encoded += 1
+        index = self.ledger.submitted + 1
+        for buffer in buffers:
+            buffer.last_use = index
+
+    def _check_alive(self) -> None:
+        if self.ledger.lost is not None:
+            raise self.ledger.lost
+
+    # ------------------------------------------------------------------ completion
+
+    def after(self, fn: Done) -> None:
+        """Run `fn(error)` once all work encoded so far has completed (now, if it has)."""
+        self.ledger.after(self.ledger.submitted + (1 if self.encoded else 0), fn)
+
+    def after_pending(self, fn: Done) -> None:
+        """Run `fn(error)` once the submission now being encoded has completed."""
+        self.ledger.after(self.ledger.pending_index, fn)
+
+    def after_use(self, buffer: Buffer, fn: Done) -> None:
+        self.ledger.after(buffer.last_use, fn)
+
+    def want_flush(self) -> None:
+        """A result is awaited: flush at the end of this drain."""
+        self._awaited = True
+        self.policy.want()
+
+    def after_drain(self) -> None:
+        self.policy.after_drain(self.encoded > 0)
+
+    def flush(self) -> None:
+        """Submit the pending command buffer: on this thread when the device is idle (it cannot
+        block then), else on the submit worker, behind the submissions it already holds."""
+        if not self.encoded or self.ledger.lost is not None:
+            return
+        commands = self.device.take_commands()
+        index = self.ledger.next_submission()
+        self.encoded = 0
+        self.dispatches_pending = 0
+        awaited, self._awaited = self._awaited, False
+        owners, self._owners = self._owners, set()
+        self.counters["flushes"] += 1
+        if owners:
+            self.ledger.after(index, lambda error: _tell_owners(owners, error))
+        if self.submitter.idle and self.ledger.in_flight == 1:
+            try:
+                submitted = self.device.submit(commands)
+            except Exception as exc:
+                self._refused(index, exc)
+                return
+            self.device.watch(submitted, lambda error: self.ledger.complete(index, error), awaited)
+        else:
+            self.counters["worker_submits"] += 1
+            self.submitter.run(
+                lambda: self.device.submit(commands), lambda s, error: self._submitted(index, s, error, awaited)
+            )
+
+    def _submitted(self, index: int, submitted: Any, error: BaseException | None, awaited: bool) -> None:
+        if error is not None:
+            self._refused(index, error)
+        else:
+            self.device.watch(submitted, lambda failure: self.ledger.complete(index, failure), awaited)
+
+    def _refused(self, index: int, error: BaseException) -> None:
+        """A submit raised: a lost device, or a submission refused on its own (completed in order)."""
+        if isinstance(error, DeviceLost):
+            self.ledger.lose(error)
+            return
+        failure = SubmissionFailed(f"device {self.index} refused submission {index}: {error}")
+        self.ledger.after(index - 1, lambda _error: self.ledger.complete(index, failure))
+
+    def synchronize(self) -> asyncio.Future[None]:
+        """Flush, and resolve once the device has done everything encoded so far."""
+        self.flush()
+        future: asyncio.Future[None] = self.device.loop.create_future()
+        self.after(lambda error: _settle(future, None, error))
+        return future
+
+    # ------------------------------------------------------------------ info
+
+    def info(self) -> dict[str, Any]:
+        info = {"index": self.index, "backend": self.device.kind, **self.device.info()}
+        if (memory := self.device.memory()) is not None:
+            info["memory_free"], info["memory_total"] = memory
+        return info
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "backend": self.device.kind,
+            "memory_in_use": self.memory_in_use,
+            "live_buffers": self.live_buffers,
+            "dispatches": self.dispatch_count,
+            **self.ledger.stats(),
+            "program_cache": self.programs.stats(),
+            "upload_staging": self.uploads.stats(),
+            "download_staging": self.downloads.stats(),
+            **self.counters,
+            **self.device.stats(),
+        }
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Finish outstanding work, then release the pools and the device."""
+        self.policy.close()
+        if self.ledger.lost is None:
+            try:
+                await asyncio.wait_for(self.synchronize(), timeout)
+            except (TimeoutError, GpudError) as exc:
+                log.warning("device %d: outstanding work did not finish at shutdown: %s", self.index, exc)
+        self.closed = True
+        self.submitter.close()
+        self.compiler.close()
+        self.uploads.clear_idle()
+        self.downloads.clear_idle()
+        self.programs.clear()
+        self.device.close()
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(value)
+    else:
+        future.set_exception(error)
+
+
+def _tell_owners(owners: set[Owner], error: BaseException | None) -> None:
+    if isinstance(error, SubmissionFailed):
+        for owner in owners:
+            owner.work_lost(error)

@@ -1,0 +1,73 @@
+"""A worker thread that runs the calls that may block: submits, and compiles.
+
+On lavapipe `queue.submit` blocks while an earlier submission runs, and a CUDA launch blocks once
+the device's launch queue is full; NVRTC and pipeline compiles take tens of milliseconds. None of
+that may run on the event-loop thread, which must keep answering every other session. Jobs run in
+the order they were given (a submit worker per device keeps submissions in order); each result
+comes back to the loop thread through `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Then = Callable[[Any, BaseException | None], None]
+Job = tuple[Callable[[], Any], Then]
+
+
+class Worker:
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.queued = 0  # jobs given and not yet reported back (loop thread only)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        return self.queued == 0
+
+    def run(self, job: Callable[[], Any], then: Callable[[Any, BaseException | None], None]) -> None:
+        """Run `job()` on the worker; then `then(result, error)` on the loop thread."""
+        self.queued += 1
+        self._jobs.put((job, then))
+
+    def future(self, job: Callable[[], Any]) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = self._loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if not future.done():
+                if error is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(error)
+
+        self.run(job, settle)
+        return future
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, then = item
+            try:
+                result, error = job(), None
+            except BaseException as exc:  # reported to the loop, never lost in this thread
+                result, error = None, exc
+            try:
+                self._loop.call_soon_threadsafe(self._report, then, result, error)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                return
+
+    def _report(self, then: Then, result: Any, error: BaseException | None) -> None:
+        self.queued -= 1
+        then(result, error)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout)

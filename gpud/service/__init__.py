@@ -1,0 +1,1 @@
+"""The daemon as a service: its settings and how it is run."""

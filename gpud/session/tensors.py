@@ -1,0 +1,55 @@
+"""Tensors and the handles sessions hold on them.
+
+A `Tensor` is a device buffer with dtype and shape and a reference count: each session handle that
+names it holds one reference, and a published name holds one more. The buffer is released (after
+its last use completes) when the count drops to zero, so a resident tensor outlives the session
+that made it and its memory is held once however many sessions open it.
+
+Quota: a tensor is charged to the session that allocated it while that session holds a handle to
+it or has it published; it stops counting when neither holds (or the session ends), and from then
+on only the resident store's daemon-wide bounds count it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from gpud.backends.base import Buffer
+
+
+class Charged(Protocol):
+    """The session a tensor is charged to."""
+
+    id: str
+
+    def uncharge_if_unheld(self, tensor: Tensor) -> None: ...
+
+
+@dataclasses.dataclass(eq=False)
+class Tensor:
+    buffer: Buffer
+    dtype: str
+    shape: tuple[int, ...]
+    charged_to: Charged | None = None
+    refs: int = 1
+    name: str | None = None  # set while published
+    mode: str = "rw"  # the publisher's mode for other sessions
+    publisher: str = ""  # id of the session that published it
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
+    @property
+    def device(self) -> int:
+        return self.buffer.device
+
+    def describe(self) -> str:
+        return f"{self.dtype}{list(self.shape)} on device {self.device}"
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Handle:
+    tensor: Tensor
+    writable: bool

@@ -1,0 +1,1 @@
+"""What tests, the demo and the benchmarks share: starting a daemon, and the built-in workloads."""
