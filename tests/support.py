@@ -168,3 +168,57 @@ async def check_well_behaved(gpu: gpud_client.Client, k: gpud_client.Kernel | No
     assert_close(await ty.numpy(), ref_axpb(x, 1.5, -2.0))
     tx.free()
     ty.free()
+
+
+SPIN_WGSL = """
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+struct Params { iters: u32 }
+@group(0) @binding(1) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn spin(@builtin(global_invocation_id) gid: vec3<u32>) {
+    var acc = f32(gid.x);
+    for (var i = 0u; i < p.iters; i = i + 1u) {  // below lavapipe's 65,535-iteration loop limit
+        acc = acc * 0.999 + 1.0;
+    }
+    if (gid.x < arrayLength(&y)) {
+        y[gid.x] = acc;
+    }
+}
+"""
+
+SPIN_CUDA = """
+extern "C" __global__ void spin(float* y, unsigned int iters) {
+    long long start = clock64();
+    while (clock64() - start < (long long)iters * 1000) {}
+    y[threadIdx.x] = 1.0f;
+}
+"""
+
+
+async def spin(gpu: gpud_client.Client) -> gpud_client.Kernel:
+    """A kernel that keeps the device busy: spin(y, iters). Args: y (64+ floats), iters (u32)."""
+    if gpu.backend == "cuda":
+        return await gpu.kernel(SPIN_CUDA, "spin", block=(64, 1, 1))
+    if gpu.backend == "fake":
+        return await gpu.kernel("fake:spin", "spin")
+    return await gpu.kernel(SPIN_WGSL, "spin")
+
+
+async def occupy(gpu: gpud_client.Client, seconds: float) -> gpud_client.Tensor:
+    """Queue about `seconds` of device work (calibrated on one dispatch) and send it, without waiting."""
+    k = await spin(gpu)
+    y = gpu.empty(64 * 64)
+    if gpu.backend == "fake":
+        gpu.dispatch(k, 1, [y, u32(int(seconds * 1000))])
+        await gpu.flush()
+        return y
+    iters = 60_000 if gpu.backend == "webgpu" else 1_000  # cuda: ~1 ms a dispatch at ~1 GHz
+    t0 = time.perf_counter()
+    gpu.dispatch(k, 64, [y, u32(iters)])
+    await gpu.sync()
+    one = max(time.perf_counter() - t0, 1e-4)
+    for _ in range(max(1, int(seconds / one))):
+        gpu.dispatch(k, 64, [y, u32(iters)])
+    await gpu.flush()
+    return y

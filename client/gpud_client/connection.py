@@ -264,21 +264,27 @@ class Connection:
     # ------------------------------------------------------------------ liveness
 
     async def heartbeat(self) -> None:
+        """Ping the daemon; it is lost if a ping stays unanswered for three leases. Only pings this
+        loop really sent count: after the loop was blocked, the answers wait in the socket."""
         lease = float(self.welcome.get("lease_s", 5.0))
         patience = 3 * lease  # a busy daemon answers late; a dead one is usually seen at once
+        unanswered_since: float | None = None
         while True:
             await anyio.sleep(lease / 4)
-            if time.monotonic() - self._last_heard > patience:
-                # The loop may have been blocked: read what waits before judging the daemon.
-                while (frames := self._incoming.try_recv()) is not None:
-                    self._on_message(frames)
-                if time.monotonic() - self._last_heard > patience:
-                    self.mark_lost(DaemonLost(f"the daemon at {self.address} did not answer for {patience:.1f} s"))
-                    return
+            while (frames := self._incoming.try_recv()) is not None:
+                self._on_message(frames)
+            now = time.monotonic()
+            if unanswered_since is not None and self._last_heard >= unanswered_since:
+                unanswered_since = None
+            if unanswered_since is not None and now - unanswered_since > patience:
+                self.mark_lost(DaemonLost(f"the daemon at {self.address} did not answer for {patience:.1f} s"))
+                return
             if self._beats is not None and self._beats.session_lost:
                 self.mark_lost(SessionLost("the daemon ended this session (see its log); connect again"))
                 return
             self._send_control(proto.PING)
+            if unanswered_since is None:
+                unanswered_since = now
 
     def start_beats(self, context: zmq.Context[Any]) -> None:
         session, key = str(self.welcome.get("session", "")), str(self.welcome.get("key", ""))

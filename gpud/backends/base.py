@@ -5,9 +5,13 @@ above it is backend-neutral: `gpud.runtime.DeviceRuntime` owns the flush policy,
 ledger, the staging pools and the caches, and calls these primitives. Implementations
 (`cuda/`, `webgpu/`, `fake.py`) do not repeat this documentation.
 
-Threads. Every method runs on the event-loop thread except `compile` (a compile worker) and
-`submit` (the submit worker, or the loop thread when the device is idle and it cannot block).
-Neither of those two touches the pending command buffer or any state the loop thread uses.
+Threads. Every method runs on the event-loop thread except `compile` (a compile worker), and
+`submit`, `free` and `destroy_staging` (the submit worker, in order with the submits; `submit`
+also on the loop thread when the device is idle and it cannot block). None of those touches the
+pending command buffer or any state the loop thread uses; `forget` does the loop thread's part
+of a free. A device whose submit blocks while earlier work runs (lavapipe) sets `serial_submits`:
+the worker then waits, outside the driver, for the previous submission before the next, so no
+call on the loop thread ever queues behind a blocked submit.
 
 The pending command buffer. `encode_*` append to it in op order; `take_commands` closes it and
 returns an opaque object that `submit` hands to the device; `watch` then arranges for
@@ -89,6 +93,8 @@ class Device(ABC):
     zero_on_alloc: bool = True
     #: a software rasteriser (lavapipe): slow, and every shader loop stops at 65,535 iterations
     software: bool = False
+    #: submit blocks while earlier work runs: keep one submission on the device at a time
+    serial_submits: bool = False
 
     def __init__(self, index: int, loop: asyncio.AbstractEventLoop) -> None:
         self.index = index
@@ -108,6 +114,10 @@ class Device(ABC):
 
     @abstractmethod
     def alloc(self, nbytes: int) -> Any: ...
+
+    def forget(self, native: Any) -> None:
+        """The loop thread's part of freeing `native` (drop what refers to it), before `free`."""
+        return None
 
     @abstractmethod
     def free(self, native: Any) -> None: ...

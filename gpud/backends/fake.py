@@ -126,8 +126,11 @@ class FakeDevice(Device):
         self.used += nbytes
         return bytearray(nbytes)
 
-    def free(self, native: Any) -> None:
+    def forget(self, native: Any) -> None:
         self.used -= len(native)
+
+    def free(self, native: Any) -> None:
+        pass
 
     def make_staging(self, nbytes: int, upload: bool) -> bytearray:
         return bytearray(nbytes)

@@ -32,7 +32,7 @@ class CompletionLedger:
         self.completed = 0
         self.lost: DeviceLost | None = None
         self._callbacks: defaultdict[int, list[Done]] = defaultdict(list)
-        self._failed: dict[int, GpudError] = {}  # failed submissions whose callbacks are still pending
+        self._failed: dict[int, GpudError] = {}  # recent failed submissions
         self.failures = 0
 
     @property
@@ -76,7 +76,8 @@ class CompletionLedger:
             while callbacks := self._callbacks.pop(done, None):  # callbacks may append to this index
                 for fn in callbacks:
                     self._run(fn, failure)
-            self._failed.pop(done, None)
+        while len(self._failed) > 64:  # remembered for late callers, within a bound
+            del self._failed[min(self._failed)]
 
     def lose(self, error: DeviceLost) -> None:
         """The device is gone: fail every waiter, now and later; report it once."""

@@ -16,6 +16,7 @@ import functools
 import itertools
 import logging
 import math
+import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -90,10 +91,10 @@ class DeviceRuntime:
         self.max_in_flight = settings.max_submissions_in_flight
         half = settings.staging_pool_bytes // 2
         self.uploads: StagingPool[Any] = StagingPool(
-            lambda n: device.make_staging(n, True), device.destroy_staging, half, self.flush
+            lambda n: device.make_staging(n, True), self._destroy_staging, half, self.flush
         )
         self.downloads: StagingPool[Any] = StagingPool(
-            lambda n: device.make_staging(n, False), device.destroy_staging, half, self.flush
+            lambda n: device.make_staging(n, False), self._destroy_staging, half, self.flush
         )
         self.chunk_bytes = min(16 << 20, self.uploads.largest_class())
         self.part_bytes = max(4096, min(reply_part_bytes, self.downloads.largest_class()))
@@ -101,6 +102,7 @@ class DeviceRuntime:
         self._compiling: dict[tuple[Any, ...], asyncio.Future[Program]] = {}
         self.submitter = Worker(f"gpud-submit-{self.index}", loop)
         self.compiler = Worker(f"gpud-compile-{self.index}", loop)
+        self._completion = threading.Condition()  # the submit worker waits on it for serial submits
         self._ids = itertools.count(1)
         self.encoded = 0  # ops encoded since the last flush
         self.dispatches_pending = 0
@@ -142,9 +144,14 @@ class DeviceRuntime:
         self.memory_in_use -= buffer.nbytes
         self.live_buffers -= 1
         try:
-            self.device.free(native)
+            self.device.forget(native)
         except Exception:  # reported, never raised from a completion
             log.exception("device %d: freeing a buffer failed", self.index)
+        # A free may synchronize (cuMemFree) or queue behind a submit: never on the loop thread.
+        self.submitter.run(lambda: self.device.free(native), _log_failure)
+
+    def _destroy_staging(self, staging: Any) -> None:
+        self.submitter.run(lambda: self.device.destroy_staging(staging), _log_failure)
 
     def _drop_caches(self) -> None:
         self.device.drop_caches()
@@ -372,18 +379,40 @@ class DeviceRuntime:
             except Exception as exc:
                 self._refused(index, exc)
                 return
-            self.device.watch(submitted, lambda error: self.ledger.complete(index, error), awaited)
+            self.device.watch(submitted, lambda error: self._complete(index, error), awaited)
+            return
+        self.counters["worker_submits"] += 1
+        if self.device.serial_submits:
+
+            def submit() -> Any:
+                self._wait_for(index - 1)
+                if self.closed:
+                    raise DeviceLost("the daemon stopped before this work was submitted")
+                return self.device.submit(commands)
+
         else:
-            self.counters["worker_submits"] += 1
-            self.submitter.run(
-                lambda: self.device.submit(commands), lambda s, error: self._submitted(index, s, error, awaited)
-            )
+
+            def submit() -> Any:
+                return self.device.submit(commands)
+
+        self.submitter.run(submit, lambda s, error: self._submitted(index, s, error, awaited))
 
     def _submitted(self, index: int, submitted: Any, error: BaseException | None, awaited: bool) -> None:
         if error is not None:
             self._refused(index, error)
         else:
-            self.device.watch(submitted, lambda failure: self.ledger.complete(index, failure), awaited)
+            self.device.watch(submitted, lambda failure: self._complete(index, failure), awaited)
+
+    def _complete(self, index: int, error: BaseException | None) -> None:
+        self.ledger.complete(index, error)
+        with self._completion:
+            self._completion.notify_all()
+
+    def _wait_for(self, index: int) -> None:
+        """On the submit worker: until submission `index` has completed (or the device is gone)."""
+        with self._completion:
+            while self.ledger.completed < index and self.ledger.lost is None and not self.closed:
+                self._completion.wait(0.05)
 
     def _refused(self, index: int, error: BaseException) -> None:
         """A submit raised: a lost device, or a submission refused on its own (completed in order)."""
@@ -395,9 +424,9 @@ class DeviceRuntime:
 
     def synchronize(self) -> asyncio.Future[None]:
         """Flush, and resolve once the device has done everything encoded so far."""
-        self.flush()
         future: asyncio.Future[None] = self.device.loop.create_future()
         self.after(lambda error: _settle(future, None, error))
+        self.flush()
         return future
 
     # ------------------------------------------------------------------ info
@@ -431,11 +460,13 @@ class DeviceRuntime:
                 await asyncio.wait_for(self.synchronize(), timeout)
             except (TimeoutError, GpudError) as exc:
                 log.warning("device %d: outstanding work did not finish at shutdown: %s", self.index, exc)
-        self.closed = True
-        self.submitter.close()
-        self.compiler.close()
         self.uploads.clear_idle()
         self.downloads.clear_idle()
+        self.closed = True
+        with self._completion:
+            self._completion.notify_all()
+        self.submitter.close(timeout)  # runs the frees still queued
+        self.compiler.close(1.0)
         self.programs.clear()
         self.device.close()
 
@@ -447,6 +478,11 @@ def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None
         future.set_result(value)
     else:
         future.set_exception(error)
+
+
+def _log_failure(_result: Any, error: BaseException | None) -> None:
+    if error is not None:
+        log.error("releasing device memory failed: %s", error)
 
 
 def _tell_owners(owners: set[Owner], error: BaseException | None) -> None:

@@ -370,7 +370,7 @@ class Server:
             self._end_session(identity, "the daemon is stopping")
         self.residents.clear()
         for rt in self.runtimes:
-            await rt.close()
+            await rt.close(self.config.drain_timeout_s)
 
     def stats(self) -> dict[str, Any]:
         return {"sessions": len(self.sessions), "outboxes": self._outboxes.stats() if self._outboxes else {}}

@@ -46,6 +46,7 @@ class WebGpuDevice(Device):
         super().__init__(index, loop)
         self._adapter_info = dict(adapter.info)
         self.software = self._adapter_info.get("adapter_type", "").upper() == "CPU"
+        self.serial_submits = self.software  # lavapipe's queue.submit blocks while earlier work runs
         self._device = adapter.request_device_sync(label=f"gpud-{index}")
         self._queue = self._device.queue
         limits = self._device.limits
@@ -86,8 +87,10 @@ class WebGpuDevice(Device):
         except Exception as exc:
             raise OutOfMemory(f"cannot allocate {nbytes} bytes: {exc}") from None
 
-    def free(self, native: Any) -> None:
+    def forget(self, native: Any) -> None:
         self._dispatcher.forget_buffer(native)
+
+    def free(self, native: Any) -> None:
         native.destroy()
 
     def make_staging(self, nbytes: int, upload: bool) -> Any:

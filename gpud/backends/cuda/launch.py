@@ -1,0 +1,114 @@
+"""Launches: `Launch` is what `Program.native` holds on CUDA; `pack` checks a dispatch against it
+and packs it into `(module_id, function, gx, gy, gz, bx, by, bz, params)`, the form `graph` issues
+and keys its graphs by. `params` holds one 8-byte slot per argument (a pointer, or a 4-byte scalar
+and padding), copied into the launch parameter slots right before `cuLaunchKernel`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from gpud.backends.base import Arg, Buffer
+from gpud.backends.cuda.driver import E, check, cu, error
+from gpud_protocol import ArgKind
+from gpud_protocol.errors import CompileError, InvalidArgument
+
+_PACK = {None: "Q", ArgKind.F32: "f4x", ArgKind.I32: "i4x", ArgKind.U32: "I4x"}  # None: a tensor
+_KIND_NAMES = {None: "a tensor", ArgKind.F32: "f32", ArgKind.I32: "i32", ArgKind.U32: "u32"}
+
+
+@dataclasses.dataclass(eq=False)
+class Launch:
+    module_id: int
+    function: Any
+    block: tuple[int, int, int]
+    sizes: tuple[int, ...] | None  # parameter sizes from the driver; None: unknown
+    nparams: int | None  # from the driver, else from the source; None: unknown
+    formats: dict[tuple[Any, ...], str] = dataclasses.field(default_factory=dict)  # argument kinds -> struct format
+
+
+def parameter_sizes(function: Any, limit: int) -> tuple[int, ...] | None:
+    """Each parameter's size from the driver (CUDA >= 12.4); None where it cannot tell."""
+    sizes: list[int] = []
+    try:
+        for index in range(limit + 1):
+            status, _offset, size = cu.cuFuncGetParamInfo(function, index)
+            if status == E.CUDA_ERROR_INVALID_VALUE:  # past the last parameter
+                return tuple(sizes)
+            if status:
+                return None
+            sizes.append(size)
+    except Exception:  # bindings or driver without cuFuncGetParamInfo
+        return None
+    return None  # more parameters than a dispatch may pass: let the count check say so
+
+
+def make_launch(
+    module_id: int,
+    module: Any,
+    entry: str,
+    block: tuple[int, int, int],
+    max_block: tuple[int, int, int],
+    max_args: int,
+    parameters: Sequence[str] | None,
+) -> Launch:
+    """The entry's function in the loaded module, with the block checked against it."""
+    status, function = cu.cuModuleGetFunction(module, entry.encode())
+    if status:
+        raise CompileError(
+            f"no kernel named {entry!r} in the compiled module ({error(status)}); declare it "
+            f'extern "C" __global__ so that its name is not mangled'
+        )
+    threads = block[0] * block[1] * block[2]
+    attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    most = int(check(cu.cuFuncGetAttribute(attribute, function)))
+    if threads > most or any(not 1 <= d <= limit for d, limit in zip(block, max_block, strict=True)):
+        raise InvalidArgument(
+            f"block {tuple(block)} does not fit {entry}: at most {most} threads and {max_block} per dimension"
+        )
+    sizes = parameter_sizes(function, max_args)
+    nparams = len(sizes) if sizes is not None else None if parameters is None else len(parameters)
+    return Launch(module_id, function, block, sizes, nparams)
+
+
+def pack(launch: Launch, entry: str, grid: tuple[int, int, int], args: Sequence[Arg], max_args: int) -> tuple[Any, ...]:
+    kinds: list[Any] = []
+    values: list[Any] = []
+    for arg in args:
+        if type(arg) is Buffer:
+            kinds.append(None)
+            values.append(arg.native)
+        else:  # a scalar: (ArgKind, value)
+            kinds.append(arg[0])  # type: ignore[index]
+            values.append(arg[1])  # type: ignore[index]
+    signature = tuple(kinds)
+    fmt = launch.formats.get(signature) or _format(launch, entry, signature, max_args)
+    try:
+        params = struct.pack(fmt, *values)
+    except (struct.error, OverflowError) as exc:
+        raise InvalidArgument(f"bad argument for {entry}: {exc}") from None
+    return (launch.module_id, launch.function, *grid, *launch.block, params)
+
+
+def _format(launch: Launch, entry: str, signature: tuple[Any, ...], max_args: int) -> str:
+    """The struct format that packs arguments of these kinds, after checking them against the kernel."""
+    if launch.nparams is not None and len(signature) != launch.nparams:
+        raise InvalidArgument(f"kernel {entry} takes {launch.nparams} arguments, {len(signature)} given")
+    if len(signature) > max_args:
+        raise InvalidArgument(f"at most {max_args} arguments")
+    for index, kind in enumerate(signature):
+        if kind not in _PACK:
+            raise InvalidArgument(f"argument {index} of {entry} has an unknown kind {kind!r}")
+        want = 8 if kind is None else 4
+        if launch.sizes is not None and launch.sizes[index] != want:
+            raise InvalidArgument(
+                f"argument {index} of {entry} is {_KIND_NAMES[kind]} ({want} bytes) "
+                f"but the parameter takes {launch.sizes[index]} bytes"
+            )
+    if len(launch.formats) >= 64:
+        launch.formats.clear()
+    fmt = launch.formats[signature] = "<" + "".join(_PACK[kind] for kind in signature)
+    return fmt

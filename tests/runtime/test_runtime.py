@@ -1,0 +1,157 @@
+"""DeviceRuntime over the fake backend, in process: no GPU, no daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpud.backends.base import Buffer
+from gpud.backends.fake import FakeDevice
+from gpud.runtime.ledger import SubmissionFailed
+from gpud.runtime.runtime import DeviceRuntime, Wait
+from gpud_protocol import ArgKind, KernelOptions
+from gpud_protocol.errors import DeviceLost, GpudError
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    max_dispatches_per_flush: int = 64
+    flush_deadline_ms: float = 1.0
+    max_submissions_in_flight: int = 4
+    staging_pool_bytes: int = 1 << 20
+    kernel_cache_size: int = 8
+
+
+class Owner:
+    def __init__(self) -> None:
+        self.lost: list[GpudError] = []
+
+    def work_lost(self, error: GpudError) -> None:
+        self.lost.append(error)
+
+
+def make(settings: Settings = Settings(), memory: int = 64 << 20) -> tuple[DeviceRuntime, list[DeviceLost]]:
+    lost: list[DeviceLost] = []
+    device = FakeDevice(0, asyncio.get_running_loop(), memory)
+    return DeviceRuntime(device, settings, lambda _rt, error: lost.append(error)), lost
+
+
+async def drive(wait: Wait | None) -> None:
+    while wait is not None:
+        await wait.ready
+        wait = wait.resume()
+
+
+async def read(rt: DeviceRuntime, buffer: Buffer, owner: Owner) -> bytes:
+    parts: dict[int, bytes] = {}
+    done = asyncio.get_running_loop().create_future()
+    count = rt.parts(buffer.nbytes)
+
+    def deliver(part: int, data: Any, error: BaseException | None) -> None:
+        if error is not None:
+            done.set_exception(error)
+            return
+        parts[part] = bytes(data)
+        if len(parts) == count:
+            done.set_result(None)
+
+    await drive(rt.download(buffer, deliver, owner))
+    rt.flush()
+    await done
+    return b"".join(parts[i] for i in range(count))
+
+
+async def test_upload_then_download_in_chunks_through_a_small_pool() -> None:
+    rt, _ = make()
+    owner = Owner()
+    data = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)  # 6x a pool half
+    buffer = rt.alloc(data.nbytes)
+    await drive(rt.upload(buffer, memoryview(data.tobytes()), owner))  # waits for staging to come back
+    assert await read(rt, buffer, owner) == data.tobytes()
+    assert rt.uploads.bytes_total <= rt.uploads.capacity_bytes
+    assert rt.uploads.exhausted_waits > 0
+    await rt.close()
+
+
+async def test_a_buffer_is_freed_only_after_the_work_using_it_completed() -> None:
+    rt, _ = make()
+    owner = Owner()
+    device: Any = rt.device
+    buffer = rt.alloc(1 << 16)
+    program = await _program(rt, "spin")
+    rt.dispatch(rt.prepare(program, (1, 1, 1), [buffer, (ArgKind.U32, 50)]), owner)  # holds the device 50 ms
+    rt.flush()
+    rt.release(buffer)
+    assert device.used == 1 << 16 and rt.live_buffers == 1  # still in use by the GPU
+    await rt.synchronize()
+    assert device.used == 0 and rt.live_buffers == 0 and rt.memory_in_use == 0
+    await rt.close()
+
+
+async def test_saturation_clears_when_a_submission_completes() -> None:
+    rt, _ = make(Settings(max_submissions_in_flight=2))
+    owner = Owner()
+    buffer = rt.alloc(64)
+    program = await _program(rt, "spin")
+    for _ in range(2):
+        rt.dispatch(rt.prepare(program, (1, 1, 1), [buffer, (ArgKind.U32, 30)]), owner)
+        rt.flush()
+    assert rt.saturated
+    assert rt.counters["worker_submits"] == 1  # the second went to the submit worker: the first was running
+    await rt.unsaturated()
+    assert not rt.saturated
+    await rt.close()
+
+
+async def test_a_refused_submission_fails_its_owners_and_the_device_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    rt, lost = make()
+    device: Any = rt.device
+    owner, bystander = Owner(), Owner()
+    buffer = rt.alloc(256)
+    program = await _program(rt, "scale")
+    real_submit = device.submit
+    monkeypatch.setattr(device, "submit", lambda commands: (_ for _ in ()).throw(ValueError("validation")))
+    rt.dispatch(rt.prepare(program, (1, 1, 1), [buffer, buffer, (ArgKind.F32, 2.0)]), owner)
+    failed = rt.synchronize()
+    with pytest.raises(SubmissionFailed):
+        await failed
+    assert len(owner.lost) == 1 and isinstance(owner.lost[0], SubmissionFailed) and not bystander.lost
+    monkeypatch.setattr(device, "submit", real_submit)
+    rt.dispatch(rt.prepare(program, (1, 1, 1), [buffer, buffer, (ArgKind.F32, 2.0)]), bystander)
+    await rt.synchronize()
+    assert not lost and not bystander.lost and rt.ledger.lost is None
+    await rt.close()
+
+
+async def test_a_lost_device_is_reported_once_and_fails_new_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    rt, lost = make()
+    device: Any = rt.device
+    buffer = rt.alloc(256)
+    monkeypatch.setattr(device, "submit", lambda commands: (_ for _ in ()).throw(DeviceLost("gone")))
+    program = await _program(rt, "scale")
+    rt.dispatch(rt.prepare(program, (1, 1, 1), [buffer, buffer, (ArgKind.F32, 2.0)]), Owner())
+    with pytest.raises(DeviceLost):
+        await rt.synchronize()
+    assert len(lost) == 1
+    with pytest.raises(DeviceLost):
+        rt.alloc(16)
+    await rt.close()
+
+
+async def test_compiles_are_shared_and_run_off_the_loop() -> None:
+    rt, _ = make()
+    first = rt.program("fake:axpb", "axpb", KernelOptions())
+    second = rt.program("fake:axpb", "axpb", KernelOptions())
+    assert isinstance(first, asyncio.Future) and first is second  # one compile, whoever asks
+    program = await first
+    assert rt.program("fake:axpb", "axpb", KernelOptions()) is program
+    await rt.close()
+
+
+async def _program(rt: DeviceRuntime, name: str) -> Any:
+    got = rt.program(f"fake:{name}", name, KernelOptions())
+    return await got if isinstance(got, asyncio.Future) else got
