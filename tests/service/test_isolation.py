@@ -64,7 +64,7 @@ async def test_a_dispatch_without_its_arguments_is_refused(gpu: gpud_client.Clie
     k = await axpb(gpu)
     y = gpu.tensor(np.zeros(8, np.float32))
     gpu.dispatch(k, 1, [])
-    with pytest.raises(InvalidArgument, match="takes|arguments") as info:
+    with pytest.raises(InvalidArgument, match=r"takes|arguments") as info:
         await y.numpy()
     assert info.value.op == "dispatch"
     await check_well_behaved(gpu, k)
@@ -76,7 +76,7 @@ async def test_scalars_are_checked_against_the_kernel(gpu: gpud_client.Client) -
     x, y = gpu.tensor(np.ones(64, np.float32)), gpu.empty(64)
     for args in ([x, y, 2, 1.0, u32(64)], [x, y, 2.0, 1.0, u32(64), 7], [x, y, 2.0, 1.0, 64]):
         gpu.dispatch(k, 1, args)
-        with pytest.raises(InvalidArgument, match="scalars|arguments|parameter"):
+        with pytest.raises(InvalidArgument, match=r"scalars|arguments|parameter"):
             await y.numpy()
     await check_well_behaved(gpu, k)
 
@@ -202,7 +202,7 @@ async def test_a_blocked_event_loop_keeps_its_session(private_daemon: Daemon) ->
     async with gpud_client.connect(private_daemon.address) as gpu:
         k = await axpb(gpu)
         x = gpu.tensor(np.arange(64, dtype=np.float32))
-        time.sleep(3.5)  # the loop is blocked: no task runs  # noqa: ASYNC251
+        time.sleep(3.5)  # the loop is blocked: no task runs
         y = gpu.empty(64)
         run_axpb(gpu, k, x, y, 2.0, 0.0)
         assert_close(await y.numpy(), ref_axpb(np.arange(64, dtype=np.float32), 2.0, 0.0))
@@ -215,7 +215,7 @@ async def test_an_ended_session_raises_session_lost(private_daemon: Daemon) -> N
         beats = gpu._connection._beats
         assert beats is not None
         beats.stop()  # as if the process had died: no beats, no messages
-        time.sleep(3.0)  # noqa: ASYNC251
+        time.sleep(3.0)
         with pytest.raises(SessionLost):
             await x.numpy()
         with pytest.raises(SessionLost):
