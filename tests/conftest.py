@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from rawpeer import RawPeer
 from support import Daemon, wait_for_memory
 
 import gpud_client
@@ -100,3 +101,13 @@ async def gpu(daemon: Daemon) -> AsyncIterator[gpud_client.Client]:
     yield client
     await connection.close()
     daemon.assert_alive()
+
+
+@pytest.fixture
+async def raw(address: str) -> AsyncIterator[RawPeer]:
+    """A raw ZeroMQ peer on the session-wide daemon (see tests/rawpeer.py)."""
+    peer = RawPeer(address)
+    try:
+        yield peer
+    finally:
+        peer.close()

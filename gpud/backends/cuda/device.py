@@ -95,7 +95,8 @@ class CudaDevice(Device):
             raise
 
     def _report_lost(self, exc: DeviceLost) -> None:
-        """A lost device found outside a submission (any thread): tell the runtime on the loop thread."""
+        """A lost device found outside a submission (alloc, staging, compile, free: any thread): tell
+        the runtime, on the loop thread."""
         if not self._lost:
             self._lost = True
             log.error("device %d: %s", self.index, exc)
@@ -127,7 +128,7 @@ class CudaDevice(Device):
         try:
             cu.cuCtxSetCurrent(self._context)
             (status,) = cu.cuMemFree(native)
-        except Exception:  # never raised: called from completions
+        except Exception:  # never raised (it runs on the submit worker): a loss is reported instead
             log.exception("device %d: cuMemFree", self.index)
             return
         if status:

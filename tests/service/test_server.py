@@ -7,7 +7,6 @@ client at the same time.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +34,6 @@ import gpud_protocol as proto
 from gpud.testing import spawn
 from gpud.testing import workloads as kernels
 from gpud_protocol import ErrorCode, Opcode
-
-
-@pytest.fixture
-async def raw(address: str) -> AsyncIterator[RawPeer]:
-    peer = RawPeer(address)
-    try:
-        yield peer
-    finally:
-        peer.close()
-
 
 # --------------------------------------------------------------------------- before a session
 
