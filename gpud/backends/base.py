@@ -169,6 +169,14 @@ class Device(ABC):
     @abstractmethod
     def encode_download(self, src: Any, offset: int, staging: Any, nbytes: int) -> None: ...
 
+    def peer_copy(self, other: Device) -> bool:
+        """Whether `encode_peer_copy` can copy from this device into `other`'s memory directly."""
+        return False
+
+    def encode_peer_copy(self, src: Any, other: Device, dst: Any, nbytes: int) -> None:
+        """Copy from this device's `src` into `other`'s `dst`, on this device's stream, in op order."""
+        raise NotImplementedError
+
     @abstractmethod
     def take_commands(self) -> Any: ...
 

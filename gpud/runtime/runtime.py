@@ -232,6 +232,52 @@ class DeviceRuntime:
         self._encoded_with(src, dst)
         self._owners.add(owner)
 
+    def copy_to(self, src: Buffer, target: DeviceRuntime, dst: Buffer, owner: Owner) -> Wait:
+        """Copy `src` (this device) into `dst` (another device), keeping op order on both: the copy
+        starts once `dst`'s earlier uses on its device have completed, and the caller goes on only
+        once the copy has completed. Peer to peer where the devices allow it, else through host memory."""
+        self._check_alive()
+        self.counters["cross_device_copies"] += 1
+        target.want_flush()
+        idle: asyncio.Future[None] = self.device.loop.create_future()
+        target.after_use(dst, lambda error: _settle(idle, None, error))
+        if self.device.peer_copy(target.device):
+            return Wait(idle, lambda: self._peer_copy(src, target, dst, owner))
+        return Wait(idle, lambda: self._host_copy(src, target, dst, owner))
+
+    def _peer_copy(self, src: Buffer, target: DeviceRuntime, dst: Buffer, owner: Owner) -> Wait:
+        self.device.encode_peer_copy(src.native, target.device, dst.native, src.nbytes)
+        self._encoded_with(src)
+        self._owners.add(owner)
+        self.counters["peer_copy_bytes"] += src.nbytes
+        done: asyncio.Future[None] = self.device.loop.create_future()
+        self.after_pending(lambda error: _settle(done, None, error))
+        self.want_flush()
+        return Wait(done, lambda: _result(done))
+
+    def _host_copy(self, src: Buffer, target: DeviceRuntime, dst: Buffer, owner: Owner) -> Wait | None:
+        data = bytearray(src.nbytes)
+        done: asyncio.Future[None] = self.device.loop.create_future()
+        remaining = self.parts(src.nbytes)
+
+        def deliver(part: int, chunk: bytes | memoryview | None, error: BaseException | None) -> None:
+            nonlocal remaining
+            if error is not None or chunk is None:
+                _settle(done, None, error or DeviceLost("copy failed"))
+                return
+            offset = part * self.part_bytes
+            data[offset : offset + len(chunk)] = chunk
+            remaining -= 1
+            if remaining == 0:
+                _settle(done, None)
+
+        def upload() -> Wait | None:
+            done.result()  # raises the download's error
+            return target.upload(dst, memoryview(data), owner)
+
+        self.counters["host_copy_bytes"] += src.nbytes
+        return _then(self.download(src, deliver, owner), lambda: Wait(done, upload))
+
     def upload(self, buffer: Buffer, data: memoryview, owner: Owner, start: int = 0) -> Wait | None:
         """Encode a host-to-device copy of `data` in chunks through the staging pool; it keeps its
         place in op order. Returns a Wait when the pool is exhausted (resume goes on from there)."""
@@ -478,6 +524,17 @@ def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None
         future.set_result(value)
     else:
         future.set_exception(error)
+
+
+def _result(future: asyncio.Future[None]) -> None:
+    future.result()
+
+
+def _then(wait: Wait | None, next_step: Callable[[], Wait | None]) -> Wait | None:
+    """Run `next_step` after `wait` (and whatever it leads to) is done."""
+    if wait is None:
+        return next_step()
+    return Wait(wait.ready, lambda: _then(wait.resume(), next_step))
 
 
 def _log_failure(_result: Any, error: BaseException | None) -> None:

@@ -29,7 +29,6 @@ from gpud.session.tensors import Handle, Tensor
 from gpud_protocol import ErrorCode
 from gpud_protocol.errors import (
     Busy,
-    DeviceLost,
     GpudError,
     InternalError,
     InvalidArgument,
@@ -268,33 +267,11 @@ class Session:
         return None
 
     def _copy_across(self, src: Tensor, dst: Tensor) -> Wait | None:
-        """Between devices, through host memory: the session waits for the download, so later ops
-        of this session (reads of `dst`, writes of `src`) are encoded after the copy."""
+        """Between devices: the session waits for the copy, so its later ops (reads of `dst`, writes
+        of `src`) are encoded after it."""
         source, target = self.runtimes[src.device], self.runtimes[dst.device]
-        data = bytearray(src.nbytes)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        remaining = source.parts(src.nbytes)
-
-        def deliver(part: int, chunk: bytes | memoryview | None, error: BaseException | None) -> None:
-            nonlocal remaining
-            if error is not None or chunk is None:
-                if not done.done():
-                    done.set_exception(error or DeviceLost("copy failed"))
-                return
-            offset = part * source.part_bytes
-            data[offset : offset + len(chunk)] = chunk
-            remaining -= 1
-            if remaining == 0 and not done.done():
-                done.set_result(None)
-
         self.touched.update((source.index, target.index))
-        source.counters["cross_device_copies"] += 1
-
-        def upload() -> Wait | None:
-            done.result()  # raises the download's error
-            return target.upload(dst.buffer, memoryview(data), self)
-
-        return _then(source.download(src.buffer, deliver, self), lambda: Wait(done, upload))
+        return source.copy_to(src.buffer, target, dst.buffer, self)
 
     def _free(self, op: proto.Free, _batch: proto.Batch) -> None:
         self._free_handle(op.handle)
@@ -601,13 +578,6 @@ class _ReadbackReply:
             session._send([proto.encode_reply(self.seq, **fields), data])
         else:
             session._send([proto.encode_part(self.seq, part), data])
-
-
-def _then(wait: Wait | None, next_step: Callable[[], Wait | None]) -> Wait | None:
-    """Run `next_step` after `wait` (and whatever it leads to) is done."""
-    if wait is None:
-        return next_step()
-    return Wait(wait.ready, lambda: _then(wait.resume(), next_step))
 
 
 _OPCODE_OF = {spec.type: code for code, spec in proto.OPS.items()}

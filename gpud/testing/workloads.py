@@ -37,6 +37,8 @@ def axpb_source(backend: str) -> tuple[str, dict[str, object]]:
     """(source, kernel options) for the client's `kernel()` call on `backend`."""
     if backend == "cuda":
         return AXPB_CUDA, {"block": (BLOCK, 1, 1)}
+    if backend == "fake":
+        return "fake:axpb", {}
     return AXPB_WGSL, {}
 
 
@@ -108,4 +110,6 @@ extern "C" __global__ void axpw(const float* x, const float* w, float* y, float 
 def axpw_source(backend: str) -> tuple[str, dict[str, object]]:
     if backend == "cuda":
         return AXPW_CUDA, {"block": (BLOCK, 1, 1)}
+    if backend == "fake":
+        return "fake:axpw", {}
     return AXPW_WGSL, {}

@@ -225,6 +225,17 @@ class CudaDevice(Device):
     def encode_download(self, src: Any, offset: int, staging: Any, nbytes: int) -> None:
         self._add(("dtoh", staging, src + offset, nbytes))
 
+    def peer_copy(self, other: Device) -> bool:
+        if not isinstance(other, CudaDevice) or other is self:
+            return False
+        if self.can_access_peer(other):
+            self.enable_peer(other)  # direct over NVLink/PCIe; without it the driver stages through the host
+        return True
+
+    def encode_peer_copy(self, src: Any, other: Device, dst: Any, nbytes: int) -> None:
+        assert isinstance(other, CudaDevice)
+        self._add(("peer", dst, other._context, src, self._context, nbytes))
+
     def take_commands(self) -> Commands:
         if self._run:
             self._commands.append(("run", self._run))

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 class Commands(NamedTuple):
     """`take_commands`' result: ("run", launches) | ("copy", dst, src, n) | ("htod", dst, pinned, n)
-    | ("dtoh", pinned, src, n) | ("zero", ptr, n), in op order; and modules to unload after them."""
+    | ("dtoh", pinned, src, n) | ("peer", dst, dst_ctx, src, src_ctx, n) | ("zero", ptr, n), in op
+    order; and modules to unload after them."""
 
     items: list[tuple[Any, ...]]
     modules: list[int]
@@ -88,6 +89,9 @@ class Stream:
                     check(cu.cuMemcpyHtoDAsync(command[1], command[2], command[3], stream), "upload")
                 elif op == "dtoh":
                     check(cu.cuMemcpyDtoHAsync(command[1], command[2], command[3], stream), "download")
+                elif op == "peer":
+                    _, dst, dst_context, src, src_context, nbytes = command
+                    check(cu.cuMemcpyPeerAsync(dst, dst_context, src, src_context, nbytes, stream), "peer copy")
                 else:
                     check(cu.cuMemsetD8Async(command[1], 0, command[2], stream), "zero fill")
         except DeviceLost:
