@@ -98,7 +98,7 @@ def _run(loop: str, coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
     if loop == "uvloop":
         import uvloop
 
-        return uvloop.run(coro())  # type: ignore[no-any-return]
+        return uvloop.run(coro())
     return asyncio.run(coro())
 
 

@@ -219,7 +219,7 @@ class Client:
         source, entry and options give the same kernel, without a second round trip.
         """
         options = KernelOptions(
-            None if block is None else _dim3(block),  # type: ignore[arg-type]
+            None if block is None else _dim3(block),
             tuple(flags),
             None if writes is None else tuple(int(w) for w in writes),
         )

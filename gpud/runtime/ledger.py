@@ -70,7 +70,7 @@ class CompletionLedger:
         if error is not None:
             self.failures += 1
             log.error("submission %d failed: %s", index, error)
-            self._failed[index] = error  # type: ignore[assignment]
+            self._failed[index] = error
         for done in range(first, index + 1):
             failure = self._failed.get(done)
             while callbacks := self._callbacks.pop(done, None):  # callbacks may append to this index

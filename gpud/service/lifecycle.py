@@ -59,5 +59,5 @@ def run_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
                 main.close()
                 raise
         else:
-            return uvloop.run(main)  # type: ignore[no-any-return]
+            return uvloop.run(main)
     return asyncio.run(main)

@@ -141,14 +141,14 @@ class Session:
             op = ops[index]
             try:
                 if type(op) is dispatch:  # the hot path, without a lookup
-                    wait = self._dispatch(op)  # type: ignore[arg-type]
+                    wait = self._dispatch(op)
                 elif type(op) is proto.OpError:
                     self._report(op.seq, op.op, _is_request_name(op.op), ErrorCode(op.code), op.message)
                     continue
                 else:
                     wait = handlers[type(op)](self, op, batch)
             except Exception as exc:
-                self._failed(op, exc)  # type: ignore[arg-type]
+                self._failed(op, exc)
                 continue
             if wait is not None:
                 self._park(batch, index, wait)
@@ -171,7 +171,7 @@ class Session:
             try:
                 wait = wait.resume()
             except Exception as exc:
-                self._failed(op, exc)  # type: ignore[arg-type]
+                self._failed(op, exc)
                 wait = None
         self._parked = False
         self._run(batch, index + 1, self._received_at)
@@ -182,7 +182,7 @@ class Session:
 
     def _refuse(self, batch: proto.Batch, error: GpudError) -> None:
         for op in batch.ops:
-            self._failed(op, error)  # type: ignore[arg-type]
+            self._failed(op, error)
         if batch.receipt:
             self._send([proto.encode_receipt(batch.number)])
 

@@ -372,7 +372,7 @@ async def test_cancelled_await_does_not_lose_another_reply(gpu: Client) -> None:
 
 async def test_compile_error_carries_the_log(gpu: Client) -> None:
     with pytest.raises(CompileError) as info:
-        await gpu.kernel(BAD_SOURCE[gpu.backend], BAD_ENTRY, **({"block": (64, 1, 1)} if gpu.backend == "cuda" else {}))
+        await gpu.kernel(BAD_SOURCE[gpu.backend], BAD_ENTRY, block=(64, 1, 1) if gpu.backend == "cuda" else None)
     exc = info.value
     assert BAD_SYMBOL in exc.message
     assert exc.op == "kernel" and isinstance(exc.seq, int)
