@@ -1,9 +1,13 @@
-"""`gpud bench clients`: K client processes sharing one daemon and one resident input.
+"""`gpud bench clients`: K client processes sharing one daemon and one resident input per device.
 
-Each client opens the resident tensor `bench/w` read-only and, as fast as it can, runs steps of a
-dependent chain `x <- x * a + w` followed by a readback that it checks against numpy. Reported per
-K: aggregate and per-client dispatches per second, the spread between clients (fairness), and the
-device memory in use (the resident input is held once however many clients open it).
+Each client opens the resident tensor `bench/w/<device>` read-only and, as fast as it can, runs steps
+of a dependent chain `x <- x * a + w` followed by a readback that it checks against numpy. Reported
+per K: aggregate and per-client dispatches per second, the spread between clients (fairness), and
+the device memory in use (the resident input is held once however many clients open it).
+
+`--devices all` (or a list): the same K clients spread round-robin over those devices, measured in
+the same process run as with one device (the ratio is the multi-GPU speed-up), and a cross-device
+copy's bandwidth through gpud against `cuMemcpyPeer` in process (cuda).
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ def _expected(x0: np.ndarray, w: np.ndarray) -> np.ndarray:
     return x
 
 
-async def _client(address: str, start_at: float, seconds: float, seed: int) -> dict[str, Any]:
-    async with gpud_client.connect(address) as gpu:
+async def _client(address: str, start_at: float, seconds: float, seed: int, device: int) -> dict[str, Any]:
+    async with gpud_client.connect(address, device=device) as gpu:
         source, options = kernels.axpw_source(gpu.backend)
         k = await gpu.kernel(source, "axpw", **options)  # type: ignore[arg-type]
-        w_tensor = await gpu.open("bench/w")
+        w_tensor = await gpu.open(f"bench/w/{device}")
         w = await w_tensor.numpy()
         rng = np.random.default_rng(seed)
         x0 = rng.standard_normal(N).astype(np.float32)
@@ -57,32 +61,38 @@ async def _client(address: str, start_at: float, seconds: float, seed: int) -> d
                 raise AssertionError(f"client {seed}: wrong result")
             steps += 1
         elapsed = time.perf_counter() - t0
-        return {"client": seed, "steps": steps, "dispatches_per_s": steps * CHAIN / elapsed}
+        return {"client": seed, "device": device, "steps": steps, "dispatches_per_s": steps * CHAIN / elapsed}
 
 
-def _client_process(address: str, start_at: float, seconds: float, seed: int, results: Any) -> None:
-    results.put(asyncio.run(_client(address, start_at, seconds, seed)))
+def _client_process(address: str, start_at: float, seconds: float, seed: int, device: int, results: Any) -> None:
+    results.put(asyncio.run(_client(address, start_at, seconds, seed, device)))
 
 
-async def _publish(address: str) -> str:
-    """Publish the shared input; it outlives this session, as resident tensors do."""
+async def _publish(address: str) -> tuple[str, int]:
+    """Publish the shared input on every device; it outlives this session, as resident tensors do."""
     async with gpud_client.connect(address) as gpu:
-        gpu.publish(gpu.tensor(np.linspace(-1, 1, N, dtype=np.float32)), "bench/w", mode="ro")
+        w = np.linspace(-1, 1, N, dtype=np.float32)
+        for device in range(len(gpu.devices)):
+            gpu.publish(gpu.tensor(w, device=device), f"bench/w/{device}", mode="ro")
         await gpu.flush()
-        return gpu.backend
+        return gpu.backend, len(gpu.devices)
 
 
-async def _unpublish(address: str) -> None:
+async def _unpublish(address: str, devices: int) -> None:
     async with gpud_client.connect(address) as gpu:
-        gpu.unpublish("bench/w")
+        for device in range(devices):
+            gpu.unpublish(f"bench/w/{device}")
         await gpu.flush()
 
 
-def _run_k(address: str, k: int, seconds: float) -> dict[str, Any]:
+def _run_k(address: str, k: int, seconds: float, devices: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start_at = time.time() + 3.0  # time for every process to connect and compile first
-    procs = [ctx.Process(target=_client_process, args=(address, start_at, seconds, i, results)) for i in range(k)]
+    procs = [
+        ctx.Process(target=_client_process, args=(address, start_at, seconds, i, i % devices, results))
+        for i in range(k)
+    ]
     for p in procs:
         p.start()
     per_client = [results.get(timeout=seconds + 120) for _ in procs]
@@ -92,6 +102,7 @@ def _run_k(address: str, k: int, seconds: float) -> dict[str, Any]:
     mean = statistics.fmean(rates)
     return {
         "clients": k,
+        "devices": devices,
         "aggregate_dispatches_per_s": sum(rates),
         "per_client_dispatches_per_s": rates,
         "max_deviation_from_mean_pct": max(abs(r - mean) / mean * 100 for r in rates),
@@ -101,19 +112,18 @@ def _run_k(address: str, k: int, seconds: float) -> dict[str, Any]:
 async def _memory(address: str) -> int:
     async with gpud_client.connect(address) as gpu:
         stats = await gpu.stats()
-        return int(stats["device"]["memory_in_use"])
+        return sum(int(d["memory_in_use"]) for d in stats["devices"])
 
 
-def main(args: argparse.Namespace) -> int:
-    counts = [int(c) for c in args.clients.split(",")]
-    seconds = 1.0 if args.quick else args.seconds
+def _sweep(backend: str, devices: str, counts: list[int], seconds: float) -> tuple[str, list[dict[str, Any]]]:
     runs = []
-    with daemon(args.backend) as (address, _proc):
-        backend = asyncio.run(_publish(address))
-        print(f"backend {backend}; each client: steps of {CHAIN} dependent dispatches on {N} floats + a readback")
+    with daemon(backend, extra_args=("--devices", devices)) as (address, _proc):
+        name, served = asyncio.run(_publish(address))
+        print(f"\nbackend {name}, {served} device(s) ({devices}); each client: steps of {CHAIN} dependent")
+        print(f"dispatches on {N} floats + a readback, clients spread round-robin over the devices")
         print(f"{'clients':>7} {'aggregate/s':>12} {'per client/s (min..max)':>26} {'spread':>8} {'device MiB':>10}")
         for k in counts:
-            run = _run_k(address, k, seconds)
+            run = _run_k(address, k, seconds, served)
             run["device_memory_bytes_after"] = asyncio.run(_memory(address))
             rates = run["per_client_dispatches_per_s"]
             print(
@@ -121,9 +131,87 @@ def main(args: argparse.Namespace) -> int:
                 f" {run['max_deviation_from_mean_pct']:>7.1f}% {run['device_memory_bytes_after'] / 2**20:>10.2f}"
             )
             runs.append(run)
-        asyncio.run(_unpublish(address))
-    write_json(
-        args.json,
-        {"benchmark": "clients", "backend": backend, "n": N, "chain": CHAIN, "seconds": seconds, "runs": runs},
-    )
+        asyncio.run(_unpublish(address, served))
+    return name, runs
+
+
+async def _copy_bandwidth(address: str, nbytes: int, reps: int) -> dict[str, float]:
+    """gpud: copy device 0 -> device 1 and sync, per rep; GB/s of the best rep."""
+    async with gpud_client.connect(address, device=0) as gpu:
+        src = gpu.tensor(np.ones(nbytes, np.uint8), device=0)
+        dst = gpu.empty(nbytes, "uint8", device=1)
+        gpu.copy(src, dst)
+        await gpu.sync()
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            gpu.copy(src, dst)
+            await gpu.sync()
+            best = min(best, time.perf_counter() - t0)
+        ok = bool((await dst.numpy()).all())
+        stats = await gpu.stats()
+        peer = stats["devices"][0].get("peer_copy_bytes", 0) > 0
+    return {"gpud_GBps": nbytes / best / 1e9, "peer_to_peer": float(peer), "correct": float(ok)}
+
+
+def _cumemcpypeer_bandwidth(nbytes: int, reps: int) -> float:
+    """In process: cuMemcpyPeer device 0 -> device 1 with peer access enabled; GB/s of the best rep."""
+    from cuda.bindings import driver as cu
+
+    def check(result: Any) -> Any:
+        if result[0]:
+            raise RuntimeError(str(result[0]))
+        return result[1] if len(result) == 2 else None
+
+    check(cu.cuInit(0))
+    devices = [check(cu.cuDeviceGet(i)) for i in (0, 1)]
+    contexts = [check(cu.cuDevicePrimaryCtxRetain(d)) for d in devices]
+    pointers = []
+    for context in contexts:
+        check(cu.cuCtxSetCurrent(context))
+        pointers.append(check(cu.cuMemAlloc(nbytes)))
+    check(cu.cuCtxSetCurrent(contexts[0]))
+    if check(cu.cuDeviceCanAccessPeer(devices[0], devices[1])):
+        (status,) = cu.cuCtxEnablePeerAccess(contexts[1], 0)
+    best = float("inf")
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        check(cu.cuMemcpyPeer(pointers[1], contexts[1], pointers[0], contexts[0], nbytes))
+        check(cu.cuCtxSynchronize())
+        best = min(best, time.perf_counter() - t0)
+    for context, pointer in zip(contexts, pointers, strict=True):
+        check(cu.cuCtxSetCurrent(context))
+        check(cu.cuMemFree(pointer))
+    for device in devices:
+        check(cu.cuDevicePrimaryCtxRelease(device))
+    return nbytes / best / 1e9
+
+
+def main(args: argparse.Namespace) -> int:
+    counts = [int(c) for c in args.clients.split(",")]
+    seconds = 1.0 if args.quick else args.seconds
+    backend, runs = _sweep(args.backend, "0", counts, seconds)
+    results: dict[str, Any] = {"benchmark": "clients", "backend": backend, "n": N, "chain": CHAIN, "seconds": seconds}
+    results["runs"] = runs
+    if args.devices != "0":
+        _, spread = _sweep(args.backend, args.devices, counts, seconds)
+        results["runs_all_devices"] = spread
+        print(f"\n{'clients':>7} {'speed-up over one device':>26}")
+        for one, many in zip(runs, spread, strict=True):
+            ratio = many["aggregate_dispatches_per_s"] / one["aggregate_dispatches_per_s"]
+            many["speedup_over_one_device"] = ratio
+            print(f"{one['clients']:>7} {ratio:>25.2f}x")
+        if len(spread) and spread[0]["devices"] >= 2:
+            nbytes, reps = (64 << 20, 3) if args.quick else (256 << 20, 10)
+            with daemon(args.backend, extra_args=("--devices", args.devices, "--staging-pool-bytes", str(1 << 30))) as (
+                address,
+                _proc,
+            ):
+                copy = asyncio.run(_copy_bandwidth(address, nbytes, reps))
+            if backend == "cuda":
+                copy["cuMemcpyPeer_in_process_GBps"] = _cumemcpypeer_bandwidth(nbytes, reps)
+                copy["ratio_to_cuMemcpyPeer"] = copy["gpud_GBps"] / copy["cuMemcpyPeer_in_process_GBps"]
+            print(f"\ncross-device copy of {nbytes >> 20} MiB, device 0 -> 1: {copy}")
+            results["cross_device_copy"] = {"bytes": nbytes, **copy}
+    write_json(args.json, results)
     return 0
