@@ -210,7 +210,7 @@ class Config:
         2.0, "submit pending work once it has waited this long", above=0, max=1e4, unit=_MS
     )
     max_submissions_in_flight: int = _coalescing(
-        16, "stop reading while the device is this far behind", min=1, max=1024
+        16, "new GPU work waits while the device is this far behind", min=1, max=1024
     )
     graph_cache_size: int = _coalescing(32, "cuda: graphs of repeated launch segments kept (0: never capture)", min=0)
     graph_min_launches: int = _coalescing(16, "cuda: shorter segments are launched one by one", min=1)
