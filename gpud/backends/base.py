@@ -50,13 +50,16 @@ Scalar = tuple[int, int | float]  # (ArgKind, value)
 
 @dataclasses.dataclass(eq=False, slots=True)
 class Buffer:
-    """A device allocation of `nbytes` (the backend may round the real size up)."""
+    """`nbytes` of device memory: an allocation (the backend may round its real size up), or a view
+    at `offset` into one (a graph's intermediates in its arena); backends honour `offset` wherever
+    they take a Buffer, and the runtime adds it to the offsets it passes with a native."""
 
     id: int
     nbytes: int
     native: Any
     device: int  # index of the runtime that owns it
     last_use: int = 0  # number of the last submission that uses it; 0: never used
+    offset: int = 0
 
 
 Arg = Buffer | Scalar
@@ -187,6 +190,51 @@ class Device(ABC):
     def watch(self, submitted: Any, done: Done, awaited: bool) -> None:
         """`awaited`: a client waits on this submission (a backend may poll briefly instead of
         handing the completion to another thread)."""
+
+    # ------------------------------------------------------------------ replay graphs
+
+    def instantiate(self, steps: Sequence[Any]) -> Any:
+        """A recorded step (`gpud.runtime.graph` steps over this device's buffers) in the form
+        `encode_replay` encodes: here the packed dispatches and the places of their `Var` scalars."""
+        from gpud.runtime.graph import CopyStep, Var
+
+        plan: list[tuple[bool, Any, tuple[tuple[int, int, int, int], ...]]] = []
+        for step in steps:
+            if type(step) is CopyStep:
+                src, dst = step.src, step.dst
+                item = (src.native, src.offset + step.src_offset, dst.native, dst.offset + step.dst_offset, step.nbytes)
+                plan.append((False, item, ()))
+                continue
+            args: list[Arg] = []
+            variables: list[tuple[int, int, int, int]] = []  # (argument position, scalar position, value, kind)
+            scalars = 0
+            for position, arg in enumerate(step.args):
+                if type(arg) is Var:
+                    variables.append((position, scalars, arg.value, arg.kind))
+                    args.append((arg.kind, 0.0 if arg.kind == ArgKind.F32 else 0))
+                else:
+                    args.append(arg)
+                if type(arg) is not Buffer:
+                    scalars += 1
+            packed = self.prepare(step.program, step.grid, args)
+            plan.append((True, packed, tuple(variables)))
+        return plan
+
+    def encode_replay(self, native: Any, values: Sequence[int | float]) -> None:
+        """Encode one replay of an instantiated step, its `Var` scalars set from `values`."""
+        for is_dispatch, item, variables in native:
+            if not is_dispatch:
+                self.encode_copy(*item)
+            elif variables:
+                self.encode_dispatch(self.with_scalars(item, variables, values))
+            else:
+                self.encode_dispatch(item)
+
+    def with_scalars(
+        self, packed: Any, variables: Sequence[tuple[int, int, int, int]], values: Sequence[int | float]
+    ) -> Any:
+        """`packed` (from `prepare`) with the scalars at `variables` set from `values`."""
+        raise NotImplementedError
 
     def stats(self) -> dict[str, Any]:
         return {}

@@ -156,11 +156,20 @@ class FakeDevice(Device):
 
     def prepare(self, program: Program, grid: tuple[int, int, int], args: Sequence[Arg]) -> Any:
         kernel: FakeKernel = program.native
-        tensors = [arg.native for arg in args if type(arg) is Buffer]
+        tensors = [memoryview(arg.native)[arg.offset : arg.offset + arg.nbytes] for arg in args if type(arg) is Buffer]
         scalars = [arg[1] for arg in args if type(arg) is not Buffer]  # type: ignore[index]
         if len(tensors) != kernel.tensors or len(scalars) != len(kernel.scalars):
             raise InvalidArgument(f"{program.entry} takes {kernel.tensors} tensors and {len(kernel.scalars)} scalars")
         return (kernel.run, tensors, scalars, grid[0] * grid[1] * grid[2] * GROUP)
+
+    def with_scalars(
+        self, packed: Any, variables: Sequence[tuple[int, int, int, int]], values: Sequence[int | float]
+    ) -> Any:
+        run, tensors, scalars, count = packed
+        scalars = list(scalars)
+        for _position, slot, index, _kind in variables:
+            scalars[slot] = values[index]
+        return (run, tensors, scalars, count)
 
     def encode_dispatch(self, packed: Any) -> None:
         self._commands.append(("dispatch", *packed))

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from gpud.backends.base import Arg, Buffer, Device, Program
 from gpud.runtime.cache import LruCache
 from gpud.runtime.flush import FlushPolicy
+from gpud.runtime.graph import DispatchStep, GraphStep, Replayable, buffers_of
 from gpud.runtime.ledger import CompletionLedger, Done, SubmissionFailed
 from gpud.runtime.pools import StagingPool
 from gpud.runtime.submitter import Worker
@@ -133,6 +134,11 @@ class DeviceRuntime:
             self._encoded_with(buffer)
         return buffer
 
+    def view(self, base: Buffer, offset: int, nbytes: int) -> Buffer:
+        """A view of `nbytes` at `offset` into `base` (never released itself: release the base)."""
+        assert 0 <= offset and offset + nbytes <= base.nbytes
+        return Buffer(next(self._ids), nbytes, base.native, self.index, offset=base.offset + offset)
+
     def release(self, buffer: Buffer) -> None:
         """Free `buffer` once every submission that uses it has completed."""
         self.ledger.after(buffer.last_use, lambda _error: self._destroy(buffer))
@@ -223,12 +229,44 @@ class DeviceRuntime:
         if self.dispatches_pending >= self.policy.max_dispatches:
             self.policy.flush()
 
+    def instantiate(self, steps: Sequence[GraphStep]) -> Replayable:
+        """A recorded step in this backend's replayable form (checked now, like a dispatch)."""
+        self._check_alive()
+        max_grid = self.device.max_grid
+        kept: list[GraphStep] = []
+        for step in steps:
+            if isinstance(step, DispatchStep):
+                gx, gy, gz = step.grid
+                if gx > max_grid[0] or gy > max_grid[1] or gz > max_grid[2]:
+                    raise InvalidArgument(f"grid {step.grid} exceeds the device limit {max_grid}")
+                if not (gx and gy and gz):
+                    continue  # an empty grid: nothing to run
+            elif step.nbytes == 0:
+                continue
+            kept.append(step)
+        native = self.device.instantiate(kept)
+        self.counters["graphs_instantiated"] += 1
+        dispatches = sum(1 for step in kept if isinstance(step, DispatchStep))
+        return Replayable(native, buffers_of(kept), dispatches)
+
+    def replay(self, replayable: Replayable, values: Sequence[int | float], owner: Owner) -> None:
+        """Encode one replay into the pending command buffer, as if its ops had arrived one by one."""
+        self._check_alive()
+        if self.dispatches_pending and self.dispatches_pending + replayable.dispatches > self.policy.max_dispatches:
+            self.policy.flush()
+        self.device.encode_replay(replayable.native, values)
+        self._encoded_with(*replayable.buffers)
+        self._owners.add(owner)
+        self.dispatches_pending += replayable.dispatches
+        self.dispatch_count += replayable.dispatches
+        self.counters["graph_replays"] += 1
+
     def copy(self, src: Buffer, dst: Buffer, owner: Owner) -> None:
         """A copy between two buffers of this device, in op order."""
         self._check_alive()
         if src is dst or src.nbytes == 0:
             return
-        self.device.encode_copy(src.native, 0, dst.native, 0, min(src.nbytes, dst.nbytes))
+        self.device.encode_copy(src.native, src.offset, dst.native, dst.offset, min(src.nbytes, dst.nbytes))
         self._encoded_with(src, dst)
         self._owners.add(owner)
 
@@ -246,7 +284,7 @@ class DeviceRuntime:
         return Wait(idle, lambda: self._host_copy(src, target, dst, owner))
 
     def _peer_copy(self, src: Buffer, target: DeviceRuntime, dst: Buffer, owner: Owner) -> Wait:
-        self.device.encode_peer_copy(src.native, target.device, dst.native, src.nbytes)
+        self.device.encode_peer_copy(src.native + src.offset, target.device, dst.native + dst.offset, src.nbytes)
         self._encoded_with(src)
         self._owners.add(owner)
         self.counters["peer_copy_bytes"] += src.nbytes
@@ -292,7 +330,7 @@ class DeviceRuntime:
             staging, size = got
             try:
                 self.device.write_staging(staging, data[position : position + count])
-                self.device.encode_upload(staging, buffer.native, position, count)
+                self.device.encode_upload(staging, buffer.native, buffer.offset + position, count)
             except BaseException:
                 self.uploads.discard(staging, size)
                 raise
@@ -325,7 +363,7 @@ class DeviceRuntime:
                 return Wait(self.downloads.returned(since), resume)
             staging, size = got
             try:
-                self.device.encode_download(buffer.native, offset, staging, count)
+                self.device.encode_download(buffer.native, buffer.offset + offset, staging, count)
             except BaseException:
                 self.downloads.discard(staging, size)
                 raise

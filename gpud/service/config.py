@@ -36,6 +36,8 @@ LIMITS_HELP: dict[str, str] = {
     "max_grid": "largest grid dimension of one dispatch",
     "max_devices": "devices one message may name",
     "reply_part_bytes": "a readback's data travels in messages of at most this many bytes",
+    "max_graph_steps": "recorded ops of one replay graph",
+    "max_graph_tensors": "inputs, scalars, bound tensors, intermediates and outputs of one graph, each",
 }
 _KINDS = {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path"}
 _ACCEPTS: dict[Any, Any] = {bool: bool, int: int, float: int | float, str: str, Path: str | os.PathLike}

@@ -207,6 +207,114 @@ def _args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[schema.
     return tuple(decoded)
 
 
+def _graph_tensor(value: Any, limits: Limits, what: str) -> schema.GraphTensor:
+    if type(value) is not tuple or len(value) != 3:
+        raise _bad(f"each graph {what} must be [name, dtype, shape], got {describe(value)}")
+    name, dtype, shape = value
+    return schema.GraphTensor(_name(name, limits, ()), _dtype(dtype, limits, ()), _shape(shape, limits, ()))
+
+
+def _graph_ref(value: Any, counts: dict[int, int], limits: Limits, scalars: bool = False) -> schema.Arg:
+    """A tensor of a graph recording (kind TENSOR, INPUT, BIND or TEMP), or with `scalars` any argument."""
+    if type(value) is not tuple or len(value) != 2 or type(value[0]) is not int:
+        raise _bad(f"a graph reference must be [kind, value], got {describe(value)}")
+    kind, v = value
+    if kind == ArgKind.TENSOR:
+        return (kind, _handle(v, limits, ()))
+    if kind in counts:
+        if kind == ArgKind.SCALAR and not scalars:
+            raise _bad("a graph scalar is not a tensor")
+        if not _is_int(v) or not 0 <= v < counts[kind]:
+            raise _bad(f"graph reference [{kind}, {describe(v)}]: the graph has {counts[kind]} of that kind")
+        return (kind, v)
+    if scalars:
+        return _args((value,), limits, ())[0]
+    raise _bad(f"bad graph tensor kind {describe(kind)}")
+
+
+_GRAPH_KEYS = frozenset(schema.GraphDef._fields)
+
+
+def _graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> schema.GraphDef:
+    if type(value) is not dict or not set(value) <= _GRAPH_KEYS:
+        raise _bad(f"a graph must be a map with keys from {sorted(_GRAPH_KEYS)}")
+    cap = limits.max_graph_tensors
+
+    def part(key: str, bound: int) -> tuple[Any, ...]:
+        items = value.get(key, ())
+        if type(items) is not tuple or len(items) > bound:
+            raise _bad(f"graph {key} must be a list of at most {bound}")
+        return items
+
+    inputs = tuple(_graph_tensor(v, limits, "input") for v in part("inputs", cap))
+    binds = tuple(_graph_tensor(v, limits, "bound tensor") for v in part("binds", cap))
+    scalars = []
+    for item in part("scalars", cap):
+        if type(item) is not tuple or len(item) != 2 or item[1] not in (1, 2, 3) or type(item[1]) is not int:
+            raise _bad(f"each graph scalar must be [name, kind 1|2|3], got {describe(item)}")
+        scalars.append(schema.GraphScalar(_name(item[0], limits, ()), item[1]))
+    temps = []
+    for item in part("temps", cap):
+        if type(item) is not tuple or len(item) != 2:
+            raise _bad(f"each graph intermediate must be [dtype, shape], got {describe(item)}")
+        temps.append((_dtype(item[0], limits, ()), _shape(item[1], limits, ())))
+    names = [t.name for t in inputs] + [t.name for t in binds] + [t.name for t in scalars]
+    if len(set(names)) != len(names):
+        raise _bad("the names of a graph's inputs, scalars and bound tensors must differ")
+    counts: dict[int, int] = {ArgKind.INPUT: len(inputs), ArgKind.BIND: len(binds), ArgKind.TEMP: len(temps)}
+    with_scalars = {**counts, int(ArgKind.SCALAR): len(scalars)}
+    steps: list[schema.GraphDispatch | schema.GraphCopy | schema.GraphUpload] = []
+    for step in part("steps", limits.max_graph_steps):
+        if type(step) is not tuple or not step or type(step[0]) is not int:
+            raise _bad(f"a graph step must be a list [kind, ...], got {describe(step)}")
+        if step[0] == 0 and len(step) == 5:
+            _, kernel, grid, args, writes = step
+            if type(args) is not tuple or len(args) > limits.max_args:
+                raise _bad(f"args must be a list of at most {limits.max_args}")
+            refs = tuple(_graph_ref(a, with_scalars, limits, scalars=True) for a in args)
+            kernel, grid = _handle(kernel, limits, ()), _grid(grid, limits, ())
+            steps.append(schema.GraphDispatch(kernel, grid, refs, _writes(writes, limits, ())))
+        elif step[0] == 1 and len(step) == 3:
+            steps.append(schema.GraphCopy(_graph_ref(step[1], counts, limits), _graph_ref(step[2], counts, limits)))
+        elif step[0] == 2 and len(step) == 3:
+            steps.append(schema.GraphUpload(_frame(step[1], limits, payloads), _graph_ref(step[2], counts, limits)))
+        else:
+            raise _bad(f"unknown graph step {describe(step[0])} with {len(step) - 1} fields")
+    outputs = []
+    for item in part("outputs", cap):
+        if type(item) is not tuple or len(item) != 2:
+            raise _bad(f"each graph output must be [name, tensor], got {describe(item)}")
+        outputs.append(schema.GraphOutput(_name(item[0], limits, ()), _graph_ref(item[1], counts, limits)))
+    if len({o.name for o in outputs}) != len(outputs):
+        raise _bad("graph outputs need distinct names")
+    return schema.GraphDef(inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs))
+
+
+def _frame_or_none(value: Any, limits: Limits, payloads: Sequence[Any]) -> int:
+    return -1 if value == -1 and _is_int(value) else _frame(value, limits, payloads)
+
+
+def _shapes(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
+    if type(value) is not tuple or len(value) > limits.max_graph_tensors:
+        raise _bad(f"shapes must be a list of at most {limits.max_graph_tensors}")
+    return tuple(_shape(v, limits, ()) for v in value)
+
+
+def _values(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[int | float, ...]:
+    if type(value) is not tuple or len(value) > limits.max_graph_tensors:
+        raise _bad(f"scalar values must be a list of at most {limits.max_graph_tensors}")
+    for v in value:
+        if type(v) is not int and type(v) is not float:
+            raise _bad(f"a scalar value must be a number, got {describe(v)}")
+    return value
+
+
+def _handles(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[int, ...]:
+    if type(value) is not tuple or len(value) > limits.max_graph_tensors:
+        raise _bad(f"handles must be a list of at most {limits.max_graph_tensors}")
+    return tuple(_handle(v, limits, ()) for v in value)
+
+
 _VALIDATORS: dict[Field, Validator] = {
     Field.HANDLE: _handle,
     Field.DTYPE: _dtype,
@@ -222,6 +330,11 @@ _VALIDATORS: dict[Field, Validator] = {
     Field.WRITES: _writes,
     Field.NAME: _name,
     Field.MODE: _mode,
+    Field.GRAPH: _graph,
+    Field.FRAME_OR_NONE: _frame_or_none,
+    Field.SHAPES: _shapes,
+    Field.VALUES: _values,
+    Field.HANDLES: _handles,
 }
 
 
@@ -348,20 +461,50 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
                 if len(memo) >= DISPATCH_MEMO_SIZE:
                     memo.clear()
                 memo[raw[2:]] = op[1:]
-            if type(op) is Upload:
-                if op.frame in used_frames:
-                    raise _bad(f"frame {op.frame} is used by two uploads")
-                used_frames.add(op.frame)
+            frames = _frames_of(op)
+            if frames:
+                if used_frames.intersection(frames) or len(set(frames)) != len(frames):
+                    raise _bad(f"a payload frame of op #{op.seq} is used twice")
+                used_frames.update(frames)
             ops.append(op)
         except ProtocolViolation as exc:
-            if raw[0] == Opcode.UPLOAD and len(raw) > 3 and _is_int(raw[3]) and 0 <= raw[3] < len(payloads):
-                used_frames.add(raw[3])  # a failed upload consumed its frame: report the op, not the batch
+            used_frames.update(_claimed_frames(raw, len(payloads)))  # a failed op consumed its frames
             ops.append(OpError(raw[1], exc.code, exc.message, schema.op_name(raw[0])))
         except RecursionError:
             ops.append(OpError(raw[1], ErrorCode.INVALID_ARGUMENT, "value nested too deeply", schema.op_name(raw[0])))
     if len(used_frames) != n_frames:
         raise ProtocolViolation(ErrorCode.PROTOCOL, "some payload frames are not used by any op")
     return Batch(ops, ack, list(payloads), number, receipt)
+
+
+def _frames_of(op: Op) -> list[int]:
+    """The payload frames an op consumes."""
+    t = type(op)
+    if t is Upload:
+        return [op.frame]  # type: ignore[union-attr]
+    if t is schema.Replay or t is schema.Launch:
+        return [op.frame] if op.frame >= 0 else []  # type: ignore[union-attr]
+    if t is schema.BuildGraph:
+        return [s.frame for s in op.graph.steps if type(s) is schema.GraphUpload]  # type: ignore[union-attr]
+    return []
+
+
+def _claimed_frames(raw: tuple[Any, ...], count: int) -> list[int]:
+    """Frames a malformed op names, best effort, so the batch is refused for that op alone."""
+
+    def index(value: Any) -> list[int]:
+        return [value] if _is_int(value) and 0 <= value < count else []
+
+    code = raw[0]
+    if code == Opcode.UPLOAD and len(raw) > 3:
+        return index(raw[3])
+    if code in (Opcode.REPLAY, Opcode.LAUNCH) and len(raw) > 3:
+        return index(raw[3])
+    if code == Opcode.GRAPH and len(raw) > 5 and type(raw[5]) is dict:
+        steps = raw[5].get("steps")
+        if type(steps) is tuple:
+            return [f for s in steps if type(s) is tuple and len(s) == 3 and s[0] == 2 for f in index(s[1])]
+    return []
 
 
 def decode_op(raw: tuple[Any, ...], payloads: Sequence[Any], limits: Limits) -> Op:
@@ -392,13 +535,30 @@ def pack(value: Any) -> bytes:
     return packed
 
 
+def _wire(field: Any) -> Any:
+    if type(field) is KernelOptions:
+        return {k: v for k, v in field._asdict().items() if v is not None and v != ()}
+    if type(field) is schema.GraphDef:
+        return {
+            "inputs": [list(t) for t in field.inputs],
+            "scalars": [list(t) for t in field.scalars],
+            "binds": [list(t) for t in field.binds],
+            "temps": [list(t) for t in field.temps],
+            "steps": [_step(step) for step in field.steps],
+            "outputs": [list(o) for o in field.outputs],
+        }
+    return field
+
+
+def _step(step: schema.GraphDispatch | schema.GraphCopy | schema.GraphUpload) -> list[Any]:
+    if type(step) is schema.GraphDispatch:
+        return [0, *step]
+    return [1 if type(step) is schema.GraphCopy else 2, *step]
+
+
 def encode_op(op: Op) -> bytes:
     """An op as the client sends it: [opcode, seq, *fields]."""
-    fields = [
-        {k: v for k, v in f._asdict().items() if v is not None and v != ()} if type(f) is KernelOptions else f
-        for f in op
-    ]
-    return pack([schema.SPEC_OF_TYPE[type(op)].opcode, *fields])
+    return pack([schema.SPEC_OF_TYPE[type(op)].opcode, *[_wire(f) for f in op]])
 
 
 class DispatchEncoder:

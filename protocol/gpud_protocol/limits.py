@@ -40,6 +40,8 @@ class Limits:
     max_handle: int = (1 << 31) - 1
     max_grid: int = (1 << 31) - 1
     max_devices: int = 64
+    max_graph_steps: int = 4096  # recorded ops per graph
+    max_graph_tensors: int = 1024  # inputs, scalars, bound tensors, intermediates and outputs of a graph, each
     reply_part_bytes: int = 4 << 20  # a readback's data travels in messages of at most this many bytes
 
     def as_dict(self) -> dict[str, int]:

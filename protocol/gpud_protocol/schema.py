@@ -47,13 +47,27 @@ class Opcode(enum.IntEnum):
     OPEN = 11
     UNPUBLISH = 12
     FLUSH = 13
+    GRAPH = 14
+    REPLAY = 15
+    LAUNCH = 16
+    FREE_GRAPH = 17
+    PUBLISH_GRAPH = 18
+    OPEN_GRAPH = 19
+    UNPUBLISH_GRAPH = 20
 
 
 class ArgKind(enum.IntEnum):
-    TENSOR = 0
+    TENSOR = 0  # a session tensor: the value is its handle
     F32 = 1
     I32 = 2
     U32 = 3
+    INPUT = 4  # in a graph recording: the value indexes the graph's inputs
+    BIND = 5  # ... its bound tensors
+    TEMP = 6  # ... its intermediates
+    SCALAR = 7  # ... its scalars
+
+
+GRAPH_TENSOR_KINDS = frozenset({ArgKind.TENSOR, ArgKind.INPUT, ArgKind.BIND, ArgKind.TEMP})
 
 
 SCALAR_NAMES = {ArgKind.F32: "f32", ArgKind.I32: "i32", ArgKind.U32: "u32"}
@@ -77,6 +91,11 @@ class Field(enum.Enum):
     WRITES = "writes"
     NAME = "name"
     MODE = "mode"
+    GRAPH = "graph"
+    FRAME_OR_NONE = "frame_or_none"
+    SHAPES = "shapes"
+    VALUES = "values"
+    HANDLES = "handles"
 
 
 Handle = Annotated[int, Field.HANDLE]  # 1 .. max_handle, chosen by the client
@@ -104,6 +123,61 @@ class KernelOptions(NamedTuple):
 
 
 Options = Annotated[KernelOptions, Field.OPTIONS]
+
+
+class GraphTensor(NamedTuple):
+    """An input (uploaded per replay) or a bound tensor (chosen per replay) of a graph."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class GraphScalar(NamedTuple):
+    name: str
+    kind: int  # ArgKind.F32 | I32 | U32
+
+
+class GraphDispatch(NamedTuple):
+    kernel: int
+    grid: tuple[int, int, int]
+    args: tuple[Arg, ...]  # kinds TENSOR (a session tensor), INPUT, BIND, TEMP, SCALAR, or a fixed scalar
+    writes: tuple[int, ...] | None
+
+
+class GraphCopy(NamedTuple):
+    src: Arg  # (kind, index or handle) of a tensor
+    dst: Arg
+
+
+class GraphUpload(NamedTuple):
+    """Recorded data (a payload frame of the building message), copied into `dst` at this point of every replay."""
+
+    frame: int
+    dst: Arg
+
+
+class GraphOutput(NamedTuple):
+    name: str
+    ref: Arg
+
+
+class GraphDef(NamedTuple):
+    """A recorded step. On the wire a map of these keys, each a list; see codec for the forms."""
+
+    inputs: tuple[GraphTensor, ...]
+    scalars: tuple[GraphScalar, ...]
+    binds: tuple[GraphTensor, ...]
+    temps: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, shape) of each intermediate
+    steps: tuple[GraphDispatch | GraphCopy | GraphUpload, ...]
+    outputs: tuple[GraphOutput, ...]
+
+
+Graph = Annotated[GraphDef, Field.GRAPH]
+FrameOrNone = Annotated[int, Field.FRAME_OR_NONE]  # a payload frame index, or -1: none
+Shapes = Annotated[tuple[tuple[int, ...], ...], Field.SHAPES]
+Values = Annotated[tuple[int | float, ...], Field.VALUES]
+Handles = Annotated[tuple[int, ...], Field.HANDLES]
 
 
 class Alloc(NamedTuple):
@@ -210,9 +284,67 @@ class FlushOp(NamedTuple):
     seq: int
 
 
+class BuildGraph(NamedTuple):
+    """Request: validate and instantiate a recorded step as graph `handle`; a second build of the same
+    name with other input shapes adds an instance (one per shape). The reply says which handle to use."""
+
+    seq: int
+    handle: Handle
+    name: Name
+    graph: Graph
+
+
+class Replay(NamedTuple):
+    """Request: run a graph with the inputs packed in `frame` (shapes in `shapes`), the scalars in
+    order and the bound tensors in order; the reply carries the outputs packed in one buffer."""
+
+    seq: int
+    graph: Handle
+    frame: FrameOrNone
+    shapes: Shapes
+    scalars: Values
+    binds: Handles
+
+
+class Launch(NamedTuple):
+    """As `Replay`, without reading the outputs back: queued like a dispatch."""
+
+    seq: int
+    graph: Handle
+    frame: FrameOrNone
+    shapes: Shapes
+    scalars: Values
+    binds: Handles
+
+
+class FreeGraph(NamedTuple):
+    seq: int
+    graph: Handle
+
+
+class PublishGraph(NamedTuple):
+    seq: int
+    graph: Handle
+    name: Name
+
+
+class OpenGraph(NamedTuple):
+    """Request: a handle to the published graph `name`; the reply gives its inputs, scalars, binds, outputs."""
+
+    seq: int
+    handle: Handle
+    name: Name
+
+
+class UnpublishGraph(NamedTuple):
+    seq: int
+    name: Name
+
+
 Op = (
     Alloc | Upload | Dispatch | Readback | Free | RegisterKernel | Sync
     | Copy | Stats | Publish | Open | Unpublish | FlushOp
+    | BuildGraph | Replay | Launch | FreeGraph | PublishGraph | OpenGraph | UnpublishGraph
 )
 
 
@@ -244,6 +376,13 @@ OPS: dict[Opcode, OpSpec] = {
         _spec(Opcode.OPEN, Open, True),
         _spec(Opcode.UNPUBLISH, Unpublish, False),
         _spec(Opcode.FLUSH, FlushOp, True),
+        _spec(Opcode.GRAPH, BuildGraph, True),
+        _spec(Opcode.REPLAY, Replay, True),
+        _spec(Opcode.LAUNCH, Launch, False),
+        _spec(Opcode.FREE_GRAPH, FreeGraph, False),
+        _spec(Opcode.PUBLISH_GRAPH, PublishGraph, False),
+        _spec(Opcode.OPEN_GRAPH, OpenGraph, True),
+        _spec(Opcode.UNPUBLISH_GRAPH, UnpublishGraph, False),
     )
 }
 SPEC_OF_TYPE: dict[type[Any], OpSpec] = {spec.type: spec for spec in OPS.values()}
@@ -257,6 +396,9 @@ REPLY_FIELDS: dict[Opcode, tuple[str, ...]] = {
     Opcode.STATS: ("stats",),
     Opcode.OPEN: ("dtype", "shape", "mode", "device"),
     Opcode.FLUSH: (),
+    Opcode.GRAPH: ("handle", "device"),
+    Opcode.REPLAY: ("n", "parts", "outputs"),  # outputs: [[name, dtype, shape, offset], ...] in the packed data
+    Opcode.OPEN_GRAPH: ("inputs", "scalars", "binds", "outputs", "device"),
 }
 
 

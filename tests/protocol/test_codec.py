@@ -107,6 +107,34 @@ OPS: list[tuple[list[Any], Any]] = [
     ([Opcode.OPEN, 15, 9, "w"], Open(15, 9, "w")),
     ([Opcode.UNPUBLISH, 16, "w"], Unpublish(16, "w")),
     ([Opcode.FLUSH, 17], FlushOp(17)),
+    (
+        [
+            Opcode.GRAPH,
+            18,
+            30,
+            "step",
+            {"inputs": [["x", "float32", [4]]], "steps": [[0, 3, [1, 1, 1], [[4, 0]], None]]},
+        ],
+        proto.BuildGraph(
+            18,
+            30,
+            "step",
+            proto.GraphDef(
+                (proto.GraphTensor("x", "float32", (4,)),),
+                (),
+                (),
+                (),
+                (proto.GraphDispatch(3, (1, 1, 1), ((4, 0),), None),),
+                (),
+            ),
+        ),
+    ),
+    ([Opcode.REPLAY, 19, 30, -1, [], [7, 1.5], [7]], proto.Replay(19, 30, -1, (), (7, 1.5), (7,))),
+    ([Opcode.LAUNCH, 20, 30, -1, [[4]], [], []], proto.Launch(20, 30, -1, ((4,),), (), ())),
+    ([Opcode.FREE_GRAPH, 21, 30], proto.FreeGraph(21, 30)),
+    ([Opcode.PUBLISH_GRAPH, 22, 30, "g"], proto.PublishGraph(22, 30, "g")),
+    ([Opcode.OPEN_GRAPH, 23, 31, "g"], proto.OpenGraph(23, 31, "g")),
+    ([Opcode.UNPUBLISH_GRAPH, 24, "g"], proto.UnpublishGraph(24, "g")),
 ]
 
 
@@ -339,7 +367,7 @@ def test_frame_used_twice() -> None:
     error = decoded.ops[1]
     assert isinstance(error, OpError)
     assert (error.seq, error.code, error.op) == (2, ErrorCode.INVALID_ARGUMENT, "upload")
-    assert "used by two uploads" in error.message
+    assert "used twice" in error.message
 
 
 def test_unused_frame() -> None:
@@ -576,7 +604,7 @@ def test_wrong_field_count(op: list[Any]) -> None:
     assert op_error(op).code == ErrorCode.INVALID_ARGUMENT
 
 
-@pytest.mark.parametrize("opcode", [0, 14, 99, -1, 1 << 40])
+@pytest.mark.parametrize("opcode", [0, 21, 99, -1, 1 << 40])
 def test_unknown_opcode_is_reported_against_its_seq(opcode: int) -> None:
     decoded = batch([[Opcode.SYNC, 1], [opcode, 77, "whatever"], [Opcode.SYNC, 78]])
     assert decoded.ops[0] == Sync(1)
@@ -663,7 +691,8 @@ def _mutate(rng: random.Random, op: list[Any]) -> list[Any]:
 
 
 OP_TYPES = Alloc | Upload | Dispatch | Readback | Free | RegisterKernel | Sync | Copy | Stats | Publish | Open
-OP_TYPES |= Unpublish | FlushOp
+OP_TYPES |= Unpublish | FlushOp | proto.BuildGraph | proto.Replay | proto.Launch | proto.FreeGraph
+OP_TYPES |= proto.PublishGraph | proto.OpenGraph | proto.UnpublishGraph
 
 
 def _check(frames: list[bytes]) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import struct
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -28,6 +29,8 @@ from gpud_protocol import KernelOptions
 from gpud_protocol.errors import DeviceLost, InvalidArgument
 
 log = logging.getLogger(__name__)
+
+_SCALAR_FORMAT = {1: "<f", 2: "<i", 3: "<I"}  # ArgKind F32, I32, U32: a scalar at the start of its 8-byte slot
 
 
 class CudaDevice(Device):
@@ -206,6 +209,14 @@ class CudaDevice(Device):
                 log.debug("cuModuleUnload: %s", error(status))
 
     # ------------------------------------------------------------------ commands
+
+    def with_scalars(
+        self, packed: Any, variables: Sequence[tuple[int, int, int, int]], values: Sequence[int | float]
+    ) -> Any:
+        params = bytearray(packed[-1])
+        for position, _slot, index, kind in variables:
+            struct.pack_into(_SCALAR_FORMAT[kind], params, 8 * position, values[index])
+        return (*packed[:-1], bytes(params))
 
     def encode_dispatch(self, packed: Any) -> None:
         self._run.append(packed)

@@ -80,7 +80,7 @@ def pack(launch: Launch, entry: str, grid: tuple[int, int, int], args: Sequence[
     for arg in args:
         if type(arg) is Buffer:
             kinds.append(None)
-            values.append(arg.native)
+            values.append(arg.native + arg.offset)
         else:  # a scalar: (ArgKind, value)
             kinds.append(arg[0])  # type: ignore[index]
             values.append(arg[1])  # type: ignore[index]

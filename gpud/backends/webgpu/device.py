@@ -54,7 +54,7 @@ class WebGpuDevice(Device):
         self.max_grid = (per_dim, per_dim, per_dim)
         self._dispatcher = Dispatcher(
             self._device,
-            settings.max_dispatches_per_flush,
+            max(settings.max_dispatches_per_flush, settings.limits.max_graph_steps),
             settings.bind_group_cache_size,
             limits["max-storage-buffer-binding-size"],
         )
@@ -131,6 +131,14 @@ class WebGpuDevice(Device):
 
     def prepare(self, program: Program, grid: tuple[int, int, int], args: Sequence[Arg]) -> Any:
         return self._dispatcher.prepare(program, grid, args)
+
+    def with_scalars(
+        self, packed: Any, variables: Sequence[tuple[int, int, int, int]], values: Sequence[int | float]
+    ) -> Any:
+        scalars = list(packed[5])
+        for _position, slot, index, _kind in variables:
+            scalars[slot] = values[index]
+        return (*packed[:5], tuple(scalars), packed[6])
 
     # ------------------------------------------------------------------ encoding
 

@@ -56,10 +56,11 @@ class Dispatcher:
         values: list[int | float] = []
         for arg in args:
             if type(arg) is Buffer:
-                if arg.native.size > self._max_binding:
+                size = arg.native.size if arg.offset == 0 and arg.nbytes >= arg.native.size - 3 else _round4(arg.nbytes)
+                if size > self._max_binding:
                     limit = self._max_binding
                     raise InvalidArgument(f"a tensor of {arg.nbytes} bytes exceeds the binding limit {limit}")
-                tensors.append(arg.native)
+                tensors.append((arg.native, arg.offset, size))
             else:
                 kinds.append(arg[0])  # type: ignore[index]
                 values.append(arg[1])  # type: ignore[index]
@@ -101,7 +102,8 @@ class Dispatcher:
         if layout is None:
             raise InvalidArgument("this kernel declares no bindings but was given arguments")
         entries: list[dict[str, Any]] = [
-            {"binding": i, "resource": {"buffer": t, "offset": 0, "size": t.size}} for i, t in enumerate(tensors)
+            {"binding": i, "resource": {"buffer": native, "offset": offset, "size": size}}
+            for i, (native, offset, size) in enumerate(tensors)
         ]
         if slot >= 0:
             uniform = {"buffer": self.uniform, "offset": slot * SLOT_BYTES, "size": SLOT_BYTES}
@@ -111,8 +113,8 @@ class Dispatcher:
         except Exception as exc:
             raise InvalidArgument(f"the arguments do not match the kernel's bindings: {_first_lines(exc)}") from None
         self._bind_groups.put(key, bind_group)
-        for tensor in tensors:
-            self._keys_of_buffer[tensor].add(key)
+        for native, _offset, _size in tensors:
+            self._keys_of_buffer[native].add(key)
         return bind_group
 
     def encode(self, compute: Any, packed: tuple[Any, ...], current: list[Any]) -> None:
@@ -147,11 +149,11 @@ class Dispatcher:
             self._probed.pop((key[0], *key[2:]))
 
     def _forget(self, key: tuple[Any, ...], _bind_group: Any) -> None:
-        for tensor in key[2:]:
-            if keys := self._keys_of_buffer.get(tensor):
+        for native, _offset, _size in key[2:]:
+            if keys := self._keys_of_buffer.get(native):
                 keys.discard(key)
                 if not keys:
-                    del self._keys_of_buffer[tensor]
+                    del self._keys_of_buffer[native]
 
     def clear(self) -> None:
         self._bind_groups.clear()
@@ -162,14 +164,19 @@ class Dispatcher:
         return {"bind_group_cache": self._bind_groups.stats(), "validation_probes": self.probes}
 
 
+def _round4(nbytes: int) -> int:
+    return max(4, (nbytes + 3) & ~3)
+
+
 def _check_aliasing(tensors: list[Any], access: tuple[str, ...] | None, entry: str) -> None:
     """WebGPU refuses one buffer bound read-only and read-write in one dispatch: say so at this op
-    (where the access is unknown, the probe asks wgpu)."""
-    if len(set(map(id, tensors))) == len(tensors):
+    (where the access is unknown, the probe asks wgpu). Views of one allocation count as one buffer."""
+    natives = [id(native) for native, _offset, _size in tensors]
+    if len(set(natives)) == len(natives):
         return
     first: dict[int, int] = {}
-    for position, tensor in enumerate(tensors):
-        earlier = first.setdefault(id(tensor), position)
+    for position, native in enumerate(natives):
+        earlier = first.setdefault(native, position)
         if earlier == position:
             continue
         if access is not None and access[earlier] != access[position]:
