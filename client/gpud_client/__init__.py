@@ -17,6 +17,7 @@ from gpud_client.errors import (
     ProtocolError,
     SessionLost,
 )
+from gpud_client.graphs import Graph, GraphScalar, GraphTensor, Step
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,9 @@ __all__ = [
     "DaemonLost",
     "DeviceLost",
     "GpudError",
+    "Graph",
+    "GraphScalar",
+    "GraphTensor",
     "InternalError",
     "InvalidArgument",
     "Kernel",
@@ -37,6 +41,7 @@ __all__ = [
     "ProtocolError",
     "Scalar",
     "SessionLost",
+    "Step",
     "Tensor",
     "Trace",
     "connect",

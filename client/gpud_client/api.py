@@ -23,6 +23,7 @@ import numpy as np
 import gpud_protocol as proto
 from gpud_client.connection import HANDSHAKE_TIMEOUT_S, Connection, Trace, default_address, open_connection
 from gpud_client.errors import GpudError, InvalidArgument
+from gpud_client.graphs import Graph, Step
 from gpud_protocol import ArgKind, KernelOptions
 
 
@@ -311,6 +312,37 @@ class Client:
     def unpublish(self, name: str) -> None:
         self._queue(proto.Unpublish(self._next_seq(), name))
 
+    # ------------------------------------------------------------------ replay graphs
+
+    def graph(self, name: str) -> Graph:
+        """A recorder of a step to build once and replay in one message (see gpud_client.graphs)."""
+        return Graph(self, name)
+
+    def publish_graph(self, step: Step, name: str) -> None:
+        """Let every session open `step`'s graph (all its instances) by `name`."""
+        self._queue(proto.PublishGraph(self._next_seq(), step.handle, name))
+
+    async def open_graph(self, name: str) -> Step:
+        """A published graph, to replay with this session's own inputs and bound tensors."""
+        handle = next(self._handles)
+        seq = self._next_seq()
+        self._queue(proto.OpenGraph(seq, handle, name), request=seq)
+        header, _ = await self._connection.request(seq)
+        kinds = {1: "f32", 2: "i32", 3: "u32"}
+        return Step(
+            self,
+            handle,
+            name,
+            int(header["device"]),
+            [(n, d) for n, d in header["inputs"]],
+            [(n, kinds[k]) for n, k in header["scalars"]],
+            [(n, d) for n, d in header["binds"]],
+            list(header["outputs"]),
+        )
+
+    def unpublish_graph(self, name: str) -> None:
+        self._queue(proto.UnpublishGraph(self._next_seq(), name))
+
     # ------------------------------------------------------------------ plumbing
 
     def _next_seq(self) -> int:
@@ -383,4 +415,4 @@ async def connect(
         yield Client(connection)
 
 
-__all__ = ["Client", "GpudError", "Kernel", "Scalar", "Tensor", "connect", "f32", "i32", "u32"]
+__all__ = ["Client", "GpudError", "Graph", "Kernel", "Scalar", "Step", "Tensor", "connect", "f32", "i32", "u32"]

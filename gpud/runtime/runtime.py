@@ -136,7 +136,7 @@ class DeviceRuntime:
 
     def view(self, base: Buffer, offset: int, nbytes: int) -> Buffer:
         """A view of `nbytes` at `offset` into `base` (never released itself: release the base)."""
-        assert 0 <= offset and offset + nbytes <= base.nbytes
+        assert offset >= 0 and offset + nbytes <= base.nbytes
         return Buffer(next(self._ids), nbytes, base.native, self.index, offset=base.offset + offset)
 
     def release(self, buffer: Buffer) -> None:

@@ -237,6 +237,8 @@ class Config:
     session_max_handles: int = _sessions(65536, "open tensor handles per session", min=1)
     session_max_kernels: int = _sessions(1024, "registered kernels per session", min=1)
     session_max_failures: int = _sessions(64, "unacknowledged failed ops kept per session", min=1)
+    session_max_graphs: int = _sessions(64, "replay graphs a session builds or opens", min=1)
+    graph_instances: int = _sessions(8, "instances (input shapes) of one replay graph", min=1, max=1024)
     session_window: int = _sessions(64, "batches a client may send before the daemon confirms them", min=1)
     session_reply_bytes: int = _sessions(2 * GiB, "reply bytes a session may have waiting to be sent", min=MiB, unit=_B)
     resident_max_count: int = _sessions(4096, "published resident tensors, all sessions together", min=0)

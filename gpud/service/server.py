@@ -36,6 +36,7 @@ from gpud.runtime.runtime import DeviceRuntime
 from gpud.service.config import Config
 from gpud.service.lifecycle import ipc_endpoint
 from gpud.service.peers import Outboxes
+from gpud.session.graphs import GraphStore
 from gpud.session.residents import ResidentStore
 from gpud.session.session import Session
 from gpud.session.tensors import Tensor
@@ -58,6 +59,7 @@ class Server:
         self._ended: LruCache[bytes, str] = LruCache(4096)  # identity -> why its session ended
         self.runtimes: list[DeviceRuntime] = []
         self.residents = ResidentStore(self._release, self._is_connected)
+        self.graph_store = GraphStore(self._is_connected)
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] | None = None
         self._reader: SocketReader | None = None
@@ -368,12 +370,23 @@ class Server:
     async def _shutdown(self) -> None:
         for identity in list(self.sessions):
             self._end_session(identity, "the daemon is stopping")
+        for name in self.graph_store.names():
+            family = self.graph_store.unpublish(name, by="")
+            family.builder = None
+            _drop_family(family, self.residents)
         self.residents.clear()
         for rt in self.runtimes:
             await rt.close(self.config.drain_timeout_s)
 
     def stats(self) -> dict[str, Any]:
         return {"sessions": len(self.sessions), "outboxes": self._outboxes.stats() if self._outboxes else {}}
+
+
+def _drop_family(family: Any, residents: ResidentStore) -> None:
+    """A published graph at shutdown: release what it holds (its sessions are gone)."""
+    from gpud.session import graph_ops
+
+    graph_ops.release(family, residents)
 
 
 def _describe(info: dict[str, Any]) -> str:

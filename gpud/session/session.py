@@ -22,7 +22,9 @@ from typing import Any, Protocol
 
 import gpud_protocol as proto
 from gpud.runtime.runtime import DeviceRuntime, Wait
+from gpud.session import graph_ops
 from gpud.session.failures import Failure, Failures
+from gpud.session.graphs import Family, GraphStore
 from gpud.session.kernels import KernelRef, KernelTable
 from gpud.session.residents import ResidentStore
 from gpud.session.tensors import Handle, Tensor
@@ -65,6 +67,12 @@ class Settings(Protocol):
     def session_reply_bytes(self) -> int: ...
 
     @property
+    def session_max_graphs(self) -> int: ...
+
+    @property
+    def graph_instances(self) -> int: ...
+
+    @property
     def trace(self) -> bool: ...
 
 
@@ -73,6 +81,7 @@ class Daemon(Protocol):
 
     runtimes: list[DeviceRuntime]
     residents: ResidentStore
+    graph_store: GraphStore
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 
@@ -97,6 +106,7 @@ class Session:
         self._daemon = daemon
         self.runtimes = daemon.runtimes
         self._residents = daemon.residents
+        self._graph_store = daemon.graph_store
         self._settings = settings
         self.device = device  # the default device
         self.beat_key = ""  # the secret a heartbeat from another socket must carry
@@ -105,6 +115,8 @@ class Session:
         self._charged: set[Tensor] = set()  # tensors counted in this session's quota
         self.private_bytes = [0] * len(self.runtimes)  # per device
         self.kernels = KernelTable(settings.session_max_kernels)
+        self.graphs: dict[int, Family] = {}  # graph handles: families built or opened by this session
+        self._graph_names: dict[str, int] = {}  # names of the families it built
         self.failures = Failures(settings.session_max_failures)
         self.requests_in_flight = 0
         self.reply_bytes_reserved = 0
@@ -335,7 +347,7 @@ class Session:
         return handle
 
     def _new_handle(self, handle_id: int) -> None:
-        if handle_id in self.handles or handle_id in self.kernels:
+        if handle_id in self.handles or handle_id in self.kernels or handle_id in self.graphs:
             raise InvalidArgument(f"handle {handle_id} is in use")
         if len(self.handles) >= self._settings.session_max_handles:
             raise OutOfMemory(f"more than {self._settings.session_max_handles} open tensor handles in this session")
@@ -352,7 +364,7 @@ class Session:
         if (existing := self.kernels.find(op.source, op.entry, op.options)) is not None:
             self._reply_kernel(op.seq, existing)
             return None
-        if op.handle in self.handles or op.handle in self.kernels:
+        if op.handle in self.handles or op.handle in self.kernels or op.handle in self.graphs:
             raise InvalidArgument(f"handle {op.handle} is in use")
         self.kernels.check_room()
         rt = self.runtimes[self.device]
@@ -464,8 +476,11 @@ class Session:
         self.requests_in_flight += 1
         self.reply_bytes_reserved += nbytes
         self.touched.add(rt.index)
-        reply = _ReadbackReply(self, op.seq, nbytes, rt.parts(nbytes), rt)
+        reply = self._readback_reply(op.seq, nbytes, rt)
         return rt.download(tensor.buffer, reply.deliver, self)
+
+    def _readback_reply(self, seq: int, nbytes: int, rt: DeviceRuntime, extra: dict[str, Any] | None = None) -> Any:
+        return _ReadbackReply(self, seq, nbytes, rt.parts(nbytes), rt, extra or {})
 
     def _sync(self, op: proto.Sync, _batch: proto.Batch) -> None:
         self._admit()
@@ -518,9 +533,11 @@ class Session:
                 "requests_in_flight": self.requests_in_flight,
                 "reply_bytes_reserved": self.reply_bytes_reserved,
                 "unacknowledged_failures": len(self.failures),
+                "graphs": len(self.graphs),
                 "ops_done": self.ops_done,
             },
             "residents": {"count": len(self._residents), "bytes": self._residents.nbytes},
+            "published_graphs": len(self._graph_store),
             "device": devices[self.device],
             "devices": devices,
             "process": {"cpu_s": time.process_time(), "pid": os.getpid()},
@@ -532,6 +549,9 @@ class Session:
         """Free private resources; resident tensors stay with their remaining references."""
         self.closed = True
         self._backlog.clear()
+        for family in list(self.graphs.values()):
+            graph_ops.drop(self, family)
+        self.graphs.clear()
         for handle_id in list(self.handles):
             self._free_handle(handle_id)
         for tensor in list(self._charged):
@@ -543,10 +563,13 @@ class Session:
 class _ReadbackReply:
     """Sends a readback's data as it completes: the reply with part 0, then `part` messages."""
 
-    __slots__ = ("_done", "_parts", "_rt", "_session", "_stamp", "nbytes", "seq")
+    __slots__ = ("_done", "_extra", "_parts", "_rt", "_session", "_stamp", "nbytes", "seq")
 
-    def __init__(self, session: Session, seq: int, nbytes: int, parts: int, rt: DeviceRuntime) -> None:
+    def __init__(
+        self, session: Session, seq: int, nbytes: int, parts: int, rt: DeviceRuntime, extra: dict[str, Any]
+    ) -> None:
         self._session = session
+        self._extra = extra
         self.seq = seq
         self.nbytes = nbytes
         self._parts = parts
@@ -572,7 +595,7 @@ class _ReadbackReply:
         if session.closed:
             return
         if part == 0:
-            fields: dict[str, Any] = {"n": self.nbytes, "parts": self._parts}
+            fields: dict[str, Any] = {"n": self.nbytes, "parts": self._parts, **self._extra}
             if self._stamp is not None:
                 fields["tr"] = [*self._stamp, self._rt.policy.flushed_at, time.perf_counter()]
             session._send([proto.encode_reply(self.seq, **fields), data])
@@ -601,4 +624,11 @@ _HANDLERS: dict[type[Any], Callable[[Session, Any, proto.Batch], Wait | None]] =
     proto.Open: Session._open,
     proto.Unpublish: Session._unpublish,
     proto.FlushOp: Session._flush,
+    proto.BuildGraph: graph_ops.build_graph,
+    proto.Replay: graph_ops.replay,
+    proto.Launch: graph_ops.replay,
+    proto.FreeGraph: graph_ops.free_graph,
+    proto.PublishGraph: graph_ops.publish_graph,
+    proto.OpenGraph: graph_ops.open_graph,
+    proto.UnpublishGraph: graph_ops.unpublish_graph,
 }

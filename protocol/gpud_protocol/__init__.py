@@ -30,6 +30,7 @@ from gpud_protocol.codec import (
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
 from gpud_protocol.limits import DEFAULT_LIMITS, DTYPE_SIZES, Limits
 from gpud_protocol.schema import (
+    GRAPH_TENSOR_KINDS,
     OPS,
     PROTOCOL_VERSION,
     REPLY_FIELDS,
@@ -81,6 +82,7 @@ from gpud_protocol.schema import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "GRAPH_TENSOR_KINDS",
     "BuildGraph",
     "Replay",
     "Launch",

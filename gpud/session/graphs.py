@@ -1,0 +1,237 @@
+"""Replay graphs: a recorded step built once per input shape, replayed with fresh inputs in one message.
+
+A `Family` is what a name groups: the instances of one recorded step, one per tuple of input
+shapes (a decoder builds one per batch size). Instances share the family's memory: one buffer for
+the packed inputs, one per intermediate (by its index) and one for the packed outputs, each as
+large as the largest instance needs; an instance binds views of them of its own sizes. Replays on
+one device never overlap (one stream), so sharing is safe; intermediates are not cleared between
+replays. (Separate buffers, not one arena: WebGPU refuses one buffer bound read-only and
+read-write in one dispatch, whatever the ranges.) A family holds a
+reference to every session tensor its steps use (no replay touches freed memory) and is private
+to the session that built it until published; published, any session can open and replay it with
+its own inputs, scalars and bound tensors.
+
+Per replay: one upload of the packed inputs into the arena, the instantiated steps (one per family
+generation and bound-tensor set, cached), copies of the outputs into one packed region, and, for
+`replay`, one readback of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import gpud_protocol as proto
+from gpud.backends.base import Buffer
+from gpud.runtime.cache import LruCache
+from gpud.runtime.graph import CopyStep, DispatchStep, GraphStep, Replayable, Var
+from gpud.runtime.runtime import DeviceRuntime
+from gpud.session.tensors import Tensor
+from gpud_protocol import ArgKind
+from gpud_protocol.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+
+ALIGN = 256  # every part of the arena; also the packing of a replay's inputs (the client packs the same way)
+
+
+def align(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * proto.DTYPE_SIZES[dtype]
+
+
+class Part(NamedTuple):
+    """An input in the packed inputs, an intermediate, or an output in the packed outputs."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def pack_inputs(inputs: list[Any]) -> tuple[list[Part], int]:
+    """The packed layout of (name, dtype, shape)s in order: each at a 256-byte aligned offset."""
+    parts, offset = [], 0
+    for name, dtype, shape in inputs:
+        size = nbytes_of(dtype, shape)
+        parts.append(Part(name, dtype, tuple(shape), offset, size))
+        offset = align(offset + size)
+    return parts, offset
+
+
+@dataclasses.dataclass(eq=False)
+class Instance:
+    key: tuple[tuple[int, ...], ...]  # the shapes of the inputs
+    inputs: list[Part]  # offsets in the packed inputs
+    input_bytes: int
+    temps: list[Part]
+    outputs: list[Part]  # offsets in the packed outputs
+    output_bytes: int
+    binds: tuple[proto.GraphTensor, ...]
+    bind_writes: frozenset[int]  # bound tensors the steps may write
+    scalars: tuple[proto.GraphScalar, ...]
+    steps: list[tuple[Any, ...]]  # templates: ("dispatch", program, grid, args) | ("copy", src, dst, n)
+    output_refs: list[proto.Arg]
+    fixed: list[Tensor]  # the session tensors its steps use; a TENSOR reference is a position here
+    constants: list[Buffer]  # recorded uploads, copied in at their place every replay
+    plans: LruCache[tuple[Any, ...], Replayable] = dataclasses.field(default_factory=lambda: LruCache(8))
+
+
+class Signature(NamedTuple):
+    inputs: tuple[tuple[str, str], ...]
+    scalars: tuple[tuple[str, int], ...]
+    binds: tuple[tuple[str, str], ...]
+    outputs: tuple[str, ...]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "inputs": [list(i) for i in self.inputs],
+            "scalars": [list(s) for s in self.scalars],
+            "binds": [list(b) for b in self.binds],
+            "outputs": list(self.outputs),
+        }
+
+
+@dataclasses.dataclass(eq=False)
+class Family:
+    name: str
+    owner: str  # the session that builds its instances
+    runtime: DeviceRuntime
+    signature: Signature
+    builder: Any  # the building Session while it is open (its quota counts what the family holds)
+    held: list[Tensor] = dataclasses.field(default_factory=list)  # one reference each, until the family goes
+    instances: dict[tuple[tuple[int, ...], ...], Instance] = dataclasses.field(default_factory=dict)
+    slots: dict[Any, Buffer] = dataclasses.field(default_factory=dict)  # "in", "out", or an intermediate's index
+    generation: int = 0  # bumped when a slot is replaced: cached plans are stale
+    refs: int = 1
+    published: str | None = None
+    last_use: int = 0  # the last submission a replay of it went into
+    charged: int = 0  # bytes counted in the builder's quota
+    max_instances: int = 8
+
+    @property
+    def device(self) -> int:
+        return self.runtime.index
+
+    @property
+    def nbytes(self) -> int:
+        constants = sum(b.nbytes for i in self.instances.values() for b in i.constants)
+        return sum(b.nbytes for b in self.slots.values()) + constants
+
+    def add(self, instance: Instance) -> list[Buffer]:
+        """Add (or replace) an instance; grows the slots it needs. Returns buffers to release."""
+        released: list[Buffer] = []
+        old = self.instances.pop(instance.key, None)
+        if old is not None:
+            released += old.constants
+        while len(self.instances) >= self.max_instances:  # the least recently built goes
+            released += self.instances.pop(next(iter(self.instances))).constants
+        self.instances[instance.key] = instance
+        needs: dict[Any, int] = {"in": instance.input_bytes, "out": instance.output_bytes}
+        needs.update((index, part.nbytes) for index, part in enumerate(instance.temps))
+        for slot, size in needs.items():
+            current = self.slots.get(slot)
+            if current is None or current.nbytes < size:
+                if current is not None:
+                    current.last_use = max(current.last_use, self.last_use)
+                    released.append(current)
+                self.slots[slot] = self.runtime.alloc(max(ALIGN, size))
+                self.generation += 1
+        return released
+
+    def release_all(self) -> list[Buffer]:
+        buffers = [b for i in self.instances.values() for b in i.constants]
+        for slot in self.slots.values():
+            slot.last_use = max(slot.last_use, self.last_use)
+            buffers.append(slot)
+        self.slots.clear()
+        self.instances.clear()
+        return buffers
+
+    def plan(self, instance: Instance, binds: tuple[Buffer, ...]) -> Replayable:
+        key = (self.generation, *[b.id for b in binds])
+        if (plan := instance.plans.get(key)) is not None:
+            return plan
+        rt, slots = self.runtime, self.slots
+        inputs = [rt.view(slots["in"], p.offset, p.nbytes) for p in instance.inputs]
+        temps = [rt.view(slots[index], 0, p.nbytes) for index, p in enumerate(instance.temps)]
+
+        def tensor(ref: proto.Arg) -> Buffer:
+            kind, value = ref
+            if kind == ArgKind.TENSOR:
+                return instance.fixed[int(value)].buffer
+            if kind == ArgKind.INPUT:
+                return inputs[int(value)]
+            if kind == ArgKind.BIND:
+                return binds[int(value)]
+            return temps[int(value)]
+
+        steps: list[GraphStep] = []
+        for template in instance.steps:
+            if template[0] == "dispatch":
+                _, program, grid, args = template
+                resolved: list[Any] = []
+                for kind, value in args:
+                    if kind == ArgKind.SCALAR:
+                        resolved.append(Var(int(value), instance.scalars[int(value)].kind))
+                    elif kind in proto.GRAPH_TENSOR_KINDS:
+                        resolved.append(tensor((kind, value)))
+                    else:
+                        resolved.append((kind, value))
+                steps.append(DispatchStep(program, grid, tuple(resolved)))
+            else:
+                _, src, dst, nbytes = template
+                source = src if isinstance(src, Buffer) else tensor(src)
+                steps.append(CopyStep(source, 0, tensor(dst), 0, nbytes))
+        for ref, part in zip(instance.output_refs, instance.outputs, strict=True):
+            steps.append(CopyStep(tensor(ref), 0, slots["out"], part.offset, part.nbytes))
+        plan = rt.instantiate(steps)
+        instance.plans.put(key, plan)
+        return plan
+
+
+class GraphStore:
+    """Published graph families, by name (bounded)."""
+
+    def __init__(self, is_connected: Any, max_count: int = 1024) -> None:
+        self._by_name: dict[str, Family] = {}
+        self._is_connected = is_connected
+        self.max_count = max_count
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def publish(self, family: Family, name: str) -> None:
+        if name in self._by_name:
+            raise AlreadyExists(f"a graph named {name!r} is published")
+        if family.published is not None:
+            raise AlreadyExists(f"this graph is already published as {family.published!r}")
+        if len(self._by_name) >= self.max_count:
+            raise InvalidArgument(f"the daemon holds {self.max_count} published graphs, its limit")
+        family.published = name
+        family.refs += 1
+        self._by_name[name] = family
+
+    def open(self, name: str) -> Family:
+        family = self._by_name.get(name)
+        if family is None:
+            raise NotFound(f"no published graph named {name!r}")
+        family.refs += 1
+        return family
+
+    def unpublish(self, name: str, by: str) -> Family:
+        """Remove the name; the caller drops the reference it held."""
+        family = self._by_name.get(name)
+        if family is None:
+            raise NotFound(f"no published graph named {name!r}")
+        if family.owner != by and self._is_connected(family.owner):
+            raise PermissionDenied(f"graph {name!r} can be unpublished only by its builder while it is connected")
+        del self._by_name[name]
+        family.published = None
+        return family
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
