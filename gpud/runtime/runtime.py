@@ -252,6 +252,9 @@ class DeviceRuntime:
     def replay(self, replayable: Replayable, values: Sequence[int | float], owner: Owner) -> None:
         """Encode one replay into the pending command buffer, as if its ops had arrived one by one."""
         self._check_alive()
+        self.counters["graph_replays"] += 1
+        if not replayable.buffers and not replayable.dispatches:
+            return  # an empty step: nothing to encode
         if self.dispatches_pending and self.dispatches_pending + replayable.dispatches > self.policy.max_dispatches:
             self.policy.flush()
         self.device.encode_replay(replayable.native, values)
@@ -259,7 +262,6 @@ class DeviceRuntime:
         self._owners.add(owner)
         self.dispatches_pending += replayable.dispatches
         self.dispatch_count += replayable.dispatches
-        self.counters["graph_replays"] += 1
 
     def copy(self, src: Buffer, dst: Buffer, owner: Owner) -> None:
         """A copy between two buffers of this device, in op order."""

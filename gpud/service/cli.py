@@ -17,7 +17,7 @@ from gpud import __version__
 from gpud.backends import BACKENDS
 
 EXIT_CONFIG = 2
-BENCHMARKS = ("webgpu", "cuda", "clients", "transport")
+BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay")
 
 
 def _fail(message: str) -> int:

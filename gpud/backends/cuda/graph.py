@@ -1,21 +1,24 @@
-"""Runs of launches issued on the stream: one by one, or captured once into a CUDA graph and replayed.
+"""Runs of launches issued on the stream: one by one, or as a CUDA graph replayed with patched nodes.
 
-A run is the launches between two other commands of a submission. A run seen again with exactly
-the same launches (kernels, grids, argument bytes) is captured into a graph on its second time and
-replayed from then on: steps of a decoder or a solver repeat, and a replay costs about a
-microsecond a kernel. Shorter runs than `min_launches` are launched one by one; a cache size of 0
-never captures.
+A run is the launches between two other commands of a submission (a replay graph's step is one).
+Runs are keyed by their shape: the kernel, grid and block of each launch, not the argument bytes.
+A shape seen for the second time is built into a CUDA graph of explicit kernel nodes (a chain) and
+launched; later runs of that shape update only the kernel nodes whose argument bytes differ
+(`cuGraphExecKernelNodeSetParams`, the way tinygrad's CUDAGraph patches its inputs: a replay with
+a new scalar or another session's bound tensor patches those nodes, nothing else) and launch it.
+Shorter runs than `min_launches` are launched one by one; a cache size of 0 never builds graphs.
 
 `issue` runs on whichever thread submits (one submission at a time); unloading a module (loop
 thread) drops every graph, since a graph must not outlive a kernel it launches. `lock` guards the
-caches for both. A graph exec that leaves the cache may still be used by the submission being
-issued: it goes to a dead list, which the device takes right after recording that submission's
-event (`take_dead`) and destroys once the event has completed.
+caches for both. A graph that leaves the cache may still be used by the submission being issued:
+it goes to a dead list, which the device takes right after recording that submission's event
+(`take_dead`) and destroys once the event has completed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -29,20 +32,30 @@ log = logging.getLogger(__name__)
 Run = Sequence[tuple[Any, ...]]  # packed launches, see `launch.pack`
 
 
+@dataclasses.dataclass(eq=False)
+class _Graph:
+    exec: Any
+    graph: Any  # kept: the node handles belong to it
+    nodes: list[Any]
+    node_params: list[Any]  # CUDA_KERNEL_NODE_PARAMS of each node (pointing at the shared slots)
+    values: list[bytes]  # the argument bytes each node holds now
+
+
 class GraphRunner:
     def __init__(self, stream: Any, max_args: int, cache_size: int, min_launches: int) -> None:
         self.lock = threading.Lock()
         self._stream = stream
         self._cache_size = cache_size
         self._min_launches = min_launches
-        self._graphs: LruCache[tuple[Any, ...], Any] = LruCache(max(1, cache_size), self._evicted)
+        self._graphs: LruCache[tuple[Any, ...], _Graph] = LruCache(max(1, cache_size), self._evicted)
         self._seen: LruCache[tuple[Any, ...], int] = LruCache(max(1, 2 * cache_size))
-        self._dead: list[Any] = []
-        self._generation = 0  # bumped when the caches are dropped: a capture under way is not cached
-        self.captured = 0
+        self._dead: list[_Graph] = []
+        self._generation = 0  # bumped when the caches are dropped: a graph built meanwhile is not cached
+        self.built = 0
         self.replays = 0
+        self.patched_nodes = 0
         # Launch parameters: one 8-byte slot per argument and a void* array pointing at the slots.
-        # cuLaunchKernel copies the values, so one buffer serves every launch.
+        # cuLaunchKernel and the node-parameter calls copy the values, so one buffer serves all.
         slots = max(max_args, 1)
         self._params = (ctypes.c_uint64 * slots)()
         self._params_address = ctypes.addressof(self._params)
@@ -54,36 +67,37 @@ class GraphRunner:
         if self._cache_size == 0 or len(run) < self._min_launches:
             self._launch_all(run)
             return
-        key = tuple(run)
-        capture = False
+        shape = tuple([launch[:8] + (len(launch[8]),) for launch in run])
+        build = False
         with self.lock:
-            graph = self._graphs.get(key)
+            graph = self._graphs.get(shape)
             if graph is None:
-                seen = (self._seen.get(key) or 0) + 1
-                capture = seen >= 2
-                if capture:
-                    self._seen.pop(key)
+                seen = (self._seen.get(shape) or 0) + 1
+                build = seen >= 2
+                if build:
+                    self._seen.pop(shape)
                 else:
-                    self._seen.put(key, seen)
+                    self._seen.put(shape, seen)
             generation = self._generation
         if graph is not None:
+            self._patch(graph, run)
             self.replays += 1
-            check(cu.cuGraphLaunch(graph, self._stream), "replaying a graph")
+            check(cu.cuGraphLaunch(graph.exec, self._stream), "replaying a graph")
             return
-        if not capture:
+        if not build:
             self._launch_all(run)
             return
-        graph = self._capture(run)
-        self.captured += 1
+        graph = self._build(run)
+        self.built += 1
         try:
-            check(cu.cuGraphLaunch(graph, self._stream), "launching a captured graph")
+            check(cu.cuGraphLaunch(graph.exec, self._stream), "launching a graph")
         except BaseException:
             with self.lock:
                 self._dead.append(graph)
             raise
         with self.lock:
             if self._generation == generation:
-                self._graphs.put(key, graph)  # may evict another into the dead list
+                self._graphs.put(shape, graph)  # may evict another into the dead list
             else:
                 self._dead.append(graph)  # a module was unloaded meanwhile
 
@@ -95,24 +109,49 @@ class GraphRunner:
             if status:
                 raise error(status, "launching a kernel")
 
-    def _capture(self, run: Run) -> Any:
-        """An instantiated graph of the run; the launches are recorded, not run."""
-        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        check(cu.cuStreamBeginCapture(self._stream, mode), "capturing a graph")
-        try:
-            self._launch_all(run)
-        except BaseException:
-            ended = cu.cuStreamEndCapture(self._stream)  # ends the invalidated capture
-            if not ended[0] and ended[1] is not None:
-                cu.cuGraphDestroy(ended[1])
-            raise
-        graph = check(cu.cuStreamEndCapture(self._stream), "capturing a graph")
-        try:
-            return check(cu.cuGraphInstantiate(graph, 0), "instantiating a graph")
-        finally:
-            cu.cuGraphDestroy(graph)
+    def _node_params(self, launch: tuple[Any, ...]) -> Any:
+        _module, function, gx, gy, gz, bx, by, bz, values = launch
+        params = cu.CUDA_KERNEL_NODE_PARAMS()
+        params.func = function
+        params.gridDimX, params.gridDimY, params.gridDimZ = gx, gy, gz
+        params.blockDimX, params.blockDimY, params.blockDimZ = bx, by, bz
+        params.sharedMemBytes = 0
+        params.kernelParams = self._pointers_address
+        ctypes.memmove(self._params_address, values, len(values))
+        return params
 
-    def _evicted(self, _key: tuple[Any, ...], graph: Any) -> None:
+    def _build(self, run: Run) -> _Graph:
+        """A graph of the run as a chain of explicit kernel nodes, instantiated."""
+        graph = check(cu.cuGraphCreate(0), "creating a graph")
+        nodes: list[Any] = []
+        node_params: list[Any] = []
+        try:
+            for launch in run:
+                params = self._node_params(launch)
+                dependencies = nodes[-1:]
+                node = check(cu.cuGraphAddKernelNode(graph, dependencies, len(dependencies), params), "a graph node")
+                nodes.append(node)
+                node_params.append(params)
+            exec_ = check(cu.cuGraphInstantiate(graph, 0), "instantiating a graph")
+        except BaseException:
+            cu.cuGraphDestroy(graph)
+            raise
+        return _Graph(exec_, graph, nodes, node_params, [launch[8] for launch in run])
+
+    def _patch(self, graph: _Graph, run: Run) -> None:
+        """Update the nodes whose argument bytes differ from what the graph holds."""
+        values = graph.values
+        for index, launch in enumerate(run):
+            if launch[8] != values[index]:
+                ctypes.memmove(self._params_address, launch[8], len(launch[8]))
+                check(
+                    cu.cuGraphExecKernelNodeSetParams(graph.exec, graph.nodes[index], graph.node_params[index]),
+                    "updating a graph node",
+                )
+                values[index] = launch[8]
+                self.patched_nodes += 1
+
+    def _evicted(self, _key: tuple[Any, ...], graph: _Graph) -> None:
         self._dead.append(graph)  # under the lock: every put and clear holds it
 
     def forget_all(self) -> None:
@@ -123,7 +162,7 @@ class GraphRunner:
             self._generation += 1
 
     def take_dead(self) -> list[Any]:
-        """Graph execs that left the cache: destroy them once the submission just recorded completed."""
+        """Graphs that left the cache: destroy them once the submission just recorded completed."""
         with self.lock:
             dead, self._dead = self._dead, []
         return dead
@@ -131,11 +170,17 @@ class GraphRunner:
     @staticmethod
     def destroy(graphs: Iterable[Any]) -> None:
         for graph in graphs:
-            (status,) = cu.cuGraphExecDestroy(graph)
+            (status,) = cu.cuGraphExecDestroy(graph.exec)
             if status:
                 log.debug("cuGraphExecDestroy: %s", error(status))
+            cu.cuGraphDestroy(graph.graph)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             cache = self._graphs.stats()
-        return {"graph_cache": cache, "graphs_captured": self.captured, "graph_replays": self.replays}
+        return {
+            "graph_cache": cache,
+            "graphs_captured": self.built,
+            "graph_replays": self.replays,
+            "graph_nodes_patched": self.patched_nodes,
+        }
