@@ -5,7 +5,7 @@
 #
 # Prepare once, on the machine that sends the call (both folders are ignored by git):
 #   .whl/  wheels the device machine lacks (made with `pip download --python-version 3.12 ...`):
-#          anyio sniffio idna typing_extensions pytest-asyncio pyzmq wgpu rendercanvas cffi pycparser uvloop
+#          anyio sniffio typing_extensions pytest pluggy pytest-asyncio pyzmq wgpu rendercanvas cffi pycparser
 #   .gl/   Debian's libvulkan1 and friends (device/README.md), for wgpu's Vulkan backend
 # and call: bash scripts/device-check.sh [sections...]   (default: all)
 set -u -o pipefail
@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpud-device-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 GPUD_CACHE_DIR=/tmp/gpud-cache
-SECTIONS=${*:-tests cuda transport clients webgpu}
+SECTIONS=${*:-tests cuda replay transport clients webgpu launch}
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1  # the image's own pytest plugins are not ours
 
 setup() {
     if compgen -G ".whl/*.whl" >/dev/null; then
@@ -44,7 +45,14 @@ main() {
     setup || return 1
     for name in $SECTIONS; do
         case $name in
-        tests) section python3 -m pytest -q -p no:cacheprovider -m cuda tests || status=1 ;;
+        tests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio -m cuda tests || status=1 ;;
+        hostile) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio -m cuda tests/test_hostile.py || status=1 ;;
+        replay)
+            section python3 -m gpud bench replay --backend cuda --json "$OUT/bench-replay-cuda.json" || status=1
+            ;;
+        devices) # several GPUs: every cuda test, and the clients spread over them
+            section python3 -m gpud bench clients --backend cuda --devices all --seconds 3 --json "$OUT/bench-clients-devices.json" || status=1
+            ;;
         cuda) section python3 -m gpud bench cuda --json "$OUT/bench-cuda.json" || status=1 ;;
         profile) # the daemon under cProfile (slower: never mix with measured runs)
             GPUD_DAEMON_ARGS="--profile $OUT/daemon-cuda.prof" section python3 -m gpud bench cuda --quick || status=1
@@ -54,6 +62,7 @@ main() {
         clients) section python3 -m gpud bench clients --backend cuda --seconds 3 --json "$OUT/bench-clients-cuda.json" || status=1 ;;
         webgpu)
             section python3 -m gpud bench webgpu --json "$OUT/bench-webgpu-vulkan.json" || status=1
+            section python3 -m gpud bench replay --backend webgpu --json "$OUT/bench-replay-webgpu-vulkan.json" || status=1
             section python3 -m gpud bench clients --backend webgpu --seconds 3 --json "$OUT/bench-clients-webgpu-vulkan.json" || status=1
             ;;
         launch) section python3 benchmarks/cuda_launch.py --json "$OUT/launch-cuda.json" || status=1 ;;
