@@ -1,6 +1,6 @@
 """The CUDA backend's own floor, in one process: raw cuLaunchKernel against the DeviceRuntime path.
 
-    python3 benchmarks/cuda_launch.py [--launches 10000] [--json out.json]
+    python3 -m benchmarks.cuda_launch [--launches 10000] [--json out.json]
 
 Prints µs per launch for raw `cuLaunchKernel` (a pre-built void** array) and for
 `DeviceRuntime.dispatch` of the same prepared 4-argument kernel (flush inside the timed window),

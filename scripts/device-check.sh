@@ -45,8 +45,8 @@ main() {
     setup || return 1
     for name in $SECTIONS; do
         case $name in
-        tests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio -m cuda tests || status=1 ;;
-        hostile) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio -m cuda tests/test_hostile.py || status=1 ;;
+        tests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests || status=1 ;;
+        hostile) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/test_hostile.py || status=1 ;;
         replay)
             section python3 -m gpud bench replay --backend cuda --json "$OUT/bench-replay-cuda.json" || status=1
             ;;
@@ -65,7 +65,7 @@ main() {
             section python3 -m gpud bench replay --backend webgpu --json "$OUT/bench-replay-webgpu-vulkan.json" || status=1
             section python3 -m gpud bench clients --backend webgpu --seconds 3 --json "$OUT/bench-clients-webgpu-vulkan.json" || status=1
             ;;
-        launch) section python3 benchmarks/cuda_launch.py --json "$OUT/launch-cuda.json" || status=1 ;;
+        launch) section python3 -m benchmarks.cuda_launch --json "$OUT/launch-cuda.json" || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac
     done

@@ -41,8 +41,8 @@ class FlushPolicy:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.flushed_at = time.perf_counter()  # before: a completion may be reported inside the flush
         self._flush()
-        self.flushed_at = time.perf_counter()
 
     def _deadline(self) -> None:
         self._timer = None

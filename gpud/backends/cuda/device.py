@@ -23,6 +23,7 @@ from typing import Any
 from gpud.backends.base import Arg, Device, Done, Program, program_key
 from gpud.backends.cuda import compiler
 from gpud.backends.cuda.driver import E, address, check, cu, error, host_alloc, host_free, nvrtc
+from gpud.backends.cuda.graph import ReplayRun
 from gpud.backends.cuda.launch import make_launch, pack
 from gpud.backends.cuda.stream import Commands, Stream, Submitted
 from gpud_protocol import KernelOptions
@@ -209,6 +210,30 @@ class CudaDevice(Device):
                 log.debug("cuModuleUnload: %s", error(status))
 
     # ------------------------------------------------------------------ commands
+
+    def instantiate(self, steps: Sequence[Any]) -> Any:
+        """Consecutive dispatches become one `ReplayRun` (one CUDA graph, found by identity)."""
+        segments: list[tuple[Any, ...]] = []
+        for is_dispatch, item, variables in super().instantiate(steps):
+            if not is_dispatch:
+                segments.append(("copy", item))
+                continue
+            if not segments or segments[-1][0] != "run":
+                segments.append(("run", ReplayRun([]), []))
+            run, patched = segments[-1][1], segments[-1][2]
+            if variables:
+                patched.append((len(run.launches), variables))
+            run.launches.append(item)
+        return segments
+
+    def encode_replay(self, native: Any, values: Sequence[int | float]) -> None:
+        for segment in native:
+            if segment[0] == "copy":
+                self.encode_copy(*segment[1])
+                continue
+            _, run, patched = segment
+            patches = [(i, self.with_scalars(run.launches[i], v, values)[-1]) for i, v in patched]
+            self._add(("graph", run, patches))
 
     def with_scalars(
         self, packed: Any, variables: Sequence[tuple[int, int, int, int]], values: Sequence[int | float]

@@ -41,6 +41,14 @@ class _Graph:
     values: list[bytes]  # the argument bytes each node holds now
 
 
+@dataclasses.dataclass(eq=False)
+class ReplayRun:
+    """A run of a replay graph's instantiated step: the same object every replay, so its CUDA graph is
+    found by identity, and only the launches with per-replay scalars are compared and patched."""
+
+    launches: list[tuple[Any, ...]]
+
+
 class GraphRunner:
     def __init__(self, stream: Any, max_args: int, cache_size: int, min_launches: int) -> None:
         self.lock = threading.Lock()
@@ -48,6 +56,7 @@ class GraphRunner:
         self._cache_size = cache_size
         self._min_launches = min_launches
         self._graphs: LruCache[tuple[Any, ...], _Graph] = LruCache(max(1, cache_size), self._evicted)
+        self._replays: LruCache[ReplayRun, _Graph] = LruCache(max(1, cache_size), self._evicted)
         self._seen: LruCache[tuple[Any, ...], int] = LruCache(max(1, 2 * cache_size))
         self._dead: list[_Graph] = []
         self._generation = 0  # bumped when the caches are dropped: a graph built meanwhile is not cached
@@ -101,6 +110,45 @@ class GraphRunner:
             else:
                 self._dead.append(graph)  # a module was unloaded meanwhile
 
+    def replay(self, run: ReplayRun, patches: Sequence[tuple[int, bytes]]) -> None:
+        """A replay graph's run: its CUDA graph (built the first time), with the patched launches updated."""
+        if self._cache_size == 0:
+            launches = list(run.launches)
+            for index, values in patches:
+                launches[index] = (*launches[index][:8], values)
+            self._launch_all(launches)
+            return
+        with self.lock:
+            graph = self._replays.get(run)
+            generation = self._generation
+        if graph is None:
+            launches = list(run.launches)
+            for index, values in patches:
+                launches[index] = (*launches[index][:8], values)
+            graph = self._build(launches)
+            self.built += 1
+            with self.lock:
+                if self._generation == generation:
+                    self._replays.put(run, graph)
+                else:
+                    self._dead.append(graph)
+        else:
+            current = graph.values
+            for index, values in patches:
+                if values != current[index]:
+                    self._set(graph, index, values)
+            self.replays += 1
+        check(cu.cuGraphLaunch(graph.exec, self._stream), "replaying a graph")
+
+    def _set(self, graph: _Graph, index: int, values: bytes) -> None:
+        ctypes.memmove(self._params_address, values, len(values))
+        check(
+            cu.cuGraphExecKernelNodeSetParams(graph.exec, graph.nodes[index], graph.node_params[index]),
+            "updating a graph node",
+        )
+        graph.values[index] = values
+        self.patched_nodes += 1
+
     def _launch_all(self, run: Run) -> None:
         params, pointers, stream = self._params_address, self._pointers_address, self._stream
         for _module, function, gx, gy, gz, bx, by, bz, values in run:
@@ -143,21 +191,16 @@ class GraphRunner:
         values = graph.values
         for index, launch in enumerate(run):
             if launch[8] != values[index]:
-                ctypes.memmove(self._params_address, launch[8], len(launch[8]))
-                check(
-                    cu.cuGraphExecKernelNodeSetParams(graph.exec, graph.nodes[index], graph.node_params[index]),
-                    "updating a graph node",
-                )
-                values[index] = launch[8]
-                self.patched_nodes += 1
+                self._set(graph, index, launch[8])
 
-    def _evicted(self, _key: tuple[Any, ...], graph: _Graph) -> None:
+    def _evicted(self, _key: Any, graph: _Graph) -> None:
         self._dead.append(graph)  # under the lock: every put and clear holds it
 
     def forget_all(self) -> None:
         """Drop every graph and every run seen (a module is being unloaded)."""
         with self.lock:
             self._graphs.clear()
+            self._replays.clear()
             self._seen.clear()
             self._generation += 1
 
@@ -178,6 +221,7 @@ class GraphRunner:
     def stats(self) -> dict[str, Any]:
         with self.lock:
             cache = self._graphs.stats()
+            cache["replay_graphs"] = len(self._replays)
         return {
             "graph_cache": cache,
             "graphs_captured": self.built,

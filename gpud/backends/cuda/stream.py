@@ -83,6 +83,8 @@ class Stream:
                 op = command[0]
                 if op == "run":
                     self.graphs.issue(command[1])
+                elif op == "graph":
+                    self.graphs.replay(command[1], command[2])
                 elif op == "copy":
                     check(cu.cuMemcpyDtoDAsync(command[1], command[2], command[3], stream), "copy")
                 elif op == "htod":
