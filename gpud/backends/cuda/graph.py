@@ -76,7 +76,7 @@ class GraphRunner:
         if self._cache_size == 0 or len(run) < self._min_launches:
             self._launch_all(run)
             return
-        shape = tuple([launch[:8] + (len(launch[8]),) for launch in run])
+        shape = tuple([(*launch[:8], len(launch[8])) for launch in run])
         build = False
         with self.lock:
             graph = self._graphs.get(shape)
