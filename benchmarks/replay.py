@@ -222,8 +222,31 @@ def main(args: argparse.Namespace) -> int:
                 row["wgpu_one_pass"] = _us(_in_process(_wgpu(local, x0, chain, True), reps))
             results[name] = row
             _print(name, row)
+    results["empty_replay_polling"] = _polling(backend, reps)
     write_json(args.json, results)
     return 0
+
+
+def _polling(backend: str, reps: int) -> dict[str, Any]:
+    """The empty replay's round trip when the daemon and the client poll before sleeping."""
+    floors: dict[str, Any] = {}
+    for poll in (0, 50, 200):
+        with daemon(backend, extra_args=("--busy-poll-us", str(poll))) as (address, _proc):
+            floors[f"poll_{poll}us"] = _us(asyncio.run(_empty(address, max(reps, 500), poll)))
+    print("\nempty replay round trip with both sides polling (us):")
+    for name, p in floors.items():
+        print(f"  {name:<12} p50 {p['p50']:8.1f}  p99 {p['p99']:8.1f}")
+    return floors
+
+
+async def _empty(address: str, reps: int, spin_us: float) -> list[float]:
+    async with gpud_client.connect(address, spin_us=spin_us) as gpu:
+        empty = await gpu.graph("empty").build()
+
+        async def nothing() -> None:
+            await empty.replay()
+
+        return await time_async(nothing, reps, warmup=50)
 
 
 def _print(name: str, row: dict[str, Any]) -> None:
