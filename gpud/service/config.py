@@ -219,6 +219,13 @@ class Config:
     completion_spin_us: float = _coalescing(
         50.0, "cuda: poll a flush that a readback awaits this long before handing it off", min=0, max=1e6, unit=_US
     )
+    completion_poll_us: float = _coalescing(
+        2000.0,
+        "cuda: then poll it between the event loop's other work this long before the completion thread takes it",
+        min=0,
+        max=1e6,
+        unit=_US,
+    )
 
     staging_pool_bytes: int = _pools(256 * MiB, "bound on host staging buffers (uploads, readbacks)", min=MiB, unit=_B)
     kernel_cache_size: int = _pools(256, "compiled kernels kept", min=1)

@@ -64,6 +64,7 @@ class Stream:
         self.handle = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream")
         self.graphs = GraphRunner(self.handle, max_args, settings.graph_cache_size, settings.graph_min_launches)
         self._spin_s = settings.completion_spin_us / 1e6
+        self._poll_s = getattr(settings, "completion_poll_us", 0.0) / 1e6
         flags = cu.CUevent_flags
         self._event_flags = flags.CU_EVENT_DISABLE_TIMING | flags.CU_EVENT_BLOCKING_SYNC
         self._events: list[Any] = []  # idle events: appended on the loop thread, taken by submit
@@ -116,12 +117,28 @@ class Stream:
         return Submitted(event, commands.modules, self.graphs.take_dead(), failure)
 
     def watch(self, submitted: Submitted, done: Done, awaited: bool) -> None:
-        if awaited and self._finished_within_spin(submitted.event):
-            # Short work a client waits on: report it now, saving two thread hand-offs. A stream
-            # completes in order, so earlier submissions are done too.
+        if awaited:
+            if self._finished_within_spin(submitted.event):
+                # Short work a client waits on: report it now, saving two thread hand-offs. A stream
+                # completes in order, so earlier submissions are done too.
+                self._finish(submitted, done, None)
+                return
+            if self._poll_s > 0:
+                # Longer work a client waits on: poll between the loop's other callbacks for a while
+                # (the loop keeps serving everyone) before handing it to the completion thread.
+                deadline = time.perf_counter() + self._poll_s
+                self._loop.call_soon(self._poll, submitted, done, deadline)
+                return
+        self._completions.put((submitted, done))
+
+    def _poll(self, submitted: Submitted, done: Done, deadline: float) -> None:
+        (status,) = cu.cuEventQuery(submitted.event)
+        if status == E.CUDA_SUCCESS:
             self._finish(submitted, done, None)
+        elif status != E.CUDA_ERROR_NOT_READY or time.perf_counter() > deadline:
+            self._completions.put((submitted, done))  # errors are reported by the completion thread
         else:
-            self._completions.put((submitted, done))
+            self._loop.call_soon(self._poll, submitted, done, deadline)
 
     def _finished_within_spin(self, event: Any) -> bool:
         with contextlib.suppress(Exception):

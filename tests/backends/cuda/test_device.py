@@ -561,7 +561,8 @@ async def test_modules_of_dropped_kernels_are_unloaded(make: Make) -> None:
 
 
 async def test_repeated_segments_replay_as_graphs(make: Make) -> None:
-    """The same run of launches is captured once and replayed; any difference launches anew."""
+    """A run of launches is built into a graph the second time its shape (kernels, grids) is seen and
+    replayed from then on, with the nodes whose argument bytes differ patched; another shape launches anew."""
     rt, lost = make(graph_min_launches=16)
     owner = Owner()
     program = await compiled(rt, SCALE, "scale")
@@ -583,11 +584,12 @@ async def test_repeated_segments_replay_as_graphs(make: Make) -> None:
         await step(1.01, 20)
     stats = rt.stats()
     assert stats["graphs_captured"] == 1 and stats["graph_replays"] == 2, stats
-    await step(0.99, 20)  # other scalar bytes: a different segment, launched one by one
-    await step(1.01, 21)  # one more launch: a different segment
-    await step(1.01, 20)  # the cached graph again
+    await step(0.99, 20)  # other scalar bytes: the same graph, its 20 nodes patched
+    await step(1.01, 21)  # one more launch: another shape, launched one by one
+    await step(1.01, 20)  # the cached graph again, patched back
     stats = rt.stats()
-    assert stats["graphs_captured"] == 1 and stats["graph_replays"] == 3, stats
+    assert stats["graphs_captured"] == 1 and stats["graph_replays"] == 4, stats
+    assert stats["graph_nodes_patched"] == 40, stats
     assert stats["graph_cache"]["size"] == 1
     await finish(rt, lost, [x, y])
 
