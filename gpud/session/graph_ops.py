@@ -179,6 +179,9 @@ def _instance(
         what = f"graph step {number}"
         if isinstance(step, proto.GraphDispatch):
             program = programs[step.kernel]
+            limit = rt.device.max_grid
+            if any(g > m for g, m in zip(step.grid, limit, strict=True)):
+                raise InvalidArgument(f"{what}: grid {step.grid} exceeds the device limit {limit}")
             tensors = [a for a in step.args if a[0] in proto.GRAPH_TENSOR_KINDS]
             kinds = tuple(
                 proto.SCALAR_NAMES[ArgKind(graph.scalars[int(v)].kind if k == ArgKind.SCALAR else k)]
