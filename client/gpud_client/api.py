@@ -24,6 +24,7 @@ import gpud_protocol as proto
 from gpud_client.connection import HANDSHAKE_TIMEOUT_S, Connection, Trace, default_address, open_connection
 from gpud_client.errors import GpudError, InvalidArgument
 from gpud_client.graphs import Graph, Step
+from gpud_client.ops import Ops
 from gpud_protocol import ArgKind, KernelOptions
 
 
@@ -117,6 +118,7 @@ class Client:
         self._handles = itertools.count(1)
         self._dispatches = proto.DispatchEncoder()
         self._kernels: dict[tuple[str, str, KernelOptions], Kernel] = {}
+        self.ops = Ops(self)  # the built-in op library
 
     # ------------------------------------------------------------------ info
 

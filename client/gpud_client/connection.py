@@ -168,6 +168,21 @@ class Connection:
             )
         return header, data
 
+    def expect(self, seq: int) -> None:
+        """A request nobody awaits (a kernel the op library registers on first use): its error, if
+        any, is raised by the next request, so it is not lost."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._futures[seq] = future
+
+        def done(f: asyncio.Future[Reply]) -> None:
+            self._futures.pop(seq, None)
+            error = None if f.cancelled() else f.exception()
+            lost = isinstance(error, DaemonLost | SessionLost)
+            if isinstance(error, GpudError) and not lost and self._unreported is None:
+                self._unreported = error
+
+        future.add_done_callback(done)
+
     def _spin_until(self, future: asyncio.Future[Any]) -> None:
         """Poll the socket for up to `spin_us` before yielding to the loop (lower latency, more CPU)."""
         deadline = time.perf_counter() + self._spin_s

@@ -13,6 +13,7 @@ from gpud.session.graphs import ALIGN, Family, Instance, Part, Signature, nbytes
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import Busy, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
+from gpud_protocol.ops import TensorInfo
 
 if TYPE_CHECKING:
     from gpud.session.session import Session
@@ -188,9 +189,15 @@ def _instance(
                 for k, v in step.args
                 if k not in proto.GRAPH_TENSOR_KINDS
             )
-            session.kernels.get(step.kernel).check_arguments(program, len(tensors), kinds)  # type: ignore[union-attr]
+            kernel = session.kernels.get(step.kernel)
+            assert kernel is not None
+            kernel.check_arguments(program, len(tensors), kinds)
+            fixed_scalars = [v for k, v in step.args if k not in proto.GRAPH_TENSOR_KINDS]
+            if all(k != ArgKind.SCALAR for k, _ in step.args):  # per-replay scalars are not known here
+                kernel.check_op([TensorInfo(*describe(ref)) for ref in tensors], fixed_scalars)
+            written = kernel.writes(program)
             for position, ref in enumerate(tensors):
-                if program.writes is None or position in program.writes or position in (step.writes or ()):
+                if written is None or position in written or position in (step.writes or ()):
                     writable(ref, f"{what} ({program.entry}, tensor argument {position})")
             args = tuple((k, position_of[int(v)]) if k == ArgKind.TENSOR else (k, v) for k, v in step.args)
             steps.append(("dispatch", program, step.grid, args))

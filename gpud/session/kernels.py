@@ -9,6 +9,7 @@ import hashlib
 from gpud.backends.base import Program
 from gpud_protocol import KernelOptions
 from gpud_protocol.errors import InvalidArgument, OutOfMemory
+from gpud_protocol.ops import KernelSpec, OpError, TensorInfo
 
 KernelKey = tuple[str, str, KernelOptions]
 
@@ -21,16 +22,37 @@ class KernelRef:
     options: KernelOptions
     first: Program  # as compiled on the session's default device: what the reply described
     programs: dict[int, Program]  # device index -> program
+    builtin: KernelSpec | None = None  # a kernel of the op library: its interface is known exactly
+
+    def writes(self, program: Program) -> frozenset[int] | None:
+        return frozenset(self.builtin.writes) if self.builtin is not None else program.writes
+
+    def check_op(self, tensors: list[TensorInfo], scalars: list[int | float]) -> None:
+        """A built-in kernel's rule (gpud_protocol.ops), the same the client follows."""
+        if self.builtin is None:
+            return
+        try:
+            self.builtin.check(tensors, scalars)
+        except (OpError, ValueError) as exc:
+            raise InvalidArgument(f"{self.builtin.op} ({self.builtin.name}): {exc}") from None
 
     def check_arguments(self, program: Program, tensors: int, scalars: tuple[str, ...]) -> None:
         """The dispatch's arguments against what the backend knows of the kernel's parameters."""
+        if self.builtin is not None:
+            want = tuple(kind for _name, kind in self.builtin.scalars)
+            if tensors != len(self.builtin.tensors) or scalars != want:
+                raise InvalidArgument(
+                    f"{self.builtin.op} ({self.builtin.name}) takes tensors {list(self.builtin.tensors)} and "
+                    f"scalars {list(self.builtin.scalars)}"
+                )
+            return
         if program.tensors is not None and tensors != program.tensors:
             raise InvalidArgument(f"kernel {self.entry} takes {program.tensors} tensor arguments, {tensors} given")
         if program.scalars is not None and scalars != program.scalars:
-            want = ", ".join(program.scalars) or "none"
-            got = ", ".join(scalars) or "none"
+            wanted = ", ".join(program.scalars) or "none"
+            given = ", ".join(scalars) or "none"
             raise InvalidArgument(
-                f"kernel {self.entry} takes scalars ({want}), the dispatch passes ({got}); "
+                f"kernel {self.entry} takes scalars ({wanted}), the dispatch passes ({given}); "
                 "Python floats go as f32 and ints as i32: use gpud_client.u32/i32/f32 to say which"
             )
 
@@ -42,7 +64,7 @@ class KernelTable:
         self._by_key: dict[KernelKey, KernelRef] = {}
 
     def __len__(self) -> int:
-        return len(self._by_handle)
+        return len(self._by_key)
 
     def __contains__(self, handle: object) -> bool:
         return handle in self._by_handle
@@ -59,16 +81,30 @@ class KernelTable:
             raise OutOfMemory(f"more than {self.capacity} distinct kernels in this session")
 
     def add(
-        self, handle: int, source: str, entry: str, options: KernelOptions, device: int, program: Program
+        self,
+        handle: int,
+        key: tuple[str, str, KernelOptions],
+        source: str,
+        entry: str,
+        options: KernelOptions,
+        device: int,
+        program: Program,
+        builtin: KernelSpec | None = None,
     ) -> KernelRef:
-        key = _key(source, entry, options)
-        if (existing := self._by_key.get(key)) is not None:  # registered meanwhile (two requests in flight)
+        """`key`: what the client registered (source, entry, options); `source` and `options`: what
+        compiles (a built-in kernel's family source)."""
+        dedup = _key(*key)
+        if (existing := self._by_key.get(dedup)) is not None:  # registered meanwhile (two requests in flight)
             return existing
         self.check_room()
-        kernel = KernelRef(handle, source, entry, options, program, {device: program})
+        kernel = KernelRef(handle, source, entry, options, program, {device: program}, builtin)
         self._by_handle[handle] = kernel
-        self._by_key[key] = kernel
+        self._by_key[dedup] = kernel
         return kernel
+
+    def alias(self, handle: int, kernel: KernelRef) -> None:
+        """Another handle for a registered kernel (a client that registered it again under a new one)."""
+        self._by_handle[handle] = kernel
 
     def clear(self) -> None:
         self._by_handle.clear()

@@ -21,6 +21,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import gpud_protocol as proto
+from gpud.ops import options_block as ops_block
+from gpud.ops import source as ops_source
 from gpud.runtime.runtime import DeviceRuntime, Wait
 from gpud.session import graph_ops
 from gpud.session.failures import Failure, Failures
@@ -38,6 +40,9 @@ from gpud_protocol.errors import (
     OutOfMemory,
     PermissionDenied,
 )
+from gpud_protocol.ops import PREFIX as OPS_PREFIX
+from gpud_protocol.ops import TensorInfo
+from gpud_protocol.ops import spec_of as ops_spec_of
 
 log = logging.getLogger(__name__)
 
@@ -361,28 +366,53 @@ class Session:
 
     def _kernel(self, op: proto.RegisterKernel, _batch: proto.Batch) -> Wait | None:
         self._admit()
-        if (existing := self.kernels.find(op.source, op.entry, op.options)) is not None:
+        existing = self.kernels.find(op.source, op.entry, op.options)
+        if existing is not None and existing.handle != op.handle and op.handle not in self.kernels:
+            self._new_handle(op.handle)  # the client uses the handle it chose: make it name the same kernel
+            self.kernels.alias(op.handle, existing)
+        if existing is not None:
             self._reply_kernel(op.seq, existing)
             return None
         if op.handle in self.handles or op.handle in self.kernels or op.handle in self.graphs:
             raise InvalidArgument(f"handle {op.handle} is in use")
         self.kernels.check_room()
         rt = self.runtimes[self.device]
-        got = rt.program(op.source, op.entry, op.options)
+        source, options, builtin = op.source, op.options, ops_spec_of(op.source)
+        if builtin is not None:
+            if op.entry != builtin.name:
+                raise InvalidArgument(f"the built-in kernel {builtin.name} has entry point {builtin.name!r}")
+            try:
+                source = ops_source(builtin.family, rt.device.kind)
+            except LookupError as exc:
+                raise InvalidArgument(str(exc)) from None
+            options = proto.KernelOptions(ops_block(builtin, rt.device.kind))
+        elif op.source.startswith(OPS_PREFIX):
+            raise NotFound(f"no built-in kernel {op.source[len(OPS_PREFIX):]!r}")
+        got = rt.program(source, op.entry, options)
         if isinstance(got, asyncio.Future):
             future = got
-            return Wait(future, lambda: self._kernel_compiled(op, rt.index, future.result()))
-        self._kernel_compiled(op, rt.index, got)
+            return Wait(future, lambda: self._kernel_compiled(op, rt.index, future.result(), source, options, builtin))
+        self._kernel_compiled(op, rt.index, got, source, options, builtin)
         return None
 
-    def _kernel_compiled(self, op: proto.RegisterKernel, device: int, program: Any) -> Wait | None:
-        kernel = self.kernels.add(op.handle, op.source, op.entry, op.options, device, program)
+    def _kernel_compiled(
+        self,
+        op: proto.RegisterKernel,
+        device: int,
+        program: Any,
+        source: str,
+        options: proto.KernelOptions,
+        builtin: Any,
+    ) -> Wait | None:
+        key = (op.source, op.entry, op.options)
+        kernel = self.kernels.add(op.handle, key, source, op.entry, options, device, program, builtin)
         self._reply_kernel(op.seq, kernel)
         return None
 
     def _reply_kernel(self, seq: int, kernel: KernelRef) -> None:
         program = kernel.first
-        writes = None if program.writes is None else sorted(program.writes)
+        written = kernel.writes(program)
+        writes = None if written is None else sorted(written)
         self._reply(seq, handle=kernel.handle, writes=writes, unchecked=list(program.unchecked))
 
     def _dispatch(self, op: proto.Dispatch) -> Wait | None:
@@ -409,6 +439,8 @@ class Session:
         tensor_handles: list[int] = []
         read_only: list[tuple[int, Handle]] = []
         scalars: list[str] = []
+        infos: list[TensorInfo] = []
+        values: list[int | float] = []
         device = -1
         for kind, value in op.args:
             if kind == proto.ArgKind.TENSOR:
@@ -426,9 +458,11 @@ class Session:
                     read_only.append((len(tensor_handles), handle))
                 tensor_handles.append(value)  # type: ignore[arg-type]
                 args.append(handle.tensor.buffer)
+                infos.append(TensorInfo(handle.tensor.dtype, handle.tensor.shape))
             else:
                 scalars.append(proto.SCALAR_NAMES[proto.ArgKind(kind)])
                 args.append((kind, value))
+                values.append(value)
         device = self.device if device == -1 else device
         rt = self.runtimes[device]
         program = kernel.programs.get(device)
@@ -444,8 +478,10 @@ class Session:
                 return Wait(future, compiled)
             program = kernel.programs[device] = got
         kernel.check_arguments(program, len(tensor_handles), tuple(scalars))
+        kernel.check_op(infos, values)
+        written = kernel.writes(program)
         for position, handle in read_only:
-            if program.writes is None or position in program.writes or position in (op.writes or ()):
+            if written is None or position in written or position in (op.writes or ()):
                 raise PermissionDenied(
                     f"tensor argument {position} is read-only resident {handle.tensor.name!r} and the "
                     "kernel may write it (declare writes=[...] when registering a kernel that only reads it)"

@@ -4,6 +4,7 @@ Nothing here ever unpickles: arrays travel as a header (whitelisted dtype, shape
 plus a raw ZeroMQ frame.
 """
 
+from gpud_protocol import ops
 from gpud_protocol.codec import (
     BYE,
     PING,
@@ -154,5 +155,6 @@ __all__ = [
     "encode_reply",
     "f32_fits",
     "op_name",
+    "ops",
     "pack",
 ]

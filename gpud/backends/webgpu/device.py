@@ -47,7 +47,10 @@ class WebGpuDevice(Device):
         self._adapter_info = dict(adapter.info)
         self.software = self._adapter_info.get("adapter_type", "").upper() == "CPU"
         self.serial_submits = self.software  # lavapipe's queue.submit blocks while earlier work runs
-        self._device = adapter.request_device_sync(label=f"gpud-{index}")
+        # The op library's float16 kernels need shader-f16 (lavapipe and the common GPUs have it).
+        features = [f for f in ("shader-f16",) if f in adapter.features]
+        self.features = frozenset(features)
+        self._device = adapter.request_device_sync(label=f"gpud-{index}", required_features=features)
         self._queue = self._device.queue
         limits = self._device.limits
         per_dim = limits["max-compute-workgroups-per-dimension"]

@@ -1,0 +1,20 @@
+"""The built-in op library from the client: `gpu.ops.add(x, y)`, `gpu.ops.matmul(x, w)`, ...
+
+Every op checks its arguments here with the same rule the daemon applies again
+(`gpud_protocol.ops`), allocates its output unless given `out=`, and queues one dispatch of a kernel
+shipped with the daemon: like `gpu.dispatch`, no round trip, and recordable into replay graphs
+(pass a `gpu.graph(...)` recorder as `graph=`). A kernel is registered with the daemon on first use,
+in the same message as the first dispatch that uses it.
+"""
+
+from __future__ import annotations
+
+from gpud_client.ops.base import OpsBase
+from gpud_client.ops.elementwise import ElementwiseOps
+
+
+class Ops(ElementwiseOps, OpsBase):
+    """`gpu.ops`: one method per op, grouped by family."""
+
+
+__all__ = ["Ops"]

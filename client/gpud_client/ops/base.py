@@ -1,0 +1,86 @@
+"""What every family of ops uses: kernels registered on first use, outputs, checks, dispatches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import gpud_protocol as proto
+from gpud_client.errors import InvalidArgument
+from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+
+if TYPE_CHECKING:
+    from gpud_client.api import Client, Kernel, Tensor
+    from gpud_client.graphs import Graph
+
+
+class OpsBase:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._kernels: dict[str, Kernel] = {}
+
+    def _kernel(self, name: str) -> Kernel:
+        """The built-in kernel `name`, registered on first use without a round trip."""
+        from gpud_client.api import Kernel
+
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            client = self._client
+            spec = KERNELS[name]
+            handle, seq = next(client._handles), client._next_seq()
+            op = proto.RegisterKernel(seq, handle, proto.ops.PREFIX + name, name, proto.KernelOptions())
+            client._queue(op, request=seq)
+            client._connection.expect(seq)
+            kernel = self._kernels[name] = Kernel(handle, name, spec.writes)
+        return kernel
+
+    def _out(self, out: Any, shape: tuple[int, ...], dtype: str, like: Any, graph: Graph | None) -> Any:
+        """The output tensor: `out` as given (checked), else a new one on the device of `like`."""
+        if out is not None:
+            return out
+        if graph is not None:
+            return graph.empty(shape, dtype)
+        device = getattr(like, "device", None)
+        return self._client.empty(shape, dtype, device=device)
+
+    def _run(
+        self,
+        name: str,
+        grid: tuple[int, int, int],
+        tensors: Sequence[Any],
+        scalars: Sequence[Any],
+        graph: Graph | None,
+    ) -> None:
+        """Check the call against the kernel's rule, then queue (or record) its dispatch."""
+        spec = KERNELS[name]
+        infos = [_info(t) for t in tensors]
+        values = [s.value if hasattr(s, "value") else s for s in scalars]
+        try:
+            spec.check(infos, values)
+        except OpError as exc:
+            raise InvalidArgument(f"{spec.op} ({name}): {exc}") from None
+        args = [*tensors, *(_scalar(kind, v) for (_, kind), v in zip(spec.scalars, scalars, strict=True))]
+        kernel = self._kernel(name)
+        if graph is not None:
+            graph.dispatch(kernel, grid, args)
+        else:
+            self._client.dispatch(kernel, grid, args)
+
+
+def _info(tensor: Any) -> TensorInfo:
+    dtype = np.dtype(tensor.dtype).name
+    return TensorInfo(dtype, tuple(tensor.shape))
+
+
+def _scalar(kind: str, value: Any) -> Any:
+    from gpud_client.api import f32, i32, u32
+
+    if hasattr(value, "kind") and hasattr(value, "graph"):  # a graph scalar: its kind is declared
+        return value
+    return {"f32": f32, "i32": i32, "u32": u32}[kind](value)
+
+
+def dtype_name(tensor: Tensor | Any) -> str:
+    return np.dtype(tensor.dtype).name

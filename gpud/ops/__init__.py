@@ -1,0 +1,29 @@
+"""The built-in op library: one `.cu` and one `.wgsl` source per family, shipped with the daemon.
+
+The interface of each kernel (arguments, what it writes, the rule its arguments follow) is defined
+once in `gpud_protocol.ops`; a session registers one with the source `gpud:<name>` and the daemon
+compiles the family's source for the device on first use (shared by every session, like any kernel).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+from gpud_protocol.ops import KernelSpec
+
+_SUFFIX = {"cuda": ".cu", "webgpu": ".wgsl"}
+
+
+@functools.cache
+def source(family: str, backend: str) -> str:
+    """The family's source for `backend` (package data)."""
+    suffix = _SUFFIX.get(backend)
+    if suffix is None:
+        raise LookupError(f"the op library has no {backend} sources")
+    return resources.files(__name__).joinpath(family + suffix).read_text()
+
+
+def options_block(spec: KernelSpec, backend: str) -> tuple[int, int, int] | None:
+    """The CUDA block of a kernel (WGSL kernels set theirs in the source)."""
+    return (spec.block, 1, 1) if backend == "cuda" else None

@@ -1,0 +1,126 @@
+"""The interface of the built-in op library, defined once for the client and the daemon.
+
+Each kernel of the library has a `KernelSpec`: its tensor arguments (which it writes), its scalars,
+and `check`, the rule its arguments' dtypes, shapes and scalars must follow. The client uses the
+specs to allocate outputs and compute grids (gpud_client.ops); the daemon checks every dispatch of
+a built-in kernel against the same rule before encoding it, so a bad call is a typed error naming
+the op even from a client that skips the library's own checks. The kernels' sources, one `.cu` and
+one `.wgsl` per family, ship with the daemon (gpud/ops); a client registers one by its name with
+the source `gpud:<name>`.
+
+Families: `elementwise`, and the modules listed in `FAMILIES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+PREFIX = "gpud:"  # a kernel source naming a built-in kernel: "gpud:<name>"
+BLOCK = 256  # threads per workgroup (WGSL @workgroup_size) and per block (CUDA) for 1-D kernels
+MAX_GROUPS = 65535  # workgroups per grid dimension that every adapter allows
+
+
+class TensorInfo(NamedTuple):
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+class OpError(ValueError):
+    """Arguments that break an op's rule; the message names the mismatch."""
+
+
+Check = Callable[[Sequence[TensorInfo], Sequence[int | float]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    name: str  # the kernel's entry point in its family's sources
+    family: str  # gpud/ops/<family>.cu and .wgsl
+    op: str  # the op it implements, as errors name it
+    tensors: tuple[str, ...]  # argument names, in order
+    writes: tuple[int, ...]  # positions (among tensors) it writes
+    scalars: tuple[tuple[str, str], ...]  # (name, "f32" | "i32" | "u32"), after the tensors
+    check: Check
+    block: int = BLOCK  # CUDA threads per block
+
+
+def grid_1d(threads: int, block: int = BLOCK) -> tuple[int, int, int]:
+    """A grid of at least `threads` threads in workgroups of `block`, folded into y past 65,535 groups
+    (kernels compute their index as gid.x + gid.y * num_workgroups.x * block)."""
+    groups = max(1, -(-threads // block))
+    if groups <= MAX_GROUPS:
+        return (groups, 1, 1)
+    return (MAX_GROUPS, -(-groups // MAX_GROUPS), 1)
+
+
+def need(condition: bool, message: str) -> None:
+    if not condition:
+        raise OpError(message)
+
+
+def same_dtype(infos: Sequence[TensorInfo], dtypes: Sequence[str]) -> str:
+    dtype = infos[0].dtype
+    need(dtype in dtypes, f"dtype {dtype} is not one of {list(dtypes)}")
+    for info in infos[1:]:
+        need(info.dtype == dtype, f"dtypes differ: {dtype} and {info.dtype}")
+    return dtype
+
+
+def suffix(short: tuple[int, ...], long: tuple[int, ...]) -> bool:
+    """`short` broadcasts over the leading axes of `long` (numpy-style: it is a trailing part of it)."""
+    return len(short) <= len(long) and tuple(long[len(long) - len(short) :]) == tuple(short)
+
+
+def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    if suffix(a, b):
+        return b
+    if suffix(b, a):
+        return a
+    raise OpError(f"shapes {list(a)} and {list(b)} do not broadcast (one must end the other)")
+
+
+def _registry() -> dict[str, KernelSpec]:
+    from gpud_protocol.ops import FAMILIES
+
+    specs: dict[str, KernelSpec] = {}
+    for module in FAMILIES:
+        for spec in module.SPECS:
+            assert spec.name not in specs, spec.name
+            specs[spec.name] = spec
+    return specs
+
+
+from gpud_protocol.ops import elementwise  # noqa: E402  (the families use the helpers above)
+
+FAMILIES = [elementwise]
+KERNELS: dict[str, KernelSpec] = _registry()
+
+
+def spec_of(source: str) -> KernelSpec | None:
+    """The spec a kernel source names (`gpud:<name>`), or None for a user's own kernel."""
+    if not source.startswith(PREFIX):
+        return None
+    return KERNELS.get(source[len(PREFIX) :])
+
+
+__all__ = [
+    "BLOCK",
+    "KERNELS",
+    "PREFIX",
+    "KernelSpec",
+    "OpError",
+    "TensorInfo",
+    "broadcast_shape",
+    "grid_1d",
+    "need",
+    "same_dtype",
+    "spec_of",
+    "suffix",
+]
