@@ -74,6 +74,7 @@ class Tensor:
         self.device = device
         self.mode = mode
         self.freed = False
+        self.base: Tensor = self  # the tensor whose memory this is (itself, unless a reshape)
         self._wire = (_TENSOR, handle)  # as a dispatch argument
 
     @property
@@ -95,6 +96,19 @@ class Tensor:
     def upload(self, array: Any) -> None:
         """Queue a host-to-device copy of `array` (same dtype and shape) into this tensor."""
         self._client.upload(self, array)
+
+    def reshape(self, *shape: int | Sequence[int]) -> Tensor:
+        """A new handle on this tensor's memory with another shape (a view: no copy, no round trip).
+
+        One dimension may be -1 (inferred). Writes through either handle are seen by the other; the
+        memory is released when the last handle on it is freed."""
+        dims = reshaped(self.shape, shape)
+        client = self._client
+        handle = next(client._handles)
+        client._queue(proto.Reshape(client._next_seq(), handle, client._handle_of(self), dims))
+        view = Tensor(client, handle, self.dtype, dims, self.device, self.mode)
+        view.base = self.base
+        return view
 
     def free(self) -> None:
         """Queue the free; the daemon releases the memory once work using it has completed."""
@@ -381,6 +395,25 @@ class Client:
             connection.send_batch()
 
     _seq_last = 0
+
+
+def reshaped(old: tuple[int, ...], new: int | Sequence[Any]) -> tuple[int, ...]:
+    """`new` (a shape, or a shape's dimensions as a sequence of one shape) with a -1 resolved, checked
+    to hold as many elements as `old`."""
+    if not isinstance(new, int) and len(new) == 1 and not isinstance(new[0], int):
+        new = new[0]
+    dims = [int(new)] if isinstance(new, int) else [int(d) for d in new]
+    total = math.prod(old)
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise InvalidArgument(f"reshape to {dims}: dimensions are >= 0, with at most one -1")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or total % known:
+            raise InvalidArgument(f"cannot reshape {list(old)} to {dims}")
+        dims[dims.index(-1)] = total // known
+    if math.prod(dims) != total:
+        raise InvalidArgument(f"cannot reshape {list(old)} to {dims}: {total} elements, not {math.prod(dims)}")
+    return tuple(dims)
 
 
 def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 ALIGN = 256  # the packing of a replay's inputs: each at an offset aligned to this many bytes
 _KINDS = {"f32": int(ArgKind.F32), "i32": int(ArgKind.I32), "u32": int(ArgKind.U32)}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
+_KIND_WORDS = {ArgKind.INPUT: "input", ArgKind.BIND: "bound tensor", ArgKind.TEMP: "intermediate", ArgKind.VIEW: "view"}
 
 
 class GraphTensor:
@@ -44,13 +45,18 @@ class GraphTensor:
         self.index = index
         self.dtype = dtype
         self.shape = shape
+        self.base: Any = self  # the tensor whose memory this is (of the graph, or a session's)
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
+    def reshape(self, *shape: int | Sequence[int]) -> GraphTensor:
+        """The same memory with another shape (-1: inferred), as in `Tensor.reshape`."""
+        return self.graph.view(self, shape)
+
     def __repr__(self) -> str:
-        what = {ArgKind.INPUT: "input", ArgKind.BIND: "bound tensor", ArgKind.TEMP: "intermediate"}[ArgKind(self.kind)]
+        what = _KIND_WORDS[ArgKind(self.kind)]
         return f"<graph {self.graph.name!r} {what} #{self.index} {self.dtype}{list(self.shape)}>"
 
 
@@ -73,6 +79,7 @@ class Graph:
         self._temps: list[tuple[str, tuple[int, ...]]] = []
         self._steps: list[proto.GraphDispatch | proto.GraphCopy | proto.GraphUpload] = []
         self._outputs: list[tuple[str, proto.Arg]] = []
+        self._views: list[tuple[proto.Arg, tuple[int, ...]]] = []
         self._uploads: list[bytes] = []
         self._names: set[str] = set()
 
@@ -106,6 +113,16 @@ class Graph:
         dims, np_dtype = _shape(shape), _dtype(dtype)
         self._temps.append((np_dtype.name, dims))
         return GraphTensor(self, ArgKind.TEMP, len(self._temps) - 1, np_dtype, dims)
+
+    def view(self, tensor: Any, shape: int | Sequence[Any]) -> GraphTensor:
+        """`tensor` (of this graph, or a session tensor) seen with another shape; no copy."""
+        from gpud_client.api import reshaped
+
+        dims = reshaped(tuple(tensor.shape), shape)
+        self._views.append((self._ref(tensor), dims))
+        view = GraphTensor(self, ArgKind.VIEW, len(self._views) - 1, np.dtype(tensor.dtype), dims)
+        view.base = tensor.base
+        return view
 
     def dispatch(
         self,
@@ -158,6 +175,7 @@ class Graph:
             tuple(self._temps),
             tuple(self._steps),
             tuple(proto.GraphOutput(*o) for o in self._outputs),
+            tuple(self._views),
         )
         client = self._client
         frames = list(self._uploads)
@@ -258,9 +276,7 @@ class Step:
                 self._client._connection.send_batch()
                 index = queue.add_frame(bytes(packed))
             frame = int(index or 0)
-        scalars = tuple(
-            float(values[name]) if kind == "f32" else int(values[name]) for name, kind in self.scalars
-        )
+        scalars = tuple(float(values[name]) if kind == "f32" else int(values[name]) for name, kind in self.scalars)
         binds = tuple(self._client._handle_of(values[name]) for name, _ in self.binds)
         shapes = tuple(tuple(a.shape) for a in arrays)
         return kind(seq, self.handle, frame, shapes, scalars, binds)

@@ -98,6 +98,9 @@ class Device(ABC):
     software: bool = False
     #: submit blocks while earlier work runs: keep one submission on the device at a time
     serial_submits: bool = False
+    #: prepare may record work on its buffers that goes with the next submission (WebGPU's
+    #: validation probes): the runtime keeps those buffers alive until it completes
+    prepare_uses_buffers: bool = False
 
     def __init__(self, index: int, loop: asyncio.AbstractEventLoop) -> None:
         self.index = index

@@ -13,6 +13,7 @@ __device__ __forceinline__ float binary_op(float a, float b, unsigned int op) {
         case 0: return a + b;
         case 1: return a - b;
         case 2: return a * b;
+        case 4: return a / (1.0f + expf(-a)) * b;
         default: return a / b;
     }
 }

@@ -13,6 +13,7 @@ fn binary(a: f32, b: f32, op: u32) -> f32 {
         case 0u: { return a + b; }
         case 1u: { return a - b; }
         case 2u: { return a * b; }
+        case 4u: { return a / (1.0 + exp(-a)) * b; }
         default: { return a / b; }
     }
 }

@@ -213,6 +213,8 @@ class DeviceRuntime:
             raise InvalidArgument(f"grid {grid} exceeds the device limit {self.device.max_grid}")
         buffers = tuple([arg for arg in args if type(arg) is Buffer])
         packed = self.device.prepare(program, grid, args)
+        if self.device.prepare_uses_buffers:
+            self._encoded_with(*buffers)
         return Prepared(buffers, packed if gx and gy and gz else None)
 
     def dispatch(self, prepared: Prepared, owner: Owner) -> None:

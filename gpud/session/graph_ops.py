@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,7 @@ def _fixed_tensors(session: Session, graph: proto.GraphDef) -> dict[int, Tensor]
         elif type(step) is proto.GraphUpload:
             refs.append(step.dst)
     refs += [o.ref for o in graph.outputs]
+    refs += [ref for ref, _shape in graph.views]
     return {int(v): session._handle(int(v)).tensor for k, v in refs if k == ArgKind.TENSOR}
 
 
@@ -158,18 +160,32 @@ def _instance(
     def describe(ref: proto.Arg) -> tuple[str, tuple[int, ...]]:
         kind, value = ref
         if kind == ArgKind.TENSOR:
-            return fixed[int(value)].dtype, fixed[int(value)].shape
+            return fixed[int(value)].dtype, session.handles[int(value)].shape
+        if kind == ArgKind.VIEW:
+            view_of, shape = graph.views[int(value)]
+            return describe(view_of)[0], shape
         if kind == ArgKind.TEMP:
             return graph.temps[int(value)]
         spec = specs[ArgKind(kind)][int(value)]
         return spec.dtype, spec.shape
 
     def writable(ref: proto.Arg, what: str) -> None:
-        kind, value = ref
+        kind, value = base(ref)
         if kind == ArgKind.TENSOR and not session.handles[int(value)].writable:
             raise PermissionDenied(f"{what} writes read-only resident {fixed[int(value)].name!r}")
         if kind == ArgKind.BIND:
             bind_writes.add(int(value))
+
+    def base(ref: proto.Arg) -> proto.Arg:
+        """A view's memory is its tensor's: replays see only buffers."""
+        while ref[0] == ArgKind.VIEW:
+            ref = graph.views[int(ref[1])][0]
+        return ref
+
+    for number, (view_of, shape) in enumerate(graph.views):
+        dtype, of_shape = describe(view_of)
+        if math.prod(shape) != math.prod(of_shape):
+            raise InvalidArgument(f"graph view {number}: cannot view {dtype}{list(of_shape)} as {list(shape)}")
 
     bind_writes: set[int] = set()
     steps: list[tuple[Any, ...]] = []
@@ -199,14 +215,14 @@ def _instance(
             for position, ref in enumerate(tensors):
                 if written is None or position in written or position in (step.writes or ()):
                     writable(ref, f"{what} ({program.entry}, tensor argument {position})")
-            args = tuple((k, position_of[int(v)]) if k == ArgKind.TENSOR else (k, v) for k, v in step.args)
+            args = tuple(_local(base(arg), position_of) for arg in step.args)
             steps.append(("dispatch", program, step.grid, args))
         elif isinstance(step, proto.GraphCopy):
             if describe(step.src) != describe(step.dst):
                 raise InvalidArgument(f"{what}: copy between {describe(step.src)} and {describe(step.dst)}")
             writable(step.dst, what)
             dtype, shape = describe(step.src)
-            src, dst = _local(step.src, position_of), _local(step.dst, position_of)
+            src, dst = _local(base(step.src), position_of), _local(base(step.dst), position_of)
             steps.append(("copy", src, dst, nbytes_of(dtype, shape)))
         else:
             frame = batch.frames[step.frame]
@@ -220,7 +236,7 @@ def _instance(
             wait = rt.upload(constant, data.cast("B") if data.format != "B" else data, session)
             if wait is not None:  # the staging pool is full: the recording is too large to stage at once
                 raise Busy("a graph's recorded uploads do not fit the staging pool at once; record smaller ones")
-            steps.append(("copy", constant, _local(step.dst, position_of), data.nbytes))
+            steps.append(("copy", constant, _local(base(step.dst), position_of), data.nbytes))
     outputs, out_bytes = pack_inputs([(o.name, *describe(o.ref)) for o in graph.outputs])
     return Instance(
         key=tuple(t.shape for t in graph.inputs),
@@ -233,7 +249,7 @@ def _instance(
         bind_writes=frozenset(bind_writes),
         scalars=graph.scalars,
         steps=steps,
-        output_refs=[_local(o.ref, position_of) for o in graph.outputs],
+        output_refs=[_local(base(o.ref), position_of) for o in graph.outputs],
         fixed=[fixed[h] for h in order],
         constants=constants,
     )
@@ -263,9 +279,9 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
     for index, (handle_id, spec) in enumerate(zip(op.binds, instance.binds, strict=True)):
         handle = session._handle(handle_id)
         tensor = handle.tensor
-        if (tensor.dtype, tensor.shape) != (spec.dtype, spec.shape):
+        if (tensor.dtype, handle.shape) != (spec.dtype, spec.shape):
             raise InvalidArgument(
-                f"bound tensor {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {tensor.describe()}"
+                f"bound tensor {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {handle.describe()}"
             )
         if tensor.device != family.device:
             where = f"device {tensor.device}, the graph on {family.device}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import Counter, deque
@@ -255,7 +256,7 @@ class Session:
         tensor = Tensor(rt.alloc(nbytes), op.dtype, op.shape, charged_to=self)
         self.private_bytes[op.device] += nbytes
         self._charged.add(tensor)
-        self._hold(op.handle, Handle(tensor, writable=True))
+        self._hold(op.handle, Handle(tensor, True, op.shape))
 
     def _upload(self, op: proto.Upload, batch: proto.Batch) -> Wait | None:
         tensor = self._writable(op.handle).tensor
@@ -270,10 +271,10 @@ class Session:
         return rt.upload(tensor.buffer, data.cast("B") if data.format != "B" else data, self)
 
     def _copy(self, op: proto.Copy, batch: proto.Batch) -> Wait | None:
-        src = self._handle(op.src).tensor
-        dst = self._writable(op.dst).tensor
-        if src.dtype != dst.dtype or src.shape != dst.shape:
-            raise InvalidArgument(f"copy between {src.describe()} and {dst.describe()}")
+        src_handle, dst_handle = self._handle(op.src), self._writable(op.dst)
+        src, dst = src_handle.tensor, dst_handle.tensor
+        if src.dtype != dst.dtype or src_handle.shape != dst_handle.shape:
+            raise InvalidArgument(f"copy between {src_handle.describe()} and {dst_handle.describe()}")
         if src.device != dst.device:
             return self._copy_across(src, dst)
         rt = self.runtimes[src.device]
@@ -319,8 +320,18 @@ class Session:
         tensor.charged_to = None
         self.private_bytes[tensor.device] -= tensor.nbytes
 
+    def _reshape(self, op: proto.Reshape, _batch: proto.Batch) -> None:
+        self._new_handle(op.handle)
+        src = self._handle(op.src)
+        if math.prod(op.shape) != math.prod(src.shape):
+            raise InvalidArgument(f"cannot reshape {src.describe()} to {list(op.shape)}: the element counts differ")
+        src.tensor.refs += 1
+        self._hold(op.handle, Handle(src.tensor, src.writable, op.shape))
+
     def _publish(self, op: proto.Publish, _batch: proto.Batch) -> None:
         handle = self._handle(op.handle)
+        if handle.shape != handle.tensor.shape:
+            raise InvalidArgument(f"publish the tensor as allocated, {handle.tensor.describe()}, not a reshaped handle")
         if not handle.writable and op.mode == "rw":
             raise PermissionDenied("a read-only tensor cannot be republished read-write")
         self._residents.publish(handle.tensor, op.name, op.mode, by=self.id)
@@ -329,7 +340,7 @@ class Session:
         self._admit()
         self._new_handle(op.handle)
         tensor = self._residents.open(op.name)
-        self._hold(op.handle, Handle(tensor, writable=tensor.mode == "rw"))
+        self._hold(op.handle, Handle(tensor, tensor.mode == "rw", tensor.shape))
         self._reply(op.seq, dtype=tensor.dtype, shape=list(tensor.shape), mode=tensor.mode, device=tensor.device)
 
     def _unpublish(self, op: proto.Unpublish, _batch: proto.Batch) -> None:
@@ -387,7 +398,7 @@ class Session:
                 raise InvalidArgument(str(exc)) from None
             options = proto.KernelOptions(ops_block(builtin, rt.device.kind))
         elif op.source.startswith(OPS_PREFIX):
-            raise NotFound(f"no built-in kernel {op.source[len(OPS_PREFIX):]!r}")
+            raise NotFound(f"no built-in kernel {op.source[len(OPS_PREFIX) :]!r}")
         got = rt.program(source, op.entry, options)
         if isinstance(got, asyncio.Future):
             future = got
@@ -458,7 +469,7 @@ class Session:
                     read_only.append((len(tensor_handles), handle))
                 tensor_handles.append(value)  # type: ignore[arg-type]
                 args.append(handle.tensor.buffer)
-                infos.append(TensorInfo(handle.tensor.dtype, handle.tensor.shape))
+                infos.append(TensorInfo(handle.tensor.dtype, handle.shape))
             else:
                 scalars.append(proto.SCALAR_NAMES[proto.ArgKind(kind)])
                 args.append((kind, value))
@@ -659,6 +670,7 @@ _HANDLERS: dict[type[Any], Callable[[Session, Any, proto.Batch], Wait | None]] =
     proto.Publish: Session._publish,
     proto.Open: Session._open,
     proto.Unpublish: Session._unpublish,
+    proto.Reshape: Session._reshape,
     proto.FlushOp: Session._flush,
     proto.BuildGraph: graph_ops.build_graph,
     proto.Replay: graph_ops.replay,

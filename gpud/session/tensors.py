@@ -51,5 +51,11 @@ class Tensor:
 
 @dataclasses.dataclass(eq=False, slots=True)
 class Handle:
+    """A session's name for a tensor; a reshaped handle sees the same memory with its own shape."""
+
     tensor: Tensor
     writable: bool
+    shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.tensor.dtype}{list(self.shape)} on device {self.tensor.device}"

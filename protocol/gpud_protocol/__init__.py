@@ -72,6 +72,7 @@ from gpud_protocol.schema import (
     Readback,
     RegisterKernel,
     Replay,
+    Reshape,
     Stats,
     Sync,
     Unpublish,
@@ -83,6 +84,7 @@ from gpud_protocol.schema import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Reshape",
     "GRAPH_TENSOR_KINDS",
     "BuildGraph",
     "Replay",

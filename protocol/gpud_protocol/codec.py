@@ -262,6 +262,13 @@ def _graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> schema.GraphD
     if len(set(names)) != len(names):
         raise _bad("the names of a graph's inputs, scalars and bound tensors must differ")
     counts: dict[int, int] = {ArgKind.INPUT: len(inputs), ArgKind.BIND: len(binds), ArgKind.TEMP: len(temps)}
+    views: list[tuple[schema.Arg, tuple[int, ...]]] = []
+    for item in part("views", cap):
+        if type(item) is not tuple or len(item) != 2:
+            raise _bad(f"each graph view must be [tensor, shape], got {describe(item)}")
+        counts[ArgKind.VIEW] = len(views)  # a view names a tensor, or an earlier view
+        views.append((_graph_ref(item[0], counts, limits), _shape(item[1], limits, ())))
+    counts[ArgKind.VIEW] = len(views)
     with_scalars = {**counts, int(ArgKind.SCALAR): len(scalars)}
     steps: list[schema.GraphDispatch | schema.GraphCopy | schema.GraphUpload] = []
     for step in part("steps", limits.max_graph_steps):
@@ -287,7 +294,7 @@ def _graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> schema.GraphD
         outputs.append(schema.GraphOutput(_name(item[0], limits, ()), _graph_ref(item[1], counts, limits)))
     if len({o.name for o in outputs}) != len(outputs):
         raise _bad("graph outputs need distinct names")
-    return schema.GraphDef(inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs))
+    return schema.GraphDef(inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs), tuple(views))
 
 
 def _frame_or_none(value: Any, limits: Limits, payloads: Sequence[Any]) -> int:
@@ -546,6 +553,7 @@ def _wire(field: Any) -> Any:
             "temps": [list(t) for t in field.temps],
             "steps": [_step(step) for step in field.steps],
             "outputs": [list(o) for o in field.outputs],
+            "views": [[list(ref), list(shape)] for ref, shape in field.views],
         }
     return field
 

@@ -54,6 +54,7 @@ class Opcode(enum.IntEnum):
     PUBLISH_GRAPH = 18
     OPEN_GRAPH = 19
     UNPUBLISH_GRAPH = 20
+    RESHAPE = 21
 
 
 class ArgKind(enum.IntEnum):
@@ -65,9 +66,10 @@ class ArgKind(enum.IntEnum):
     BIND = 5  # ... its bound tensors
     TEMP = 6  # ... its intermediates
     SCALAR = 7  # ... its scalars
+    VIEW = 8  # ... its views (a tensor of the graph with another shape)
 
 
-GRAPH_TENSOR_KINDS = frozenset({ArgKind.TENSOR, ArgKind.INPUT, ArgKind.BIND, ArgKind.TEMP})
+GRAPH_TENSOR_KINDS = frozenset({ArgKind.TENSOR, ArgKind.INPUT, ArgKind.BIND, ArgKind.TEMP, ArgKind.VIEW})
 
 
 SCALAR_NAMES = {ArgKind.F32: "f32", ArgKind.I32: "i32", ArgKind.U32: "u32"}
@@ -171,6 +173,7 @@ class GraphDef(NamedTuple):
     temps: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, shape) of each intermediate
     steps: tuple[GraphDispatch | GraphCopy | GraphUpload, ...]
     outputs: tuple[GraphOutput, ...]
+    views: tuple[tuple[Arg, tuple[int, ...]], ...] = ()  # (tensor, shape): the same memory, another shape
 
 
 Graph = Annotated[GraphDef, Field.GRAPH]
@@ -317,6 +320,15 @@ class Launch(NamedTuple):
     binds: Handles
 
 
+class Reshape(NamedTuple):
+    """A new handle on `src`'s memory with another shape of as many elements (a view: no copy)."""
+
+    seq: int
+    handle: Handle
+    src: Handle
+    shape: Shape
+
+
 class FreeGraph(NamedTuple):
     seq: int
     graph: Handle
@@ -342,9 +354,27 @@ class UnpublishGraph(NamedTuple):
 
 
 Op = (
-    Alloc | Upload | Dispatch | Readback | Free | RegisterKernel | Sync
-    | Copy | Stats | Publish | Open | Unpublish | FlushOp
-    | BuildGraph | Replay | Launch | FreeGraph | PublishGraph | OpenGraph | UnpublishGraph
+    Alloc
+    | Upload
+    | Dispatch
+    | Readback
+    | Free
+    | RegisterKernel
+    | Sync
+    | Copy
+    | Stats
+    | Publish
+    | Open
+    | Unpublish
+    | FlushOp
+    | BuildGraph
+    | Replay
+    | Launch
+    | FreeGraph
+    | PublishGraph
+    | OpenGraph
+    | UnpublishGraph
+    | Reshape
 )
 
 
@@ -383,6 +413,7 @@ OPS: dict[Opcode, OpSpec] = {
         _spec(Opcode.PUBLISH_GRAPH, PublishGraph, False),
         _spec(Opcode.OPEN_GRAPH, OpenGraph, True),
         _spec(Opcode.UNPUBLISH_GRAPH, UnpublishGraph, False),
+        _spec(Opcode.RESHAPE, Reshape, False),
     )
 }
 SPEC_OF_TYPE: dict[type[Any], OpSpec] = {spec.type: spec for spec in OPS.values()}

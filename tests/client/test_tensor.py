@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import gpud_client
+from gpud_protocol import ArgKind
 
 
 async def test_new_tensors_are_zero_filled_on_every_backend(gpu: gpud_client.Client) -> None:
@@ -33,3 +34,74 @@ async def test_numpy_asarray_of_a_tensor_points_at_numpy(gpu: gpud_client.Client
 async def test_an_array_of_python_objects_is_refused(gpu: gpud_client.Client) -> None:
     with pytest.raises(gpud_client.InvalidArgument):
         gpu.tensor(np.array([object()]))
+
+
+async def test_a_reshape_is_a_view_of_the_same_memory(gpu: gpud_client.Client) -> None:
+    data = np.arange(12, dtype=np.float32)
+    t = gpu.tensor(data.reshape(3, 4))
+    v = t.reshape(2, -1)
+    assert v.shape == (2, 6) and t.reshape((12,)).shape == (12,)
+    np.testing.assert_array_equal(await v.numpy(), data.reshape(2, 6))
+    with pytest.raises(gpud_client.InvalidArgument, match="in place"):
+        gpu.ops.scale(v, 2.0, out=t)
+    gpu.ops.scale(gpu.tensor(data.reshape(2, 6)), 2.0, out=v)  # written through the view, seen through the tensor
+    np.testing.assert_array_equal(await t.numpy(), 2 * data.reshape(3, 4))
+    t.free()  # the memory stays while a view holds it
+    np.testing.assert_array_equal(await v.numpy(), 2 * data.reshape(2, 6))
+    other = gpu.empty((2, 6))
+    gpu.copy(v, other)  # shapes are the handles'
+    np.testing.assert_array_equal(await other.numpy(), 2 * data.reshape(2, 6))
+
+
+async def test_reshapes_are_checked_in_the_client_and_in_the_daemon(gpu: gpud_client.Client) -> None:
+    import gpud_protocol as proto
+
+    t = gpu.empty((3, 4))
+    for bad in [(5,), (-1, -1), (5, -1), (-2, -6)]:
+        with pytest.raises(gpud_client.InvalidArgument, match="reshape"):
+            t.reshape(bad)
+    handle = next(gpu._handles)
+    gpu._queue(proto.Reshape(gpu._next_seq(), handle, t.handle, (5,)))  # past the client's check
+    with pytest.raises(gpud_client.InvalidArgument, match="element counts") as info:
+        await t.numpy()
+    assert info.value.op == "reshape"
+
+
+async def test_a_reshaped_handle_keeps_the_resident_mode_and_is_not_published(gpu: gpud_client.Client) -> None:
+    name = f"reshape-ro-{id(gpu)}"
+    t = gpu.tensor(np.ones((2, 3), np.float32))
+    with pytest.raises(gpud_client.InvalidArgument, match="reshaped"):
+        gpu.publish(t.reshape(6), name)
+        await t.numpy()
+    gpu.publish(t, name, mode="ro")
+    await gpu.sync()
+    async with gpud_client.connect(gpu.address) as other:
+        ro = (await other.open(name)).reshape(6)
+        assert ro.mode == "ro"
+        other.ops.scale(other.empty(6), 3.0, out=ro)
+        with pytest.raises(gpud_client.PermissionDenied):
+            await ro.numpy()
+    gpu.unpublish(name)
+
+
+async def test_graph_views_reshape_inputs_intermediates_and_bound_tensors(gpu: gpud_client.Client) -> None:
+    g = gpu.graph("views")
+    x = g.input("x", (12,), "float32")
+    cache = g.bind("cache", (3, 4), "float32")
+    h = gpu.ops.scale(x.reshape(3, 4), 2.0, graph=g)
+    total = gpu.ops.add(h, cache, graph=g)
+    g.copy(total, cache.reshape(12).reshape(3, 4))  # a view of a view
+    g.output("flat", h.reshape(-1))
+    step = await g.build()
+    a = np.arange(12, dtype=np.float32)
+    mine = gpu.tensor(np.ones((4, 3), np.float32)).reshape(3, 4)  # a session view, bound
+    got = await step.replay(x=a, cache=mine)
+    assert got["flat"].shape == (12,)
+    np.testing.assert_array_equal(got["flat"], 2 * a)
+    np.testing.assert_array_equal(await mine.numpy(), 1 + 2 * a.reshape(3, 4))
+    g2 = gpu.graph("bad-view")
+    y = g2.input("y", (4,), "float32")
+    g2._views.append(((int(ArgKind.INPUT), 0), (5,)))  # past the client's check
+    g2.output("v", gpud_client.GraphTensor(g2, int(ArgKind.VIEW), 0, y.dtype, (5,)))
+    with pytest.raises(gpud_client.InvalidArgument, match="view"):
+        await g2.build()

@@ -31,7 +31,13 @@ def close(got: np.ndarray, ref: np.ndarray, dtype: str) -> None:
     assert np.all(np.abs(got64 - ref) <= TOL[dtype] * scale), np.max(np.abs(got64 - ref) / scale)
 
 
-BINARY: dict[str, Callable[[Any, Any], Any]] = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "silu_mul": lambda x, y: x / (1 + np.exp(-x)) * y,
+}
 UNARY: dict[str, Callable[[Any], Any]] = {
     "exp": np.exp,
     "rsqrt": lambda v: 1 / np.sqrt(v),
@@ -52,7 +58,7 @@ async def test_binary_ops_broadcast_over_leading_axes(gpu: gpud_client.Client, o
         if op == "div":
             b = (np.abs(b) + 0.5).astype(dtype)
         x, y = gpu.tensor(a), gpu.tensor(b)
-        for first, second in ((x, y), (y, x)) if op in ("sub", "div") else ((x, y),):
+        for first, second in ((x, y), (y, x)) if op in ("sub", "div", "silu_mul") else ((x, y),):
             out = poisoned(gpu, shape, dtype)
             getattr(gpu.ops, op)(first, second, out=out)
             ref = BINARY[op](*(a.astype(np.float64) if t is x else b.astype(np.float64) for t in (first, second)))

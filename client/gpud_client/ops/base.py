@@ -55,6 +55,10 @@ class OpsBase:
     ) -> None:
         """Check the call against the kernel's rule, then queue (or record) its dispatch."""
         spec = KERNELS[name]
+        for position in spec.writes:
+            written = tensors[position].base
+            if any(t.base is written for i, t in enumerate(tensors) if i != position):
+                raise InvalidArgument(f"{spec.op} ({name}): out is also an input; ops do not run in place")
         infos = [_info(t) for t in tensors]
         values = [s.value if hasattr(s, "value") else s for s in scalars]
         try:

@@ -1,4 +1,4 @@
-"""Elementwise ops: add, sub, mul, div (numpy-style broadcasting over leading axes), scale, exp,
+"""Elementwise ops: add, sub, mul, div, silu_mul (numpy-style broadcasting over leading axes), scale, exp,
 rsqrt, silu, gelu (exact erf form, or tanh), tanh, and casts between float32 and float16."""
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ class ElementwiseOps(OpsBase):
 
     def div(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
         return self._binary("div", x, y, out, graph)
+
+    def silu_mul(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """silu(x) * y, in one pass (the gate of a SwiGLU MLP)."""
+        return self._binary("silu_mul", x, y, out, graph)
 
     def scale(self, x: Any, a: float, *, out: Any = None, graph: Any = None) -> Any:
         return self._unary("scale", x, out, graph, a)

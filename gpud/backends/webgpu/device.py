@@ -37,10 +37,28 @@ class Commands(NamedTuple):
     reads: list[tuple[Any, int]]  # download stagings and their byte counts, mapped at completion
     uniforms: bytes | None
     fence: Any
+    probes: list[Any]  # finished validation probes, submitted ahead of the encoder
+
+
+class _Receiver:
+    """What `GPUPromise._chain` calls with the outcome (it calls the `_set_input` and `_set_error`
+    of the promise it chains to; wgpu-py pinned below 0.33, tests/backends/webgpu check it)."""
+
+    __slots__ = ("_failed", "_ok")
+
+    def __init__(self, ok: Callable[[Any], None], failed: Callable[[Exception], None]) -> None:
+        self._ok, self._failed = ok, failed
+
+    def _set_input(self, result: Any) -> None:
+        self._ok(result)
+
+    def _set_error(self, error: Exception) -> None:
+        self._failed(error)
 
 
 class WebGpuDevice(Device):
     kind = "webgpu"
+    prepare_uses_buffers = True
 
     def __init__(self, index: int, loop: asyncio.AbstractEventLoop, adapter: Any, settings: Any) -> None:
         super().__init__(index, loop)
@@ -121,7 +139,7 @@ class WebGpuDevice(Device):
         if not upload:
             done(True)  # unmapped by read_staging: ready for the next copy
             return
-        staging.map_async("WRITE").then(lambda _: done(True), lambda _exc: done(False))
+        self._when_settled(staging.map_async("WRITE"), lambda _: done(True), lambda _exc: done(False))
 
     def drop_caches(self) -> None:
         self._dispatcher.clear()
@@ -179,14 +197,15 @@ class WebGpuDevice(Device):
         if not reads:
             fence = self._idle_fences.pop() if self._idle_fences else self._make_fence()
             encoder.copy_buffer_to_buffer(self._dispatcher.uniform, 0, fence, 0, 4)
-        return Commands(encoder, reads, self._dispatcher.take_uniforms(), fence)
+        probes, self._dispatcher.finished_probes = self._dispatcher.finished_probes, []
+        return Commands(encoder, reads, self._dispatcher.take_uniforms(), fence, probes)
 
     def submit(self, commands: Any) -> Commands:
         command_buffer = commands.encoder.finish()  # validation errors: a refused submission
         if commands.uniforms is not None:
             # write_buffer is ordered after earlier submits, so the uniform slots are reused safely.
             self._queue.write_buffer(self._dispatcher.uniform, 0, commands.uniforms)
-        self._queue.submit([command_buffer])
+        self._queue.submit([*commands.probes, command_buffer])
         return commands  # type: ignore[no-any-return]
 
     def watch(self, submitted: Any, done: Done, awaited: bool) -> None:
@@ -199,7 +218,10 @@ class WebGpuDevice(Device):
                 self._idle_fences.append(fence)
                 done(None)
 
-            fence.map_async("READ_NOSYNC", 0, 4).then(signalled, lambda exc: done(DeviceLost(f"queue failed: {exc}")))
+            def lost(exc: Exception) -> None:
+                done(DeviceLost(f"queue failed: {exc}"))
+
+            self._when_settled(fence.map_async("READ_NOSYNC", 0, 4), signalled, lost)
             return
         remaining = len(commands.reads)
 
@@ -216,7 +238,15 @@ class WebGpuDevice(Device):
                 done(DeviceLost(f"readback failed: {exc}"))
 
         for staging, nbytes in commands.reads:
-            staging.map_async("READ_NOSYNC", 0, round4(nbytes)).then(mapped, failed)
+            self._when_settled(staging.map_async("READ_NOSYNC", 0, round4(nbytes)), mapped, failed)
+
+    def _when_settled(self, promise: Any, ok: Callable[[Any], None], failed: Callable[[Exception], None]) -> None:
+        """`ok(result)` or `failed(error)`, on the loop thread, once `promise` settles.
+
+        Not `promise.then(ok, failed)`: wgpu-py 0.32 keeps the promise of the branch not taken in
+        its set of unresolved promises forever (about 1 KB a call); and not `await promise`, which
+        fails under uvloop. A chained receiver creates no promise at all."""
+        promise._chain(_Receiver(ok, failed))
 
     def _make_fence(self) -> Any:
         return self._device.create_buffer(size=4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)

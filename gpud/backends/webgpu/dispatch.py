@@ -2,7 +2,7 @@
 
 wgpu validates a command buffer only at `finish()`: one invalid dispatch there would fail the
 whole submission, other sessions' work included. So every new combination of pipeline and bound
-buffers is first encoded into a throwaway encoder and finished (a probe, never submitted): wgpu's
+buffers is first encoded into an encoder of its own and finished (a probe of no workgroups): wgpu's
 own verdict lands on the op that caused it. Scalars go through one uniform buffer with a 256-byte
 slot per dispatch position, written by one `write_buffer` right before the submit.
 """
@@ -48,6 +48,9 @@ class Dispatcher:
         self._keys_of_buffer: defaultdict[Any, set[tuple[Any, ...]]] = defaultdict(set)
         self._probed: LruCache[tuple[Any, ...], bool] = LruCache(bind_group_cache)
         self.probes = 0
+        # wgpu-native frees a finished command buffer only once it is submitted: the probes go
+        # with the next submission (their buffers are marked as used by it, so they stay alive).
+        self.finished_probes: list[Any] = []
 
     def prepare(self, program: Program, grid: tuple[int, int, int], args: Sequence[Arg]) -> tuple[Any, ...]:
         native: Pipeline = program.native
@@ -78,7 +81,8 @@ class Dispatcher:
         return (native.pipeline, native.layout, native.id, tuple(tensors), packer, tuple(values), grid)
 
     def _probe(self, native: Pipeline, tensors: list[Any], scalars: bool, entry: str) -> None:
-        """Encode the dispatch into an encoder that is finished and dropped: wgpu's checks, no GPU work."""
+        """Encode the dispatch (of no workgroups) into an encoder of its own and finish it: wgpu's
+        checks, no GPU work."""
         self.probes += 1
         bind_group = None
         if tensors or scalars:
@@ -91,7 +95,7 @@ class Dispatcher:
                 compute.set_bind_group(0, bind_group)
             compute.dispatch_workgroups(0, 0, 0)
             compute.end()
-            encoder.finish()
+            self.finished_probes.append(encoder.finish())
         except Exception as exc:
             raise InvalidArgument(f"the arguments do not fit kernel {entry}: {_first_lines(exc)}") from None
 

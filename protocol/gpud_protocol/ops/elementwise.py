@@ -1,6 +1,7 @@
 """Elementwise ops: binary with broadcasting over leading axes, unary functions, casts.
 
-binary_<dtype>(x, y, out; n, nx, ny, op): out[i] = x[i % nx] (op) y[i % ny], op 0 add 1 sub 2 mul 3 div.
+binary_<dtype>(x, y, out; n, nx, ny, op): out[i] = x[i % nx] (op) y[i % ny], op 0 add 1 sub 2 mul 3 div
+4 silu_mul (silu(x) * y: the gated MLP of Llama-style models).
 unary_<dtype>(x, out; n, op, a): op 0 a*x, 1 exp, 2 rsqrt, 3 silu, 4 gelu (erf), 5 gelu (tanh), 6 tanh.
 cast_f32_f16 / cast_f16_f32(x, out; n). Float16 is computed in float32 and rounded once when stored.
 """
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 from gpud_protocol.ops import KernelSpec, TensorInfo, broadcast_shape, need, same_dtype
 
-BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4}
 UNARY_OPS = {"scale": 0, "exp": 1, "rsqrt": 2, "silu": 3, "gelu": 4, "gelu_tanh": 5, "tanh": 6}
 DTYPES = ("float32", "float16")
 SHORT = {"float32": "f32", "float16": "f16"}
