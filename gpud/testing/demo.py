@@ -1,22 +1,28 @@
-"""`gpud demo`: a real client workload through a real daemon, verified against numpy.
+"""`gpud demo`: a transformer decoding through a real daemon, K client processes at once, checked.
 
-Each step uploads a fresh input, runs a chain of dependent `axpb` dispatches (each reads the
-previous one's output) and reads the result back. Then the same chain runs with one submit and
-round trip per dispatch, to show what coalescing buys.
+The weights (Qwen2.5-0.5B's shapes on a GPU, a smaller configuration of the same model on a software
+rasteriser) are uploaded once and published; K client processes open them, keep their own KV
+caches and decode greedily, in each mode: one submission per op, coalesced, and a replay graph per
+step. Client 0's tokens are checked against a numpy float64 reference of the same model, and every
+client's tokens must agree across the modes. Printed: tokens/s per client and per mode, and the
+device memory (the weights held once however many clients decode).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import statistics
 import sys
-import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 import gpud_client
-from gpud.testing import workloads as kernels
+from gpud.testing.decoding import PROMPT, memory_in_use, new_prefix, prompt, publish, run_clients, unpublish
 from gpud.testing.spawn import answers, daemon
+from gpud.testing.transformer import CONFIGS, MODES, Reference, weights
 from gpud_client import default_address
 
 
@@ -32,53 +38,105 @@ def _daemon_for(backend: str) -> Iterator[str]:
         yield address
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    width = 40
-    filled = width * done // total
-    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+class Bars:
+    """One progress bar per client, redrawn in place on a terminal; a line per client elsewhere."""
+
+    def __init__(self, label: str, clients: int) -> None:
+        self.label, self.done = label, [0] * clients
+        self.tty = sys.stderr.isatty()
+        self.total = 1
+        if self.tty:
+            sys.stderr.write("\n" * clients)
+
+    def __call__(self, client: int, done: int, total: int) -> None:
+        self.done[client], self.total = done, total
+        if self.tty:
+            width = 32
+            lines = []
+            for i, d in enumerate(self.done):
+                filled = width * d // total
+                lines.append(f"  {self.label:>9} client {i}: [{'#' * filled}{'.' * (width - filled)}] {d}/{total}")
+            sys.stderr.write(f"\x1b[{len(self.done)}F" + "\n".join(f"{line}\x1b[K" for line in lines) + "\n")
+            sys.stderr.flush()
+        elif done == total:
+            sys.stderr.write(f"  {self.label:>9} client {client}: {done} steps\n")
 
 
-async def run_demo(backend: str, steps: int, chain: int, size: int) -> int:
-    with _daemon_for(backend) as address:
+def _model_for(address: str, model: str) -> tuple[str, str, dict[str, Any]]:
+    async def hello() -> tuple[str, dict[str, Any]]:
         async with gpud_client.connect(address) as gpu:
-            device = gpu.welcome["devices"][0]
-            print(f"connected: session {gpu.session_id}, backend {gpu.backend}, device {device.get('name', '?')}")
-            source, options = kernels.axpb_source(gpu.backend)
-            k = await gpu.kernel(source, "axpb", **options)  # type: ignore[arg-type]
-            rng = np.random.default_rng(0)
-            bufs = [gpu.empty(size), gpu.empty(size)]
-            warm = rng.standard_normal(size).astype(np.float32)
-            await kernels.run_chain(gpu, k, bufs, warm, chain, each=False)  # compiles, caches: not timed
-            worst = 0.0
-            t0 = time.perf_counter()
-            for step in range(steps):
-                x0 = rng.standard_normal(size).astype(np.float32)
-                out = await kernels.run_chain(gpu, k, bufs, x0, chain, each=False)
-                ref = kernels.chain_reference(x0, chain)
-                worst = max(worst, float(np.max(np.abs(out - ref))))
-                if not np.allclose(out, ref, rtol=1e-4, atol=1e-5):
-                    print(f"\nstep {step}: result differs from numpy (max error {worst:g})")
-                    return 1
-                _progress(step + 1, steps, "coalesced")
-            coalesced = (time.perf_counter() - t0) / (steps * chain)
-            each_steps = max(1, steps // 10)
-            t0 = time.perf_counter()
-            for step in range(each_steps):
-                x0 = rng.standard_normal(size).astype(np.float32)
-                out = await kernels.run_chain(gpu, k, bufs, x0, chain, each=True)
-                if not np.allclose(out, kernels.chain_reference(x0, chain), rtol=1e-4, atol=1e-5):
-                    print("\nper-dispatch result differs from numpy")
-                    return 1
-                _progress(step + 1, each_steps, "one submit per dispatch")
-            each = (time.perf_counter() - t0) / (each_steps * chain)
-            stats = await gpu.stats()
-            for t in bufs:
-                t.free()
-    print(f"\n{steps} steps x {chain} dependent dispatches on {size} floats: all match numpy (max error {worst:.2g})")
-    print(f"  coalesced through gpud:            {coalesced * 1e6:8.1f} us per dispatch")
-    print(f"  one submit + round trip each:      {each * 1e6:8.1f} us per dispatch")
-    print(f"  coalescing is {each / coalesced:.1f}x faster; the daemon made {stats['device']['flushes']} submissions")
+            return gpu.backend, dict(gpu.welcome["devices"][gpu.device])
+
+    backend, device = asyncio.run(hello())
+    if model == "auto":
+        model = "small" if device.get("software") else "qwen2.5-0.5b"
+    return model, backend, device
+
+
+def run_demo(backend: str, clients: int = 3, tokens: int = 16, model: str = "auto") -> int:
+    with _daemon_for(backend) as address:
+        model, backend, device = _model_for(address, model)
+        config = CONFIGS[model]
+        print(
+            f"{backend} device {device.get('name', '?')}: model {model!r}, {config.parameters() / 1e6:.0f}M float16 "
+            f"parameters, {clients} clients, {PROMPT} prompt tokens + {tokens} greedy ones each"
+        )
+        weight_bytes = 2 * config.parameters()
+        prefix = new_prefix()
+        published = asyncio.run(publish(address, model, prefix))
+        print(
+            f"weights uploaded and published once in {published['upload_s']:.1f} s: "
+            f"{published['weights_memory'] / 2**20:.0f} MiB on the device ({weight_bytes / 2**20:.0f} MiB of weights)"
+        )
+        print("numpy float64 reference of client 0 ...", flush=True)
+        want = _reference(model, tokens)
+        rows: dict[str, dict[str, Any]] = {}
+        try:
+            for mode in MODES:
+                rows[mode] = run_clients(address, model, prefix, mode, clients, tokens, Bars(mode, clients))
+        finally:
+            asyncio.run(unpublish(address, model, prefix))
+        baseline = asyncio.run(memory_in_use(address))
+    failed = _check(rows, want)
+    _report(rows, clients, published["weights_memory"], baseline)
+    if failed:
+        print(failed)
+        return 1
+    print(f"all match: client 0's {tokens} greedy tokens equal the numpy reference's; every client agrees across modes")
     return 0
+
+
+def _reference(model: str, tokens: int) -> list[int]:
+    config = CONFIGS[model]
+    ref = Reference(config, weights(config, 0))
+    ids = list(prompt(0, config)[0])
+    for step in range(PROMPT - 1 + tokens):
+        logits = ref.step(int(ids[step]))
+        if step + 1 >= PROMPT:
+            ids.append(int(np.argmax(logits)))
+    return ids[PROMPT:]
+
+
+def _check(rows: dict[str, dict[str, Any]], want: list[int]) -> str:
+    for mode, row in rows.items():
+        if row["tokens"][0] != want:
+            return f"{mode}: client 0's tokens {row['tokens'][0]} differ from the reference's {want}"
+        first = rows[MODES[0]]["tokens"]
+        if row["tokens"] != first:
+            return f"{mode}: the clients' tokens differ from the {MODES[0]} mode's"
+    return ""
+
+
+def _report(rows: dict[str, dict[str, Any]], clients: int, weights_memory: int, baseline: int) -> None:
+    print(f"\n{'mode':>10} {'tokens/s per client (min / median / max)':>42} {'all clients':>12} {'vs dispatch':>12}")
+    base = rows["dispatch"]["tokens_per_s"]
+    for mode, row in rows.items():
+        each = row["per_client_tokens_per_s"]
+        spread = f"{min(each):8.1f} / {statistics.median(each):8.1f} / {max(each):8.1f}"
+        print(f"{mode:>10} {spread:>42} {row['tokens_per_s']:12.1f} {row['tokens_per_s'] / base:11.1f}x")
+    peak = max(row["peak_memory"] for row in rows.values())
+    print(
+        f"\ndevice memory: {peak / 2**20:.0f} MiB at most while {clients} clients decoded "
+        f"(the weights, {weights_memory / 2**20:.0f} MiB, held once; each client's KV caches and activations "
+        f"besides); {baseline / 2**20:.0f} MiB once they left and the weights were unpublished"
+    )

@@ -1,0 +1,150 @@
+"""K client processes decoding at once through one daemon (the demo's and `gpud bench decode`'s).
+
+Each process is an ordinary gpud client: it opens the published weights, makes its own KV caches,
+warms up (compiles, builds or opens the step graph), waits for a common start time, then decodes
+`tokens` greedy tokens after a prompt of its own, reporting each step on a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import queue
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import gpud_client
+from gpud.testing.transformer import CONFIGS, Config, Decoder, Weights, generate
+
+PROMPT = 4  # prompt tokens fed before the greedy ones
+WARMUP_S = 5.0  # the time every client has to open the weights and warm up before the common start
+
+Progress = Callable[[int, int, int], None]  # (client, steps done, steps in all)
+
+
+def prompt(seed: int, config: Config) -> np.ndarray[Any, Any]:
+    """Client `seed`'s prompt: (1, PROMPT) token ids."""
+    return np.random.default_rng(seed).integers(0, config.vocab, (1, PROMPT), dtype=np.int32)
+
+
+def new_prefix() -> str:
+    """Names for one run's published weights and step graphs (runs side by side do not collide)."""
+    return f"decode/{uuid.uuid4().hex[:12]}/"
+
+
+async def publish(address: str, model: str, prefix: str, seed: int = 0) -> dict[str, Any]:
+    """Upload and publish the weights; how long it took and the device memory it holds."""
+    async with gpud_client.connect(address) as gpu:
+        before = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
+        t0 = time.perf_counter()
+        await Weights.publish(gpu, CONFIGS[model], seed, prefix)
+        seconds = time.perf_counter() - t0
+        after = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
+        return {"upload_s": seconds, "weights_memory": after - before}
+
+
+async def unpublish(address: str, model: str, prefix: str) -> None:
+    """Remove the run's weights and step graphs (a name already gone is skipped)."""
+    async with gpud_client.connect(address) as gpu:
+        for name in Weights.names(CONFIGS[model], prefix):
+            gpu.unpublish(name)
+            with contextlib.suppress(gpud_client.NotFound):
+                await gpu.sync()
+        for name in [Decoder.graph_name_for(prefix + "step", batch=1, logits=False)]:
+            gpu.unpublish_graph(name)
+            with contextlib.suppress(gpud_client.NotFound):
+                await gpu.sync()
+
+
+async def memory_in_use(address: str) -> int:
+    async with gpud_client.connect(address) as gpu:
+        return int(sum(d["memory_in_use"] for d in (await gpu.stats())["devices"]))
+
+
+async def _client(
+    address: str, model: str, prefix: str, mode: str, tokens: int, seed: int, start_at: float, events: Any
+) -> dict[str, Any]:
+    config = CONFIGS[model]
+    steps = PROMPT - 1 + tokens
+    async with gpud_client.connect(address) as gpu:
+        decoder = Decoder(gpu, config, await Weights.open(gpu, config, prefix), graph_name=prefix + "step")
+        # Compiles, builds or opens the graph; the timed run starts again at position 0 (attention
+        # reads the cache only up to the current position, so nothing of this run is seen).
+        await generate(decoder, prompt(seed, config), 1, mode)
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        done = 0
+
+        def stepped() -> None:
+            nonlocal done
+            done += 1
+            events.put(("step", seed, done, steps))
+
+        t0 = time.perf_counter()
+        out, _ = await generate(decoder, prompt(seed, config), tokens, mode, on_step=stepped)
+        seconds = time.perf_counter() - t0
+        peak = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
+        decoder.free()
+        return {"client": seed, "seconds": seconds, "steps": steps, "tokens": out[0].tolist(), "memory": peak}
+
+
+def _process(
+    address: str, model: str, prefix: str, mode: str, tokens: int, seed: int, start_at: float, events: Any
+) -> None:
+    try:
+        result = asyncio.run(_client(address, model, prefix, mode, tokens, seed, start_at, events))
+    except BaseException as exc:  # reported to the parent, which fails the run
+        events.put(("failed", seed, f"{type(exc).__name__}: {exc}"))
+        raise
+    events.put(("done", seed, result))
+
+
+def run_clients(
+    address: str, model: str, prefix: str, mode: str, k: int, tokens: int, progress: Progress | None = None
+) -> dict[str, Any]:
+    """K processes decoding `tokens` tokens each in `mode`; their results and the aggregate rate."""
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    start_at = time.time() + WARMUP_S + 0.5 * k
+    procs = [
+        ctx.Process(target=_process, args=(address, model, prefix, mode, tokens, seed, start_at, events))
+        for seed in range(k)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, dict[str, Any]] = {}
+    try:
+        while len(results) < k:
+            try:
+                event = events.get(timeout=5.0)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("a decoding client exited without reporting") from None
+                continue
+            if event[0] == "step" and progress is not None:
+                progress(event[1], event[2], event[3])
+            elif event[0] == "failed":
+                raise RuntimeError(f"client {event[1]} failed: {event[2]}")
+            elif event[0] == "done":
+                results[event[1]] = event[2]
+    finally:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    rows = [results[i] for i in range(k)]
+    wall = max(r["seconds"] for r in rows)
+    return {
+        "mode": mode,
+        "clients": k,
+        "tokens_per_s": sum(r["steps"] for r in rows) / wall,  # one token fed or made per step
+        "per_client_tokens_per_s": [r["steps"] / r["seconds"] for r in rows],
+        "ms_per_token": [1e3 * r["seconds"] / r["steps"] for r in rows],
+        "tokens": [r["tokens"] for r in rows],
+        "peak_memory": max(r["memory"] for r in rows),
+    }

@@ -1,0 +1,395 @@
+"""A decoder-only transformer run through gpud's op library, and its numpy reference.
+
+The shapes are Qwen2.5-0.5B's (24 layers, hidden 896, 14 query heads sharing 2 KV heads of 64,
+SwiGLU MLP of 4864, RMSNorm, rotary positions with base 1e6, biases on q/k/v, embeddings tied to
+the output); the weights are float16 drawn from a seed, not a checkpoint (nothing to download), so
+the tokens mean nothing but every number is checked. `tiny` and `small` keep the structure at sizes
+a software rasteriser runs in seconds.
+
+Weights are uploaded once and published read-only: every other session opens them by name, so K
+clients decode with one copy in device memory. Each session owns its KV caches and activations.
+One decode step is the same op sequence in three modes:
+
+- `dispatch`: each op is its own submission and round trip (what a naive remote GPU costs);
+- `coalesced`: the whole step is queued and flushed by the one readback of the next token;
+- `graph`: the step is recorded once into a replay graph (published, so other sessions open the
+  same instances) and replayed with this step's token ids and positions, the session's caches bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import gpud_client
+
+MODES = ("dispatch", "coalesced", "graph")
+OPS_PER_LAYER = 17
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_len: int  # positions the KV caches hold
+    eps: float = 1e-6
+    rope_base: float = 1e6
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def parameters(self) -> int:
+        return sum(math.prod(shape) for _name, shape in weight_shapes(self))
+
+
+CONFIGS = {
+    "qwen2.5-0.5b": Config(24, 896, 14, 2, 64, 4864, 32_768, 1024),  # the vocabulary cut to 32K
+    "small": Config(4, 256, 8, 2, 32, 704, 4096, 128),
+    "tiny": Config(2, 64, 4, 2, 16, 128, 256, 32),
+}
+
+
+def weight_shapes(config: Config) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every weight's name and shape; matrices are (out, in), as a Linear layer stores them."""
+    c = config
+    yield "embed", (c.vocab, c.hidden)
+    for i in range(c.layers):
+        p = f"layer{i}."
+        yield p + "norm1", (c.hidden,)
+        yield p + "q", (c.heads * c.head_dim, c.hidden)
+        yield p + "q_bias", (c.heads * c.head_dim,)
+        yield p + "k", (c.kv_width, c.hidden)
+        yield p + "k_bias", (c.kv_width,)
+        yield p + "v", (c.kv_width, c.hidden)
+        yield p + "v_bias", (c.kv_width,)
+        yield p + "o", (c.hidden, c.heads * c.head_dim)
+        yield p + "norm2", (c.hidden,)
+        yield p + "gate", (c.intermediate, c.hidden)
+        yield p + "up", (c.intermediate, c.hidden)
+        yield p + "down", (c.hidden, c.intermediate)
+    yield "norm", (c.hidden,)
+
+
+def weight(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
+    """One weight, float16, the same in every process for (name, seed)."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if name.endswith("norm1") or name.endswith("norm2") or name == "norm":
+        values = 1.0 + 0.1 * rng.standard_normal(shape, np.float32)
+    elif name.endswith("_bias"):
+        values = 0.1 * rng.standard_normal(shape, np.float32)
+    elif name == "embed":
+        values = rng.standard_normal(shape, np.float32)
+    else:
+        values = rng.standard_normal(shape, np.float32) / np.float32(math.sqrt(shape[1]))
+    return values.astype(np.float16)
+
+
+def weights(config: Config, seed: int) -> dict[str, np.ndarray[Any, Any]]:
+    return {name: weight(name, shape, seed) for name, shape in weight_shapes(config)}
+
+
+# ---------------------------------------------------------------------------------------- reference
+
+
+class Reference:
+    """The same model in numpy float64 (weights as float16 values), one sequence, token by token."""
+
+    def __init__(self, config: Config, params: dict[str, np.ndarray[Any, Any]]) -> None:
+        self.c = config
+        self.w = {name: value.astype(np.float64) for name, value in params.items()}
+        self.k: list[list[np.ndarray[Any, Any]]] = [[] for _ in range(config.layers)]
+        self.v: list[list[np.ndarray[Any, Any]]] = [[] for _ in range(config.layers)]
+
+    def step(self, token: int) -> np.ndarray[Any, Any]:
+        """The logits after `token` at the next position."""
+        c, w = self.c, self.w
+        pos = len(self.k[0])
+        x = w["embed"][token].copy()
+        for i in range(c.layers):
+            p = f"layer{i}."
+            h = _rmsnorm(x, w[p + "norm1"], c.eps)
+            q = (w[p + "q"] @ h + w[p + "q_bias"]).reshape(c.heads, c.head_dim)
+            k = (w[p + "k"] @ h + w[p + "k_bias"]).reshape(c.kv_heads, c.head_dim)
+            v = (w[p + "v"] @ h + w[p + "v_bias"]).reshape(c.kv_heads, c.head_dim)
+            q, k = _rotate(q, pos, c.rope_base), _rotate(k, pos, c.rope_base)
+            # the daemon's caches hold float16: so does the reference
+            self.k[i].append(k.astype(np.float16).astype(np.float64))
+            self.v[i].append(v.astype(np.float16).astype(np.float64))
+            keys, values = np.stack(self.k[i]), np.stack(self.v[i])  # (S, Hkv, D)
+            group = c.heads // c.kv_heads
+            out = np.empty((c.heads, c.head_dim))
+            for head in range(c.heads):
+                scores = keys[:, head // group] @ q[head] / math.sqrt(c.head_dim)
+                weights_ = np.exp(scores - scores.max())
+                out[head] = weights_ @ values[:, head // group] / weights_.sum()
+            x = x + w[p + "o"] @ out.reshape(-1)
+            h = _rmsnorm(x, w[p + "norm2"], c.eps)
+            gate, up = w[p + "gate"] @ h, w[p + "up"] @ h
+            x = x + w[p + "down"] @ (gate / (1 + np.exp(-gate)) * up)
+        logits: np.ndarray[Any, Any] = w["embed"] @ _rmsnorm(x, w["norm"], c.eps)
+        return logits
+
+
+def _rmsnorm(x: np.ndarray[Any, Any], weight_: np.ndarray[Any, Any], eps: float) -> np.ndarray[Any, Any]:
+    result: np.ndarray[Any, Any] = x / np.sqrt(np.mean(x * x) + eps) * weight_
+    return result
+
+
+def _rotate(x: np.ndarray[Any, Any], pos: int, base: float) -> np.ndarray[Any, Any]:
+    """Rotary embedding, the "neox" pairing (j, j + D/2) of Qwen and Llama."""
+    half = x.shape[-1] // 2
+    angle = pos * base ** (-np.arange(half) * 2.0 / x.shape[-1])
+    cos, sin = np.cos(angle), np.sin(angle)
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+# ---------------------------------------------------------------------------------------- gpud
+
+
+class Weights:
+    """The model's weights on the daemon: uploaded and published once, opened by every other session."""
+
+    def __init__(self, tensors: dict[str, gpud_client.Tensor]) -> None:
+        self.t = tensors
+
+    def __getitem__(self, name: str) -> gpud_client.Tensor:
+        return self.t[name]
+
+    @staticmethod
+    def names(config: Config, prefix: str) -> list[str]:
+        return [prefix + name for name, _shape in weight_shapes(config)]
+
+    @classmethod
+    async def publish(cls, gpu: gpud_client.Client, config: Config, seed: int, prefix: str) -> Weights:
+        """Upload every weight (generated from `seed`) and publish each read-only as prefix + name."""
+        tensors: dict[str, gpud_client.Tensor] = {}
+        for name, shape in weight_shapes(config):
+            tensor = gpu.tensor(weight(name, shape, seed))
+            gpu.publish(tensor, prefix + name, mode="ro")
+            tensors[name] = tensor
+            await gpu.flush()  # one weight's upload at a time: the payloads do not pile up in the client
+        await gpu.sync()
+        return cls(tensors)
+
+    @classmethod
+    async def open(cls, gpu: gpud_client.Client, config: Config, prefix: str) -> Weights:
+        return cls({name: await gpu.open(prefix + name) for name, _shape in weight_shapes(config)})
+
+
+class Decoder:
+    """One session's decoding: its KV caches and activations, and the step in three modes.
+
+    `batch` sequences decode together, each at its own position; every tensor here is this
+    session's, the weights are shared. `logits=True` also reads the logits back (for checking)."""
+
+    def __init__(
+        self,
+        gpu: gpud_client.Client,
+        config: Config,
+        params: Weights,
+        batch: int = 1,
+        *,
+        logits: bool = False,
+        graph_name: str = "decode",
+    ) -> None:
+        self.gpu, self.c, self.w, self.batch, self.with_logits = gpu, config, params, batch, logits
+        self.graph_name = self.graph_name_for(graph_name, batch, logits)
+        cache = (batch, config.max_len, config.kv_heads, config.head_dim)
+        self.k_caches = [gpu.empty(cache, "float16") for _ in range(config.layers)]
+        self.v_caches = [gpu.empty(cache, "float16") for _ in range(config.layers)]
+        self.ids = gpu.empty(batch, "int32")
+        self.pos = gpu.empty(batch, "int32")
+        self._work: dict[str, Any] | None = None  # the eager modes' activations, made on first use
+        self._step: gpud_client.Step | None = None
+
+    @staticmethod
+    def graph_name_for(name: str, batch: int, logits: bool) -> str:
+        """The published step graph's name: one per batch size (and with or without logits)."""
+        return f"{name}-b{batch}{'-logits' if logits else ''}"
+
+    def _workspace(self, make: Any) -> dict[str, Any]:
+        c, b = self.c, self.batch
+        shapes = {
+            "x": (b, c.hidden),
+            "x2": (b, c.hidden),
+            "normed": (b, c.hidden),
+            "q": (b, c.heads * c.head_dim),
+            "k": (b, c.kv_width),
+            "v": (b, c.kv_width),
+            "attn": (b, c.heads, c.head_dim),
+            "o": (b, c.hidden),
+            "gate": (b, c.intermediate),
+            "up": (b, c.intermediate),
+            "act": (b, c.intermediate),
+            "down": (b, c.hidden),
+            "logits": (b, c.vocab),
+        }
+        work = {name: make(shape, "float32") for name, shape in shapes.items()}
+        work["next"] = make((b,), "int32")
+        return work
+
+    def _ops(self, ids: Any, pos: Any, ks: list[Any], vs: list[Any], t: dict[str, Any], g: Any) -> Iterator[None]:
+        """Queue (or record, into graph `g`) one decode step, yielding after each op."""
+        ops, c, w, b = self.gpu.ops, self.c, self.w, self.batch
+        x, x2, normed, attn = t["x"], t["x2"], t["normed"], t["attn"]
+        q3 = t["q"].reshape(b, c.heads, c.head_dim)
+        q4 = t["q"].reshape(b, 1, c.heads, c.head_dim)
+        k4 = t["k"].reshape(b, 1, c.kv_heads, c.head_dim)
+        v4 = t["v"].reshape(b, 1, c.kv_heads, c.head_dim)
+        attn2 = attn.reshape(b, c.heads * c.head_dim)
+
+        def linear(src: Any, name: str, out: Any, bias: str | None = None) -> None:
+            ops.matmul(src, w[name], transpose_w=True, bias=None if bias is None else w[bias], out=out, graph=g)
+
+        ops.embedding(ids, w["embed"], out=x, graph=g)
+        yield
+        for i in range(c.layers):
+            p = f"layer{i}."
+            ops.rmsnorm(x, w[p + "norm1"], c.eps, out=normed, graph=g)
+            yield
+            for name, out in (("q", t["q"]), ("k", t["k"]), ("v", t["v"])):
+                linear(normed, p + name, out, p + name + "_bias")
+                yield
+            ops.rotary(q4, pos, base=c.rope_base, out=q4, graph=g)
+            yield
+            ops.rotary(k4, pos, base=c.rope_base, out=k4, graph=g)
+            yield
+            ops.kv_append(ks[i], k4, pos, graph=g)
+            yield
+            ops.kv_append(vs[i], v4, pos, graph=g)
+            yield
+            ops.attention_decode(q3, ks[i], vs[i], pos, out=attn, graph=g)
+            yield
+            linear(attn2, p + "o", t["o"])
+            yield
+            ops.add(x, t["o"], out=x2, graph=g)
+            yield
+            ops.rmsnorm(x2, w[p + "norm2"], c.eps, out=normed, graph=g)
+            yield
+            linear(normed, p + "gate", t["gate"])
+            yield
+            linear(normed, p + "up", t["up"])
+            yield
+            ops.silu_mul(t["gate"], t["up"], out=t["act"], graph=g)
+            yield
+            linear(t["act"], p + "down", t["down"])
+            yield
+            ops.add(x2, t["down"], out=x, graph=g)
+            yield
+        ops.rmsnorm(x, w["norm"], c.eps, out=normed, graph=g)
+        yield
+        linear(normed, "embed", t["logits"])
+        yield
+        ops.argmax(t["logits"], out=t["next"], graph=g)
+        yield
+
+    def ops_per_step(self) -> int:
+        return 1 + OPS_PER_LAYER * self.c.layers + 3
+
+    async def step(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], mode: str) -> Output:
+        """Decode one token per sequence: `ids` (B,) at positions `pos` (B,); the next ids (argmax)."""
+        ids32, pos32 = np.asarray(ids, np.int32), np.asarray(pos, np.int32)
+        if ids32.shape != (self.batch,) or pos32.shape != (self.batch,):
+            raise ValueError(f"ids and pos are ({self.batch},) arrays")
+        if int(pos32.max()) >= self.c.max_len or int(pos32.min()) < 0:
+            raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
+        if mode == "graph":
+            step = self._step or await self._graph()
+            binds = {f"k{i}": cache for i, cache in enumerate(self.k_caches)}
+            binds.update({f"v{i}": cache for i, cache in enumerate(self.v_caches)})
+            got = await step.replay(ids=ids32, pos=pos32, **binds)
+            return Output(got["next"], got.get("logits"))
+        if mode not in MODES:
+            raise ValueError(f"mode is one of {MODES}")
+        work = self._work
+        if work is None:
+            work = self._work = self._workspace(lambda shape, dtype: self.gpu.empty(shape, dtype))
+        self.ids.upload(ids32)
+        self.pos.upload(pos32)
+        for _ in self._ops(self.ids, self.pos, self.k_caches, self.v_caches, work, None):
+            if mode == "dispatch":
+                await self.gpu.flush()
+        logits = await work["logits"].numpy() if self.with_logits else None
+        return Output(await work["next"].numpy(), logits)
+
+    async def _graph(self) -> gpud_client.Step:
+        """Open the published step graph, or record, build and publish it."""
+        gpu = self.gpu
+        try:
+            self._step = await gpu.open_graph(self.graph_name)
+            return self._step
+        except gpud_client.NotFound:
+            pass
+        g = gpu.graph(self.graph_name)
+        b, c = self.batch, self.c
+        cache = (b, c.max_len, c.kv_heads, c.head_dim)
+        ks = [g.bind(f"k{i}", cache, "float16") for i in range(c.layers)]
+        vs = [g.bind(f"v{i}", cache, "float16") for i in range(c.layers)]
+        ids, pos = g.input("ids", b, "int32"), g.input("pos", b, "int32")
+        work = self._workspace(g.empty)
+        for _ in self._ops(ids, pos, ks, vs, work, g):
+            pass
+        g.output("next", work["next"])
+        if self.with_logits:
+            g.output("logits", work["logits"])
+        step = await g.build()
+        try:
+            gpu.publish_graph(step, self.graph_name)
+            await gpu.flush()
+        except gpud_client.AlreadyExists:  # another session published it first: use ours all the same
+            pass
+        self._step = step
+        return step
+
+    def free(self) -> None:
+        for tensor in [*self.k_caches, *self.v_caches, self.ids, self.pos, *(self._work or {}).values()]:
+            tensor.free()
+        if self._step is not None:
+            self._step.free()
+
+
+class Output(NamedTuple):
+    next: np.ndarray[Any, Any]  # (B,) int32: the argmax of each sequence's logits
+    logits: np.ndarray[Any, Any] | None  # (B, vocab) float32, when asked for
+
+
+async def generate(
+    decoder: Decoder,
+    prompt: np.ndarray[Any, Any],
+    tokens: int,
+    mode: str,
+    start: int = 0,
+    on_step: Callable[[], None] | None = None,
+) -> tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]]:
+    """Feed `prompt` (B, P) one token at a time, then `tokens` greedy ones; (B, tokens) ids and the
+    logits of every step (when the decoder reads them). `on_step` is called after each step."""
+    batch, length = prompt.shape
+    pos = np.full(batch, start, np.int32)
+    ids = prompt[:, 0].astype(np.int32)
+    out: list[np.ndarray[Any, Any]] = []
+    logits: list[np.ndarray[Any, Any]] = []
+    for step in range(length - 1 + tokens):
+        got = await decoder.step(ids, pos, mode)
+        if on_step is not None:
+            on_step()
+        if got.logits is not None:
+            logits.append(got.logits)
+        pos = pos + 1
+        if step + 1 < length:
+            ids = prompt[:, step + 1].astype(np.int32)
+        else:
+            ids = got.next.astype(np.int32)
+            out.append(ids)
+    return np.stack(out, axis=1), logits
