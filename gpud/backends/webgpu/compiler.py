@@ -68,8 +68,10 @@ def interface(reflection: Reflection) -> tuple[int | None, tuple[str, ...] | Non
     storage = [group[i] for i in sorted(group) if group[i].space == "storage"]
     uniforms = [group[i] for i in sorted(group) if group[i].space == "uniform"]
     count = len(storage)
-    if [b.binding for b in storage] != list(range(count)) or len(uniforms) > 1 or (
-        uniforms and uniforms[0].binding != count
+    if (
+        [b.binding for b in storage] != list(range(count))
+        or len(uniforms) > 1
+        or (uniforms and uniforms[0].binding != count)
     ):
         unchecked.append("bindings do not follow gpud's convention (tensors at 0..n-1, one uniform struct at n)")
         return None, None, None, unchecked

@@ -97,9 +97,9 @@ def _registry() -> dict[str, KernelSpec]:
     return specs
 
 
-from gpud_protocol.ops import elementwise  # noqa: E402  (the families use the helpers above)
+from gpud_protocol.ops import attention, elementwise, matmul, reduce  # noqa: E402  (the families use the helpers above)
 
-FAMILIES = [elementwise]
+FAMILIES = [elementwise, matmul, reduce, attention]
 KERNELS: dict[str, KernelSpec] = _registry()
 
 

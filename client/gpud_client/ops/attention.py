@@ -1,0 +1,218 @@
+"""Attention ops for decoder-only transformers: embedding, rotary, kv_append, attention_decode (one
+step against a KV cache) and attention (full sequence: prefill, encoders).
+
+Positions are a device tensor `pos` (B,) int32 (element (b, t) of a step is at position pos[b] + t),
+never a scalar: record a decode step once into a replay graph with `pos` as a graph input, and replay
+it per token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gpud_client.errors import InvalidArgument
+from gpud_client.ops.base import OpsBase, dtype_name
+from gpud_protocol import ArgKind
+from gpud_protocol.ops import OpError, TensorInfo, grid_1d
+from gpud_protocol.ops.attention import (
+    DTYPES,
+    MAX_LOOP,
+    MAX_SPLITS,
+    SHORT,
+    STYLES,
+    TILE,
+    attention_rows,
+    mask_mode,
+    rotary_freq,
+)
+
+SPLIT_TARGET = 1024  # workgroups an attention aims for when it splits the keys: enough for a big GPU
+MAX_AUTO_SPLITS = 64
+
+
+class AttentionOps(OpsBase):
+    def embedding(self, ids: Any, table: Any, *, dtype: str = "float32", out: Any = None, graph: Any = None) -> Any:
+        """table[ids]: ids (...) int32, table (V, D) float32 or float16 -> (..., D) in `dtype`
+        (float32 or float16). An id outside 0 .. V-1 gives a row of zeros."""
+        td, od = dtype_name(table), str(dtype)
+        if td not in DTYPES or od not in DTYPES:
+            raise InvalidArgument(f"embedding: a float32 or float16 table and dtype, not {td} -> {od}")
+        if len(table.shape) != 2:
+            raise InvalidArgument(f"embedding: the table is {list(table.shape)}, not (V, D)")
+        rows, dim = tuple(table.shape)
+        shape = (*tuple(ids.shape), dim)
+        result = self._out(out, shape, od, table, graph)
+        n = math.prod(shape)
+        self._run(f"embedding_{SHORT[td]}_{SHORT[od]}", grid_1d(n), [ids, table, result], [n, dim, rows], graph)
+        return result
+
+    def rotary(
+        self,
+        x: Any,
+        pos: Any,
+        *,
+        style: str = "neox",
+        base: float = 10000.0,
+        out: Any = None,
+        graph: Any = None,
+    ) -> Any:
+        """Rotary position embedding of x (B, T, H, D) (float32 or float16, D even): element (b, t)
+        is at position pos[b] + t (pos (B,) int32). style "neox" rotates the pairs (j, j + D/2)
+        (HF Llama, Qwen), "gptj" the pairs (2j, 2j+1); pair j turns by position * base^(-2j/D).
+        Returns a new tensor, or `out`; `out=x` rotates x in place (a kernel that binds x read-write
+        only: allowed on every backend), except a graph input while pos is an input too (a graph's
+        inputs share one buffer)."""
+        dtype = dtype_name(x)
+        if dtype not in DTYPES:
+            raise InvalidArgument(f"rotary: float32 or float16 x, not {dtype}")
+        if style not in STYLES:
+            raise InvalidArgument(f"rotary: style is one of {sorted(STYLES)}, not {style!r}")
+        if not (math.isfinite(base) and base > 0):
+            raise InvalidArgument(f"rotary: base {base} is not a positive number")
+        if len(x.shape) != 4 or x.shape[3] % 2 or x.shape[3] == 0:
+            raise InvalidArgument(f"rotary: x is {list(x.shape)}, not (B, T, H, D) with D even")
+        _batch, steps, heads, dim = tuple(x.shape)
+        hi, lo = rotary_freq(float(base), dim)
+        pairs = math.prod(x.shape) // 2
+        scalars = [pairs, steps, heads, dim, STYLES[style], hi, lo]
+        if out is not None and _same(out, x):
+            if _graph_input(x) and _graph_input(pos):
+                raise InvalidArgument(
+                    "rotary: in place on a graph input, with pos another input: a graph's inputs share one "
+                    "buffer, which WebGPU cannot bind read-write and read-only in one dispatch; rotate into a "
+                    "new tensor (out=None)"
+                )
+            self._run(f"rotary_inplace_{SHORT[dtype]}", grid_1d(pairs), [x, pos], scalars, graph)
+            return out
+        result = self._out(out, tuple(x.shape), dtype, x, graph)
+        self._run(f"rotary_{SHORT[dtype]}", grid_1d(pairs), [x, pos, result], scalars, graph)
+        return result
+
+    def kv_append(self, cache: Any, x: Any, pos: Any, *, graph: Any = None) -> None:
+        """cache[b, pos[b] + t] = x[b, t] (cast to the cache's dtype when stored): cache (B, L, H, D)
+        and x (B, T, H, D), float32 or float16 each; pos (B,) int32. A position outside 0 .. L-1 is
+        dropped; nothing else of the cache is touched."""
+        cd, xd = dtype_name(cache), dtype_name(x)
+        if cd not in DTYPES or xd not in DTYPES:
+            raise InvalidArgument(f"kv_append: a float32 or float16 cache and x, not {cd} and {xd}")
+        if len(x.shape) != 4 or len(cache.shape) != 4:
+            raise InvalidArgument(f"kv_append: x {list(x.shape)} and the cache {list(cache.shape)} must be 4-D")
+        n = math.prod(x.shape)
+        sizes = [n, x.shape[1], cache.shape[1], x.shape[2] * x.shape[3]]
+        self._run(f"kv_append_{SHORT[cd]}_{SHORT[xd]}", grid_1d(n), [x, pos, cache], sizes, graph)
+
+    def attention_decode(
+        self,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        pos: Any,
+        *,
+        scale: float | None = None,
+        splits: int | None = None,
+        out: Any = None,
+        graph: Any = None,
+    ) -> Any:
+        """One decode step: q (B, Hq, D) against caches (B, L, Hkv, D) (Hq % Hkv == 0; query head h
+        reads KV head h // (Hq / Hkv)), attending over cache positions 0 .. pos[b] (the new token's
+        keys appended before); pos (B,) int32. A pos[b] past L - 1 attends over the whole cache, a
+        negative one over nothing (zeros). q float32 or float16, caches float32 or float16 (both
+        alike), D <= 256; scale defaults to 1/sqrt(D). Returns (B, Hq, D) float32.
+        q may also be (B, T, Hq, D): a chunk of T new tokens, query t seeing positions 0 .. pos[b] + t.
+        `splits`: how many workgroups share a row's keys (default: enough to fill a GPU)."""
+        return self._attention("attention_decode", q, k_cache, v_cache, pos, None, False, scale, splits, out, graph)
+
+    def attention(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        causal: bool = False,
+        mask: Any = None,
+        scale: float | None = None,
+        splits: int | None = None,
+        out: Any = None,
+        graph: Any = None,
+    ) -> Any:
+        """Full-sequence attention: q (B, T, Hq, D), k and v (B, S, Hkv, D) (GQA as in
+        attention_decode). causal: query t sees the keys s <= t + (S - T). mask: an additive float32
+        mask (T, S) for every batch row (leading dims of 1 allowed), or one per batch row (B, T, S)
+        or (B, 1, T, S) (a padding mask is a (B, 1, S) row broadcast by you to (B, T, S)); a value
+        <= -1e30 (-inf, float32's minimum) hides its key. A query that sees no key gives zeros.
+        Returns (B, T, Hq, D) float32."""
+        return self._attention("attention", q, k, v, None, mask, bool(causal), scale, splits, out, graph)
+
+    def _attention(
+        self,
+        op: str,
+        q: Any,
+        k: Any,
+        v: Any,
+        pos: Any,
+        mask: Any,
+        causal: bool,
+        scale: float | None,
+        splits: int | None,
+        out: Any,
+        graph: Any,
+    ) -> Any:
+        qd, kd = dtype_name(q), dtype_name(k)
+        if qd not in DTYPES or kd not in DTYPES:
+            raise InvalidArgument(f"{op}: float32 or float16 q, k and v, not {qd} and {kd}")
+        if (op == "attention" and len(q.shape) != 4) or len(k.shape) != 4:
+            raise InvalidArgument(f"{op}: q is {list(q.shape)} and k {list(k.shape)}: see the shapes in the docs")
+        try:
+            batch, steps, heads, dim = attention_rows(TensorInfo(qd, tuple(q.shape)))
+            mode = (
+                0
+                if mask is None
+                else mask_mode(TensorInfo(dtype_name(mask), tuple(mask.shape)), batch, steps, k.shape[1])
+            )
+        except OpError as exc:
+            raise InvalidArgument(f"{op}: {exc}") from None
+        keys, kv_heads = k.shape[1], k.shape[2]
+        shape = tuple(q.shape)
+        if min(*shape, *k.shape) < 1:
+            raise InvalidArgument(f"{op}: an empty dimension in q {list(shape)} or k {list(k.shape)}")
+        if out is not None and (tuple(out.shape), dtype_name(out)) != (shape, "float32"):
+            raise InvalidArgument(f"{op}: out is {dtype_name(out)}{list(out.shape)}, not float32{list(shape)}")
+        rows = batch * steps * heads
+        if splits is None:
+            tiles = -(-keys // TILE)
+            splits = max(1, min(tiles, MAX_AUTO_SPLITS, -(-SPLIT_TARGET // rows)), -(-tiles // MAX_LOOP))
+        elif not 1 <= splits <= MAX_SPLITS:
+            raise InvalidArgument(f"{op}: splits {splits} is not in 1 .. {MAX_SPLITS}")
+        if scale is None:
+            scale = 1.0 / math.sqrt(dim)
+        part_shape = (*shape[:-1], splits, dim + 2)  # per row and split: max, sum, D weighted sums
+        if graph is not None:
+            part = graph.empty(part_shape, "float32")
+        else:
+            part = self._client.empty(part_shape, "float32", device=getattr(q, "device", None))
+        result = self._out(out, shape, "float32", q, graph)
+        sizes = [batch, steps, keys, heads, kv_heads, dim, splits, int(causal), mode, int(pos is not None)]
+        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]  # q stands in: not read
+        try:
+            self._run(f"attention_{SHORT[qd]}_{SHORT[kd]}", grid_1d(rows * splits, 1), tensors, [*sizes, scale], graph)
+            n = math.prod(shape)
+            self._run("attention_combine", grid_1d(n), [part, result], [n, dim, splits], graph)
+        finally:
+            if graph is None:
+                part.free()  # released once the dispatches that use it completed
+        return result
+
+
+def _graph_input(t: Any) -> bool:
+    return hasattr(t, "graph") and getattr(t, "kind", None) == ArgKind.INPUT
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same memory: one tensor (or a view of it), or one tensor of a graph recording."""
+    if a is b:
+        return True
+    if hasattr(a, "graph") and hasattr(b, "graph"):
+        return bool(a.graph is b.graph and a.kind == b.kind and a.index == b.index)
+    base_a, base_b = getattr(a, "base", None), getattr(b, "base", None)
+    return base_a is not None and base_a is base_b

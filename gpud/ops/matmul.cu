@@ -1,0 +1,397 @@
+// Matrix products (see gpud_protocol/ops/matmul.py for the interface): out = x @ w (+ bias), float32
+// accumulation. Float16 is unsigned short storage, converted with PTX cvt. Blocks of 256 threads.
+//
+// matvec_<x>_<w> (at most 8 rows of x per weight matrix: decode), w as (N, K): threads_per_row(k)
+// threads (32..256, a power of two) share a row of w; each thread reads 16 bytes of the row at a time
+// (8 float16, or 8 float32 as two loads) with coalesced, streaming (evict-first) loads, 4 of them in
+// flight before the first use (2 past 2 rows of x), and multiplies them by the same elements of every
+// row of x (read through the read-only cache: x is small and every row of w reads it); warp shuffles,
+// then shared memory, sum the row. The rows of x are a template parameter (1, 2, 4 or 8: the
+// accumulators stay in registers; surplus rows repeat the last one and are not written). Where K is
+// not a multiple of 8 or a pointer not 16-byte aligned, the same threads read one element at a time.
+// w as (K, N): 64 columns per block, 4 slices of K each, coalesced along the rows of w.
+//
+// matmul_<x>_<w>: 64 x 64 blocks of out, 4 x 4 per thread, K in steps of 16 through shared memory
+// (float32, converted once when stored), double-buffered with the next step's global loads in
+// registers while this step multiplies; 4-element vector loads where K (or N) allow it.
+//
+// No loop trusts the grid: every index is bounded by the scalars, which the daemon checked against
+// the tensors.
+
+#define BLOCK 256
+#define ROWS 8     // matvec: most rows of x per weight matrix
+#define COLS 64    // matvec, w as (K, N): columns per block
+#define SLICES 4   // ... and slices of K
+#define TILE 64    // matmul: out block per thread block
+#define TK 16      // matmul: K step
+
+typedef unsigned short half_t;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ float h2f(half_t h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ half_t f2h(float f) { half_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+__device__ __forceinline__ float lo(unsigned int v) { return h2f((half_t)(v & 0xffffu)); }
+__device__ __forceinline__ float hi(unsigned int v) { return h2f((half_t)(v >> 16)); }
+
+// one element as float32
+__device__ __forceinline__ float ld1(const float* p, u64 i) { return p[i]; }
+__device__ __forceinline__ float ld1(const half_t* p, u64 i) { return h2f(p[i]); }
+__device__ __forceinline__ float ldg1(const float* p, u64 i) { return __ldg(p + i); }
+__device__ __forceinline__ float ldg1(const half_t* p, u64 i) { return h2f(__ldg(p + i)); }
+
+__device__ __forceinline__ void st1(float* p, u64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void st1(half_t* p, u64 i, float v) { p[i] = f2h(v); }
+
+// 8 consecutive elements, 16-byte aligned, as raw bits: a streaming load (weights are read once)
+struct Raw8 { uint4 a, b; };  // float32: 8 words in a and b; float16: 8 halves in a
+__device__ __forceinline__ uint4 ld_cs(const void* p) {
+    uint4 v;
+    asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ Raw8 ld8_stream(const float* p) { Raw8 r; r.a = ld_cs(p); r.b = ld_cs(p + 4); return r; }
+__device__ __forceinline__ Raw8 ld8_stream(const half_t* p) { Raw8 r; r.a = ld_cs(p); r.b = make_uint4(0, 0, 0, 0); return r; }
+// ... and through the read-only cache (x: read by every row of w)
+__device__ __forceinline__ Raw8 ld8_cached(const float* p) {
+    Raw8 r;
+    r.a = __ldg(reinterpret_cast<const uint4*>(p));
+    r.b = __ldg(reinterpret_cast<const uint4*>(p + 4));
+    return r;
+}
+__device__ __forceinline__ Raw8 ld8_cached(const half_t* p) {
+    Raw8 r;
+    r.a = __ldg(reinterpret_cast<const uint4*>(p));
+    r.b = make_uint4(0, 0, 0, 0);
+    return r;
+}
+__device__ __forceinline__ void unpack8(const Raw8& r, const float*, float* f) {
+    f[0] = __uint_as_float(r.a.x); f[1] = __uint_as_float(r.a.y); f[2] = __uint_as_float(r.a.z); f[3] = __uint_as_float(r.a.w);
+    f[4] = __uint_as_float(r.b.x); f[5] = __uint_as_float(r.b.y); f[6] = __uint_as_float(r.b.z); f[7] = __uint_as_float(r.b.w);
+}
+__device__ __forceinline__ void unpack8(const Raw8& r, const half_t*, float* f) {
+    f[0] = lo(r.a.x); f[1] = hi(r.a.x); f[2] = lo(r.a.y); f[3] = hi(r.a.y);
+    f[4] = lo(r.a.z); f[5] = hi(r.a.z); f[6] = lo(r.a.w); f[7] = hi(r.a.w);
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15u) == 0; }
+
+__device__ __forceinline__ float bias_at(const void* bias, unsigned int kind, unsigned int j) {
+    if (kind == 1) return static_cast<const float*>(bias)[j];
+    if (kind == 2) return h2f(static_cast<const half_t*>(bias)[j]);
+    return 0.0f;
+}
+
+// the same rule as threads_per_row in gpud_protocol/ops/matmul.py
+__device__ __forceinline__ unsigned int threads_per_row(unsigned int k) {
+    unsigned int t = 32;
+    while (t < BLOCK && t * 32 < k) t <<= 1;
+    return t;
+}
+
+// ---------------------------------------------------------------- matvec, w as (N, K)
+
+template <typename XT, typename WT, typename OT, int R, int U>
+__device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
+                                          OT* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
+                                          unsigned int bias_kind, float* red) {
+    const unsigned int t = threads_per_row(k);
+    const unsigned int lane = threadIdx.x & (t - 1);
+    const unsigned int slot = threadIdx.x / t;
+    const u64 j = (u64)(blockIdx.x + (u64)blockIdx.y * gridDim.x) * (BLOCK / t) + slot;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    if (j < n) {
+        const WT* wr = w + j * k;
+        const XT* xr[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) xr[r] = x + (u64)min((unsigned int)r, m - 1) * k;
+        if (k % 8 == 0 && aligned16(w) && aligned16(x)) {
+            // 16-byte vectors of w (two of x when it is float32): U of them per thread in flight at once
+            const unsigned int nv = k / 8;
+            for (unsigned int v0 = lane; v0 < nv; v0 += U * t) {
+                Raw8 wv[U];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const unsigned int v = v0 + u * t;
+                    if (v < nv) wv[u] = ld8_stream(wr + (u64)v * 8);
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const unsigned int v = v0 + u * t;
+                    if (v >= nv) break;
+                    float wf[8];
+                    unpack8(wv[u], wr, wf);
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float xf[8];
+                        unpack8(ld8_cached(xr[r] + (u64)v * 8), xr[r], xf);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[r] = fmaf(xf[e], wf[e], acc[r]);
+                    }
+                }
+            }
+        } else {
+            for (unsigned int i = lane; i < k; i += t) {
+                const float wf = ld1(wr, i);
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r] = fmaf(ldg1(xr[r], i), wf, acc[r]);
+            }
+        }
+    }
+    // a warp belongs to one row (t >= 32): shuffle-sum it, then the row's warps through shared memory
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+    }
+    if (t > 32) {  // uniform: every thread of the block takes the same branch
+        const unsigned int warp = threadIdx.x / 32;
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r++) red[r * (BLOCK / 32) + warp] = acc[r];
+        }
+        __syncthreads();
+        if (lane == 0) {
+            const unsigned int first = slot * (t / 32), count = t / 32;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float s = 0.0f;
+                for (unsigned int i = 0; i < count; i++) s += red[r * (BLOCK / 32) + first + i];
+                acc[r] = s;
+            }
+        }
+    }
+    if (lane == 0 && j < n) {
+        const float b = bias_at(bias, bias_kind, (unsigned int)j);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if ((unsigned int)r < m) st1(out, (u64)r * n + j, acc[r] + b);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- matvec, w as (K, N)
+
+template <typename XT, typename WT, typename OT, int R>
+__device__ __forceinline__ void matvec_kn(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
+                                          OT* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
+                                          unsigned int bias_kind, float* red) {
+    const unsigned int col = threadIdx.x % COLS;
+    const unsigned int slice = threadIdx.x / COLS;
+    const u64 j = (u64)(blockIdx.x + (u64)blockIdx.y * gridDim.x) * COLS + col;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    if (j < n) {
+        const XT* xr[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) xr[r] = x + (u64)min((unsigned int)r, m - 1) * k;
+#pragma unroll 4
+        for (unsigned int i = slice; i < k; i += SLICES) {
+            const float wf = ld1(w, (u64)i * n + j);
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = fmaf(ldg1(xr[r], i), wf, acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) red[(slice * R + r) * COLS + col] = acc[r];
+    __syncthreads();
+    if (slice == 0 && j < n) {
+        const float b = bias_at(bias, bias_kind, (unsigned int)j);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float s = b;
+#pragma unroll
+            for (int i = 0; i < SLICES; i++) s += red[(i * R + r) * COLS + col];
+            if ((unsigned int)r < m) st1(out, (u64)r * n + j, s);
+        }
+    }
+}
+
+template <typename XT, typename WT, typename OT>
+__device__ __forceinline__ void matvec(const XT* x, const WT* w, const void* bias, OT* out, unsigned int batch,
+                                       unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+                                       unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    __shared__ float red[SLICES * ROWS * COLS];  // the larger of the two layouts' partial sums
+    const unsigned int b = blockIdx.z;
+    if (b >= batch || m == 0 || m > ROWS || k == 0) return;  // uniform over the block
+    x += (u64)b * x_stride;
+    w += (u64)b * w_stride;
+    out += (u64)b * m * n;
+    if (wt) {
+        if (m == 1) matvec_nk<XT, WT, OT, 1, 4>(x, w, bias, out, m, n, k, bias_kind, red);
+        else if (m <= 2) matvec_nk<XT, WT, OT, 2, 4>(x, w, bias, out, m, n, k, bias_kind, red);
+        else if (m <= 4) matvec_nk<XT, WT, OT, 4, 2>(x, w, bias, out, m, n, k, bias_kind, red);
+        else matvec_nk<XT, WT, OT, 8, 2>(x, w, bias, out, m, n, k, bias_kind, red);
+    } else {
+        if (m == 1) matvec_kn<XT, WT, OT, 1>(x, w, bias, out, m, n, k, bias_kind, red);
+        else if (m <= 2) matvec_kn<XT, WT, OT, 2>(x, w, bias, out, m, n, k, bias_kind, red);
+        else if (m <= 4) matvec_kn<XT, WT, OT, 4>(x, w, bias, out, m, n, k, bias_kind, red);
+        else matvec_kn<XT, WT, OT, 8>(x, w, bias, out, m, n, k, bias_kind, red);
+    }
+}
+
+// ---------------------------------------------------------------- matmul: 64 x 64 tiles
+
+// 4 consecutive elements from i (of which `valid` exist) as float32: one vector load when allowed
+__device__ __forceinline__ void ld4(const float* p, u64 i, unsigned int valid, bool vec, float* f) {
+    if (vec && valid >= 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p + i);
+        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) f[e] = (unsigned int)e < valid ? p[i + e] : 0.0f;
+}
+__device__ __forceinline__ void ld4(const half_t* p, u64 i, unsigned int valid, bool vec, float* f) {
+    if (vec && valid >= 4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p + i);
+        f[0] = lo(v.x); f[1] = hi(v.x); f[2] = lo(v.y); f[3] = hi(v.y);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) f[e] = (unsigned int)e < valid ? h2f(p[i + e]) : 0.0f;
+}
+
+template <typename XT, typename WT, typename OT>
+__device__ __forceinline__ void matmul(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
+                                       OT* __restrict__ out, unsigned int batch, unsigned int m, unsigned int n,
+                                       unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,
+                                       unsigned int bias_kind) {
+    __shared__ __align__(16) float ta[2][TK][TILE];  // x tile, K-major
+    __shared__ __align__(16) float tb[2][TK][TILE];  // w tile, K-major
+    const unsigned int b = blockIdx.z;
+    const unsigned int row0 = blockIdx.y * TILE, col0 = blockIdx.x * TILE;
+    if (b >= batch || row0 >= m || col0 >= n || k == 0) return;  // uniform over the block
+    x += (u64)b * x_stride;
+    w += (u64)b * w_stride;
+    out += (u64)b * m * n;
+    const unsigned int tid = threadIdx.x;
+    const unsigned int tx = tid % 16, ty = tid / 16;
+    // loaders: x (and w with wt) rows lr, K offsets lk..lk+3; w without wt: K offset nk, columns nc..nc+3
+    const unsigned int lr = tid / 4, lk = (tid % 4) * 4;
+    const unsigned int nk = tid / 16, nc = (tid % 16) * 4;
+    const bool vx = k % 4 == 0 && aligned16(x);
+    const bool vw = (wt ? k % 4 == 0 : n % 4 == 0) && aligned16(w);
+    const unsigned int xrow = row0 + lr, wrow = col0 + lr;
+    float ra[4], rb[4];
+
+    // the step at k0 into registers
+#define LOAD_STEP(k0)                                                                                      \
+    {                                                                                                      \
+        const unsigned int kx = (k0) + lk;                                                                 \
+        ld4(x, (u64)xrow * k + kx, xrow < m && kx < k ? min(4u, k - kx) : 0u, vx, ra);                     \
+        if (wt) {                                                                                          \
+            ld4(w, (u64)wrow * k + kx, wrow < n && kx < k ? min(4u, k - kx) : 0u, vw, rb);                 \
+        } else {                                                                                           \
+            const unsigned int kw = (k0) + nk, c = col0 + nc;                                              \
+            ld4(w, (u64)kw * n + c, kw < k && c < n ? min(4u, n - c) : 0u, vw, rb);                        \
+        }                                                                                                  \
+    }
+    // ... and from registers into shared buffer s
+#define STORE_STEP(s)                                                                                      \
+    {                                                                                                      \
+        _Pragma("unroll") for (int e = 0; e < 4; e++) ta[s][lk + e][lr] = ra[e];                           \
+        if (wt) {                                                                                          \
+            _Pragma("unroll") for (int e = 0; e < 4; e++) tb[s][lk + e][lr] = rb[e];                       \
+        } else {                                                                                           \
+            *reinterpret_cast<float4*>(&tb[s][nk][nc]) = make_float4(rb[0], rb[1], rb[2], rb[3]);          \
+        }                                                                                                  \
+    }
+
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    }
+    const unsigned int steps = (k + TK - 1) / TK;
+    LOAD_STEP(0u)
+    STORE_STEP(0)
+    __syncthreads();
+    for (unsigned int s = 0; s < steps; s++) {
+        const int cur = s & 1;
+        const bool more = s + 1 < steps;
+        if (more) LOAD_STEP((s + 1) * TK)
+#pragma unroll
+        for (int kk = 0; kk < TK; kk++) {
+            const float4 a = *reinterpret_cast<const float4*>(&ta[cur][kk][ty * 4]);
+            const float4 bv = *reinterpret_cast<const float4*>(&tb[cur][kk][tx * 4]);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+            const float bw[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(av[i], bw[j], acc[i][j]);
+            }
+        }
+        if (more) STORE_STEP(cur ^ 1)
+        __syncthreads();
+    }
+#undef LOAD_STEP
+#undef STORE_STEP
+
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const unsigned int c = col0 + tx * 4 + j;
+        if (c >= n) continue;
+        const float bj = bias_at(bias, bias_kind, c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const unsigned int r = row0 + ty * 4 + i;
+            if (r < m) st1(out, (u64)r * n + c, acc[i][j] + bj);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- entry points
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f32(const float* x, const float* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f16(const float* x, const half_t* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f32(const half_t* x, const float* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f32(const float* x, const float* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f16(const float* x, const half_t* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f32(const half_t* x, const float* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}

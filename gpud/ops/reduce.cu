@@ -1,0 +1,271 @@
+// Reductions over the last axis of x (see gpud_protocol/ops/reduce.py for the interface).
+// One block of 256 threads per row, the grid folded into y past 65,535 rows. The threads stride over
+// the row, then combine their partial results: warp shuffles, one value per warp through shared
+// memory, shuffles again; every thread gets the result. Everything accumulates in float32; float16
+// is unsigned short storage, read into float32 and rounded once when stored.
+
+__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+__device__ __forceinline__ float load(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float load(const unsigned short* p, size_t i) { return h2f(p[i]); }
+__device__ __forceinline__ void store(float* p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store(unsigned short* p, size_t i, float v) { p[i] = f2h(v); }
+
+__device__ __forceinline__ unsigned int row_index() { return blockIdx.x + blockIdx.y * gridDim.x; }
+
+constexpr unsigned int FULL_MASK = 0xffffffffu;
+constexpr float LOWEST = -3.40282347e38f;  // the most negative finite float: only -inf is below it
+
+// The combining rules, each a functor so one block-wide routine serves them all.
+struct Sum {
+    __device__ float identity() const { return 0.0f; }
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+    __device__ float identity() const { return __int_as_float(0xff800000); }  // -inf
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Every thread's v combined over the block (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result. Ends with a barrier so that it can be called again at once.
+template <typename Op>
+__device__ float block_reduce(float v, Op op) {
+    __shared__ float partial[32];
+    unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(FULL_MASK, v, o));
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < warps ? partial[lane] : op.identity();
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(FULL_MASK, v, o));
+    __syncthreads();
+    return v;
+}
+
+// The (value, index) pair with the larger value, the smaller index on ties.
+__device__ __forceinline__ void argmax_merge(float& v, unsigned int& i, float w, unsigned int j) {
+    if (w > v || (w == v && j < i)) {
+        v = w;
+        i = j;
+    }
+}
+
+__device__ unsigned int block_argmax(float v, unsigned int i) {
+    __shared__ float values[32];
+    __shared__ unsigned int indices[32];
+    unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(v, i, __shfl_xor_sync(FULL_MASK, v, o), __shfl_xor_sync(FULL_MASK, i, o));
+    if (lane == 0) {
+        values[warp] = v;
+        indices[warp] = i;
+    }
+    __syncthreads();
+    v = values[lane < warps ? lane : 0];  // warp 0's pair again: a duplicate changes nothing
+    i = indices[lane < warps ? lane : 0];
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(v, i, __shfl_xor_sync(FULL_MASK, v, o), __shfl_xor_sync(FULL_MASK, i, o));
+    __syncthreads();
+    return i;
+}
+
+// Softmax's running (max m, sum s of exp(v - m)). Starting from (LOWEST, 0), a -inf v adds
+// exp(-inf) = 0, so a row of only -inf ends with s = 0.
+__device__ __forceinline__ void online(float& m, float& s, float v) {
+    if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+    } else {
+        s += expf(v - m);
+    }
+}
+
+__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
+    float top = fmaxf(m, m2);
+    s = s * expf(m - top) + s2 * expf(m2 - top);
+    m = top;
+}
+
+__device__ void block_online(float& m, float& s) {
+    __shared__ float maxima[32];
+    __shared__ float sums[32];
+    unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        online_merge(m, s, __shfl_xor_sync(FULL_MASK, m, o), __shfl_xor_sync(FULL_MASK, s, o));
+    if (lane == 0) {
+        maxima[warp] = m;
+        sums[warp] = s;
+    }
+    __syncthreads();
+    m = lane < warps ? maxima[lane] : LOWEST;
+    s = lane < warps ? sums[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1)
+        online_merge(m, s, __shfl_xor_sync(FULL_MASK, m, o), __shfl_xor_sync(FULL_MASK, s, o));
+    __syncthreads();
+}
+
+template <typename X>
+__device__ void reduce_row(const X* x, float* out, unsigned int rows, unsigned int length, unsigned int op) {
+    unsigned int row = row_index();
+    if (row >= rows) return;  // the whole block: no barrier is skipped by some threads only
+    size_t base = (size_t)row * length;
+    float total;
+    if (op == 2) {
+        float m = load(x, base);  // element 0 is every thread's: the max needs no -inf to start from
+        for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) m = fmaxf(m, load(x, base + j));
+        total = block_reduce(m, Max());
+    } else {
+        float acc = 0.0f;
+        for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) acc += load(x, base + j);
+        total = block_reduce(acc, Sum());
+        if (op == 1) total /= (float)length;
+    }
+    if (threadIdx.x == 0) out[row] = total;
+}
+
+template <typename X>
+__device__ void argmax_row(const X* x, int* out, unsigned int rows, unsigned int length) {
+    unsigned int row = row_index();
+    if (row >= rows) return;
+    size_t base = (size_t)row * length;
+    float best = load(x, base);  // element 0 first: ties keep the smaller index
+    unsigned int at = 0;
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) {
+        float v = load(x, base + j);
+        if (v > best) {
+            best = v;
+            at = j;
+        }
+    }
+    unsigned int i = block_argmax(best, at);
+    if (threadIdx.x == 0) out[row] = (int)i;
+}
+
+// softmax of x + mask (mask null: none), the mask's row `row % mask_rows` added to row `row`.
+template <typename X>
+__device__ void softmax_row(const X* x, const float* mask, X* out, unsigned int rows, unsigned int length,
+                            unsigned int mask_rows) {
+    unsigned int row = row_index();
+    if (row >= rows) return;
+    size_t base = (size_t)row * length;
+    size_t mbase = mask ? (size_t)(row % mask_rows) * length : 0;
+    float m = LOWEST, s = 0.0f;
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x)
+        online(m, s, load(x, base + j) + (mask ? mask[mbase + j] : 0.0f));
+    block_online(m, s);
+    float scale = s > 0.0f ? 1.0f / s : 0.0f;  // a row of only -inf: zeros, not NaN
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x)
+        store(out, base + j, expf(load(x, base + j) + (mask ? mask[mbase + j] : 0.0f) - m) * scale);
+}
+
+template <typename X, typename W>
+__device__ void rmsnorm_row(const X* x, const W* weight, X* out, unsigned int rows, unsigned int length, float eps) {
+    unsigned int row = row_index();
+    if (row >= rows) return;
+    size_t base = (size_t)row * length;
+    float acc = 0.0f;
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) {
+        float v = load(x, base + j);
+        acc += v * v;
+    }
+    float r = 1.0f / sqrtf(block_reduce(acc, Sum()) / (float)length + eps);
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x)
+        store(out, base + j, load(x, base + j) * r * load(weight, j));
+}
+
+template <typename X, typename W>
+__device__ void layernorm_row(const X* x, const W* weight, const W* bias, X* out, unsigned int rows,
+                              unsigned int length, float eps) {
+    unsigned int row = row_index();
+    if (row >= rows) return;
+    size_t base = (size_t)row * length;
+    float acc = 0.0f;
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) acc += load(x, base + j);
+    float mean = block_reduce(acc, Sum()) / (float)length;
+    float acc2 = 0.0f;  // the variance from a second pass over x - mean: no cancellation
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) {
+        float c = load(x, base + j) - mean;
+        acc2 += c * c;
+    }
+    float r = 1.0f / sqrtf(block_reduce(acc2, Sum()) / (float)length + eps);
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x)
+        store(out, base + j, (load(x, base + j) - mean) * r * load(weight, j) + load(bias, j));
+}
+
+extern "C" __global__ void reduce_f32(const float* x, float* out, unsigned int rows, unsigned int length,
+                                      unsigned int op) {
+    reduce_row(x, out, rows, length, op);
+}
+
+extern "C" __global__ void reduce_f16(const unsigned short* x, float* out, unsigned int rows, unsigned int length,
+                                      unsigned int op) {
+    reduce_row(x, out, rows, length, op);
+}
+
+extern "C" __global__ void argmax_f32(const float* x, int* out, unsigned int rows, unsigned int length) {
+    argmax_row(x, out, rows, length);
+}
+
+extern "C" __global__ void argmax_f16(const unsigned short* x, int* out, unsigned int rows, unsigned int length) {
+    argmax_row(x, out, rows, length);
+}
+
+extern "C" __global__ void softmax_f32(const float* x, float* out, unsigned int rows, unsigned int length) {
+    softmax_row(x, (const float*)0, out, rows, length, 1u);
+}
+
+extern "C" __global__ void softmax_f16(const unsigned short* x, unsigned short* out, unsigned int rows,
+                                       unsigned int length) {
+    softmax_row(x, (const float*)0, out, rows, length, 1u);
+}
+
+extern "C" __global__ void softmax_mask_f32(const float* x, const float* mask, float* out, unsigned int rows,
+                                            unsigned int length, unsigned int mask_rows) {
+    softmax_row(x, mask, out, rows, length, mask_rows);
+}
+
+extern "C" __global__ void softmax_mask_f16(const unsigned short* x, const float* mask, unsigned short* out,
+                                            unsigned int rows, unsigned int length, unsigned int mask_rows) {
+    softmax_row(x, mask, out, rows, length, mask_rows);
+}
+
+extern "C" __global__ void rmsnorm_f32_f32(const float* x, const float* weight, float* out, unsigned int rows,
+                                           unsigned int length, float eps) {
+    rmsnorm_row(x, weight, out, rows, length, eps);
+}
+
+extern "C" __global__ void rmsnorm_f32_f16(const float* x, const unsigned short* weight, float* out,
+                                           unsigned int rows, unsigned int length, float eps) {
+    rmsnorm_row(x, weight, out, rows, length, eps);
+}
+
+extern "C" __global__ void rmsnorm_f16_f32(const unsigned short* x, const float* weight, unsigned short* out,
+                                           unsigned int rows, unsigned int length, float eps) {
+    rmsnorm_row(x, weight, out, rows, length, eps);
+}
+
+extern "C" __global__ void rmsnorm_f16_f16(const unsigned short* x, const unsigned short* weight,
+                                           unsigned short* out, unsigned int rows, unsigned int length, float eps) {
+    rmsnorm_row(x, weight, out, rows, length, eps);
+}
+
+extern "C" __global__ void layernorm_f32_f32(const float* x, const float* weight, const float* bias, float* out,
+                                             unsigned int rows, unsigned int length, float eps) {
+    layernorm_row(x, weight, bias, out, rows, length, eps);
+}
+
+extern "C" __global__ void layernorm_f32_f16(const float* x, const unsigned short* weight, const unsigned short* bias,
+                                             float* out, unsigned int rows, unsigned int length, float eps) {
+    layernorm_row(x, weight, bias, out, rows, length, eps);
+}
+
+extern "C" __global__ void layernorm_f16_f32(const unsigned short* x, const float* weight, const float* bias,
+                                             unsigned short* out, unsigned int rows, unsigned int length, float eps) {
+    layernorm_row(x, weight, bias, out, rows, length, eps);
+}
+
+extern "C" __global__ void layernorm_f16_f16(const unsigned short* x, const unsigned short* weight,
+                                             const unsigned short* bias, unsigned short* out, unsigned int rows,
+                                             unsigned int length, float eps) {
+    layernorm_row(x, weight, bias, out, rows, length, eps);
+}

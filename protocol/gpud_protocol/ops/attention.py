@@ -1,0 +1,237 @@
+"""Attention ops for decoder-only transformers: embedding lookup, rotary position embedding, KV-cache
+append, and attention (full sequence, or one step against a KV cache). Positions come from a device
+tensor `pos` (B,) int32, never from a scalar, so a decode step can be recorded once into a replay
+graph and replayed per token with a fresh `pos`.
+
+embedding_<table>_<out>(ids, table, out; n, d, v): out[..., c] = table[ids[...], c]; an id outside
+    0 .. V-1 gives zeros (never read outside the table). ids int32, table (V, D).
+rotary_<dtype>(x, pos, out; n, t, h, d, style, freq_hi, freq_lo), and rotary_inplace_<dtype>(x, pos;
+    ...) which rotates x itself (WebGPU cannot bind one buffer read-only and read-write at once):
+    x (B, T, H, D), element (b, t) at position pos[b] + t; n = the number of pairs (x.size / 2);
+    style 0 "neox" (pairs (j, j + D/2)), 1 "gptj" (pairs (2j, 2j+1)); pair j turns by
+    position * base^(-2j/D), with freq_hi + freq_lo = 2 log2(base) / D (`rotary_freq`).
+kv_append_<cache>_<x>(x, pos, cache; n, t, l, hd): cache[b, pos[b] + t] = x[b, t], cast when stored;
+    a position outside 0 .. L-1 is dropped. x (B, T, H, D), cache (B, L, H, D); n = x.size, hd = H*D.
+attention_<q>_<kv>(q, k, v, pos, mask, part; b, t, s, hq, hkv, d, splits, causal, mask_mode,
+    use_pos, scale): the first half of attention, one workgroup per (query row, split of the keys):
+    part[..., split, :] = (m, l, acc[D]), the split's running maximum, sum of exp(score - m) and
+    sum of exp(score - m) * v. q (B, T, Hq, D), or (B, Hq, D) for T = 1; k and v (B, S, Hkv, D) with
+    Hq % Hkv == 0 (query head h reads KV head h // (Hq / Hkv)); part (q.shape[:-1]) + (splits, D+2)
+    float32. Query (b, t) sees keys s < S with s <= pos[b] + t (use_pos), s <= t + S - T (causal),
+    and adds mask[b or 0, t, s] to the score (mask_mode 2 or 1). A mask value <= -1e30 (-inf,
+    float32's minimum) hides its key. pos and mask are read only when use_pos / mask_mode say so:
+    otherwise any tensor may stand in for them.
+attention_combine(part, out; n, d, splits): out[..., c] = the splits merged and normalised, float32;
+    a row that sees no key gives zeros.
+
+Float16 is read into float32 and rounded once when stored; attention accumulates in float32.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+
+from gpud_protocol.ops import KernelSpec, TensorInfo, need
+
+FAMILY = "attention"
+DTYPES = ("float32", "float16")
+SHORT = {"float32": "f32", "float16": "f16"}
+STYLES = {"neox": 0, "gptj": 1}
+TILE = 256  # keys per tile of the attention kernel (its workgroup size)
+MAX_HEAD_DIM = 256  # attention's D: one query row per workgroup of 256 threads
+MAX_SPLITS = 1024
+FREQ_BITS = 12  # significant bits of freq_hi: j * freq_hi is exact for j < 2^12 (D <= 8192)
+MAX_ROTARY_DIM = 8192
+HIDDEN = -1e30  # a mask value at or below this hides its key
+MAX_LOOP = 65_535  # iterations of one shader loop (lavapipe cuts longer loops there)
+
+
+def tiles_per_split(keys: int, splits: int) -> int:
+    """The tiles of TILE keys one workgroup of attention loops over."""
+    tiles = -(-keys // TILE)
+    return -(-tiles // splits)
+
+
+def rotary_freq(base: float, head_dim: int) -> tuple[float, float]:
+    """2 log2(base) / D as (hi, lo): hi has FREQ_BITS significant bits, lo the float32 rest."""
+    freq = 2.0 * math.log2(base) / head_dim
+    if freq == 0.0:
+        return 0.0, 0.0
+    mantissa, exponent = math.frexp(freq)
+    hi = math.ldexp(round(mantissa * (1 << FREQ_BITS)), exponent - FREQ_BITS)
+    lo = struct.unpack("f", struct.pack("f", freq - hi))[0]
+    return hi, float(lo)
+
+
+def _u32s(*names: str) -> tuple[tuple[str, str], ...]:
+    return tuple((n, "u32") for n in names)
+
+
+def _positions(pos: TensorInfo, batch: int) -> None:
+    need(pos.dtype == "int32", f"pos is {pos.dtype}, not int32")
+    need(pos.shape == (batch,), f"pos is {list(pos.shape)}, not [{batch}] (one position per batch row)")
+
+
+def _embedding(table_dtype: str, out_dtype: str) -> KernelSpec:
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        ids, table, out = t
+        n, d, v = s
+        need(ids.dtype == "int32", f"ids are {ids.dtype}, not int32")
+        need(table.dtype == table_dtype, f"the table is {table.dtype}, not {table_dtype}")
+        need(out.dtype == out_dtype, f"out is {out.dtype}, not {out_dtype}")
+        need(len(table.shape) == 2, f"the table is {list(table.shape)}, not (V, D)")
+        rows, dim = table.shape
+        need(rows >= 1 and dim >= 1, f"the table is {list(table.shape)}: empty")
+        want = (*ids.shape, dim)
+        need(out.shape == want, f"out is {list(out.shape)}, not {list(want)}")
+        need((n, d, v) == (out.size, dim, rows), "the sizes passed do not match the tensors")
+
+    name = f"embedding_{SHORT[table_dtype]}_{SHORT[out_dtype]}"
+    return KernelSpec(name, FAMILY, "embedding", ("ids", "table", "out"), (2,), _u32s("n", "d", "v"), check)
+
+
+def _rotary_shapes(x: TensorInfo, pos: TensorInfo, s: Sequence[int | float], dtype: str) -> None:
+    n, t, h, d, style, freq_hi, freq_lo = s
+    need(x.dtype == dtype, f"x is {x.dtype}, not {dtype}")
+    need(len(x.shape) == 4, f"x is {list(x.shape)}, not (B, T, H, D)")
+    batch, steps, heads, dim = x.shape
+    need(dim % 2 == 0 and 2 <= dim <= MAX_ROTARY_DIM, f"the head dim {dim} is not even (or past {MAX_ROTARY_DIM})")
+    _positions(pos, batch)
+    need((n, t, h, d) == (x.size // 2, steps, heads, dim), "the sizes passed do not match the tensors")
+    need(style in STYLES.values(), f"unknown rotary style {style}")
+    need(math.isfinite(freq_hi) and math.isfinite(freq_lo), "the frequency is not finite")
+
+
+ROTARY_SCALARS = (*_u32s("n", "t", "h", "d", "style"), ("freq_hi", "f32"), ("freq_lo", "f32"))
+
+
+def _rotary(dtype: str) -> KernelSpec:
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        x, pos, out = t
+        _rotary_shapes(x, pos, s, dtype)
+        need(
+            (out.dtype, out.shape) == (x.dtype, x.shape),
+            f"out is {out.dtype}{list(out.shape)}, x is {x.dtype}{list(x.shape)}",
+        )
+
+    name = f"rotary_{SHORT[dtype]}"
+    return KernelSpec(name, FAMILY, "rotary", ("x", "pos", "out"), (2,), ROTARY_SCALARS, check)
+
+
+def _rotary_inplace(dtype: str) -> KernelSpec:
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        x, pos = t
+        _rotary_shapes(x, pos, s, dtype)
+
+    name = f"rotary_inplace_{SHORT[dtype]}"
+    return KernelSpec(name, FAMILY, "rotary", ("x", "pos"), (0,), ROTARY_SCALARS, check)
+
+
+def _kv_append(cache_dtype: str, x_dtype: str) -> KernelSpec:
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        x, pos, cache = t
+        n, steps, length, hd = s
+        need(x.dtype == x_dtype, f"x is {x.dtype}, not {x_dtype}")
+        need(cache.dtype == cache_dtype, f"the cache is {cache.dtype}, not {cache_dtype}")
+        need(len(x.shape) == 4 and len(cache.shape) == 4, "x (B, T, H, D) and the cache (B, L, H, D) are 4-D")
+        same = (x.shape[0], *x.shape[2:]) == (cache.shape[0], *cache.shape[2:])
+        need(same, f"x {list(x.shape)} and the cache {list(cache.shape)} differ in B, H or D")
+        _positions(pos, x.shape[0])
+        need(
+            (n, steps, length, hd) == (x.size, x.shape[1], cache.shape[1], x.shape[2] * x.shape[3]),
+            "the sizes passed do not match the tensors",
+        )
+
+    name = f"kv_append_{SHORT[cache_dtype]}_{SHORT[x_dtype]}"
+    return KernelSpec(name, FAMILY, "kv_append", ("x", "pos", "cache"), (2,), _u32s("n", "t", "l", "hd"), check)
+
+
+def mask_mode(mask: TensorInfo, batch: int, steps: int, keys: int) -> int:
+    """1: one (T, S) mask for every batch row (leading dims all 1); 2: one per batch row ((B, T, S)
+    or (B, 1, T, S)). Raises OpError for anything else."""
+    need(mask.dtype == "float32", f"the mask is {mask.dtype}, not float32")
+    shape = mask.shape
+    need(len(shape) >= 2 and shape[-2:] == (steps, keys), f"the mask is {list(shape)}: it must end ({steps}, {keys})")
+    lead = shape[:-2]
+    if math.prod(lead) == 1:
+        return 1
+    need(
+        lead in ((batch,), (batch, 1)),
+        f"the mask is {list(shape)}: leading dims must be all 1, ({batch},) or ({batch}, 1)",
+    )
+    return 2
+
+
+ATTENTION_SCALARS = (
+    *_u32s("b", "t", "s", "hq", "hkv", "d", "splits", "causal", "mask_mode", "use_pos"),
+    ("scale", "f32"),
+)
+
+
+def attention_rows(q: TensorInfo) -> tuple[int, int, int, int]:
+    """(B, T, Hq, D) of a query tensor (B, T, Hq, D) or (B, Hq, D)."""
+    need(len(q.shape) in (3, 4), f"q is {list(q.shape)}, not (B, T, Hq, D) or (B, Hq, D)")
+    if len(q.shape) == 3:
+        return q.shape[0], 1, q.shape[1], q.shape[2]
+    b, t, h, d = q.shape
+    return b, t, h, d
+
+
+def _attention(q_dtype: str, kv_dtype: str) -> KernelSpec:
+    def check(tensors: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        q, k, v, pos, mask, part = tensors
+        b, t, keys, hq, hkv, d, splits, causal, mode, use_pos, scale = s
+        need(q.dtype == q_dtype, f"q is {q.dtype}, not {q_dtype}")
+        need(k.dtype == kv_dtype and v.dtype == kv_dtype, f"k and v are {k.dtype} and {v.dtype}, not {kv_dtype}")
+        batch, steps, heads, dim = attention_rows(q)
+        need(len(k.shape) == 4, f"k is {list(k.shape)}, not (B, S, Hkv, D)")
+        need(k.shape == v.shape, f"k {list(k.shape)} and v {list(v.shape)} differ")
+        need(min(batch, steps, heads, *k.shape) >= 1, "an empty dimension")
+        need(k.shape[0] == batch and k.shape[3] == dim, f"k {list(k.shape)} does not match q {list(q.shape)} in B or D")
+        need(dim <= MAX_HEAD_DIM, f"the head dim {dim} is past {MAX_HEAD_DIM}")
+        need(heads % k.shape[2] == 0, f"{heads} query heads do not divide into {k.shape[2]} KV heads")
+        sizes = (batch, steps, k.shape[1], heads, k.shape[2], dim)
+        need((b, t, keys, hq, hkv, d) == sizes, "the sizes passed do not match the tensors")
+        need(1 <= splits <= MAX_SPLITS, f"splits {splits} is not in 1 .. {MAX_SPLITS}")
+        need(tiles_per_split(k.shape[1], int(splits)) <= MAX_LOOP, f"{k.shape[1]} keys need more than {splits} splits")
+        need(part.dtype == "float32", f"part is {part.dtype}, not float32")
+        want = (*q.shape[:-1], splits, dim + 2)
+        need(part.shape == want, f"part is {list(part.shape)}, not {list(want)}")
+        need(causal in (0, 1) and use_pos in (0, 1), "causal and use_pos are 0 or 1")
+        if use_pos:
+            _positions(pos, batch)
+        need(mode in (0, 1, 2), f"unknown mask mode {mode}")
+        if mode:
+            need(mask_mode(mask, batch, steps, k.shape[1]) == mode, "the mask mode passed does not match the mask")
+        need(math.isfinite(scale), "the scale is not finite")
+
+    name = f"attention_{SHORT[q_dtype]}_{SHORT[kv_dtype]}"
+    tensors = ("q", "k", "v", "pos", "mask", "part")
+    return KernelSpec(name, FAMILY, "attention", tensors, (5,), ATTENTION_SCALARS, check)
+
+
+def _combine() -> KernelSpec:
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        part, out = t
+        n, d, splits = s
+        need(part.dtype == "float32" and out.dtype == "float32", "part and out are float32")
+        need(len(part.shape) >= 3, f"part is {list(part.shape)}, not (..., splits, D + 2)")
+        dim = part.shape[-1] - 2
+        need(dim >= 1 and 1 <= part.shape[-2] <= MAX_SPLITS, f"part is {list(part.shape)}")
+        want = (*part.shape[:-2], dim)
+        need(out.shape == want, f"out is {list(out.shape)}, not {list(want)}")
+        need((n, d, splits) == (out.size, dim, part.shape[-2]), "the sizes passed do not match the tensors")
+
+    return KernelSpec("attention_combine", FAMILY, "attention", ("part", "out"), (1,), _u32s("n", "d", "splits"), check)
+
+
+SPECS = [
+    *(_embedding(a, b) for a in DTYPES for b in DTYPES),
+    *(_rotary(d) for d in DTYPES),
+    *(_rotary_inplace(d) for d in DTYPES),
+    *(_kv_append(a, b) for a in DTYPES for b in DTYPES),
+    *(_attention(a, b) for a in DTYPES for b in DTYPES),
+    _combine(),
+]

@@ -1,0 +1,142 @@
+"""Matrix products: out = x @ w (+ bias), products accumulated in float32.
+
+x is (M, K) or batched (B, M, K); w is (K, N), or (N, K) with `wt` (PyTorch Linear's weight
+layout), or batched (B, K, N) / (B, N, K); a 2-D operand is shared by every batch. out is (M, N),
+or (B, M, N) when either operand is batched. Operands are float32 or float16 in any mix; out is
+float16 when both are, else float32; bias (N,) is float32 or float16.
+
+Kernels `matvec_<x>_<w>` (at most MATVEC_ROWS rows of x per weight matrix: decode) and
+`matmul_<x>_<w>` (tiled, any M), for <x>, <w> in f32, f16. Every kernel takes
+tensors (x, w, bias, out) and u32 scalars (batch, m, n, k, x_stride, w_stride, wt, bias_kind):
+
+    out[b*m*n + i*n + j] = bias[j] + sum_t x[b*x_stride + i*k + t] * W[b*w_stride + (j*k + t if wt else t*n + j)]
+
+for b < batch, i < m, j < n. bias_kind: 0 none (the bias tensor is not read; the client passes x),
+1 float32, 2 float16. A 2-D w shared by a batched x folds the batches into the rows (batch 1,
+m = B*M) so that each weight matrix is read once; the unfolded form (batch B, x_stride M*K,
+w_stride 0) is accepted too.
+
+Grids: matvec with wt: one workgroup of 256 threads per 256 / threads_per_row(k) rows of out; without
+wt: one per MATVEC_COLS columns; either count is folded into y past 65,535 (the kernel's group is
+gid.x + gid.y * groups.x); z is the batch. matmul: (ceil(n / TILE), ceil(m / TILE), batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from gpud_protocol.ops import MAX_GROUPS, KernelSpec, TensorInfo, need
+
+DTYPES = ("float32", "float16")
+SHORT = {"float32": "f32", "float16": "f16"}
+BIAS_KINDS = {"float32": 1, "float16": 2}  # bias_kind by the bias's dtype; 0: no bias
+MATVEC_ROWS = 8  # the matvec kernels' most rows of x per weight matrix
+MATVEC_COLS = 64  # matvec without wt: columns of out per workgroup
+TILE = 64  # matmul: a workgroup computes a TILE x TILE block of out
+BLOCK = 256  # threads per workgroup of every matmul kernel
+SCALARS = tuple((name, "u32") for name in ("batch", "m", "n", "k", "x_stride", "w_stride", "wt", "bias_kind"))
+LIMIT = 1 << 32  # elements per tensor: indices are u32 on WebGPU
+
+
+class Plan(NamedTuple):
+    """How a product of x and w is computed: out's shape and the kernel's first six scalars."""
+
+    out_shape: tuple[int, ...]
+    batch: int
+    m: int
+    n: int
+    k: int
+    x_stride: int
+    w_stride: int
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int, int, int]:
+        return (self.batch, self.m, self.n, self.k, self.x_stride, self.w_stride)
+
+
+def out_dtype(x_dtype: str, w_dtype: str) -> str:
+    return "float16" if x_dtype == w_dtype == "float16" else "float32"
+
+
+def plan(x_shape: Sequence[int], w_shape: Sequence[int], wt: bool) -> Plan:
+    """The product's plan (shared w folded into the rows); OpError naming the mismatch."""
+    xs, ws = tuple(x_shape), tuple(w_shape)
+    need(len(xs) in (2, 3), f"x is (M, K) or (B, M, K), not {list(xs)}")
+    need(len(ws) in (2, 3), f"w is {'(N, K)' if wt else '(K, N)'} or batched, not {list(ws)}")
+    m, k = xs[-2:]
+    n, kw = ws[-2:] if wt else ws[-2:][::-1]
+    layout = "(N, K) (transpose_w)" if wt else "(K, N)"
+    need(k == kw, f"x has K={k} but w {list(ws)} as {layout} has K={kw}")
+    need(min(m, n, k) >= 1, f"empty product: M={m}, N={n}, K={k}")
+    xb = xs[0] if len(xs) == 3 else None
+    wb = ws[0] if len(ws) == 3 else None
+    if xb is not None and wb is not None:
+        need(xb == wb, f"batch counts differ: x has {xb}, w has {wb}")
+    batch = xb if xb is not None else wb
+    if batch is None:
+        return Plan((m, n), 1, m, n, k, 0, 0)
+    need(1 <= batch <= MAX_GROUPS, f"batch count {batch} is not in 1..{MAX_GROUPS}")
+    if wb is None:  # one weight matrix for every batch: the batches are more rows
+        return Plan((batch, m, n), 1, batch * m, n, k, 0, 0)
+    return Plan((batch, m, n), batch, m, n, k, m * k if xb is not None else 0, n * k)
+
+
+def threads_per_row(k: int) -> int:
+    """matvec with wt: threads that share one row of w (a power of two, 32..256: ~32 elements each)."""
+    t = 32
+    while t < BLOCK and t * 32 < k:
+        t *= 2
+    return t
+
+
+def _fold(groups: int, batch: int) -> tuple[int, int, int]:
+    if groups <= MAX_GROUPS:
+        return (groups, 1, batch)
+    return (MAX_GROUPS, -(-groups // MAX_GROUPS), batch)
+
+
+def matvec_grid(batch: int, n: int, k: int, wt: bool) -> tuple[int, int, int]:
+    per_group = BLOCK // threads_per_row(k) if wt else MATVEC_COLS
+    return _fold(-(-n // per_group), batch)
+
+
+def matmul_grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
+    grid = (-(-n // TILE), -(-m // TILE), batch)
+    need(max(grid) <= MAX_GROUPS, f"M={m}, N={n}, batch {batch}: more than {MAX_GROUPS} workgroups along an axis")
+    return grid
+
+
+def _spec(kind: str, x_dtype: str, w_dtype: str) -> KernelSpec:
+    result = out_dtype(x_dtype, w_dtype)
+
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        x, w, bias, out = t
+        wt, bias_kind = s[6], s[7]
+        need(
+            (x.dtype, w.dtype) == (x_dtype, w_dtype),
+            f"takes x {x_dtype} and w {w_dtype}, got x {x.dtype} and w {w.dtype}",
+        )
+        need(out.dtype == result, f"out is {out.dtype}, the product of {x_dtype} and {w_dtype} is {result}")
+        need(wt in (0, 1), f"wt is 0 or 1, not {wt}")
+        p = plan(x.shape, w.shape, bool(wt))
+        need(out.shape == p.out_shape, f"out is {list(out.shape)}, the product is {list(p.out_shape)}")
+        need(max(x.size, w.size, out.size) < LIMIT, f"more than {LIMIT - 1} elements in a tensor")
+        forms = {p.sizes}
+        if len(x.shape) == 3 and len(w.shape) == 2:  # shared w, batches not folded into the rows
+            forms.add((p.out_shape[0], p.out_shape[1], p.n, p.k, p.out_shape[1] * p.k, 0))
+        sizes = tuple(s[:6])
+        need(sizes in forms, f"the sizes passed {list(sizes)} do not match the tensors (expected {sorted(forms)})")
+        need(bias_kind in (0, 1, 2), f"bias_kind is 0, 1 or 2, not {bias_kind}")
+        if bias_kind:
+            want = "float32" if bias_kind == 1 else "float16"
+            need(bias.dtype == want, f"bias_kind {bias_kind} is a {want} bias, the bias is {bias.dtype}")
+            need(bias.shape == (p.n,), f"bias is {list(bias.shape)}, it must be [{p.n}] (N)")
+        if kind == "matvec":
+            need(s[1] <= MATVEC_ROWS, f"matvec takes at most {MATVEC_ROWS} rows of x per weight matrix, not {s[1]}")
+
+    name = f"{kind}_{SHORT[x_dtype]}_{SHORT[w_dtype]}"
+    return KernelSpec(name, "matmul", "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, BLOCK)
+
+
+SPECS = [_spec(kind, xd, wd) for kind in ("matvec", "matmul") for xd in DTYPES for wd in DTYPES]

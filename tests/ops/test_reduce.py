@@ -1,0 +1,304 @@
+"""Reductions over the last axis against numpy in float64, on every backend: fresh random inputs,
+lengths 1, 7, 257, 896 and 70,000 (more than the 65,535 iterations lavapipe runs of a loop, were one
+thread to walk a row), many rows (more than 65,535 too, so the grid folds into y), poisoned outputs,
+NaN never passes.
+
+Tolerances (every op accumulates in float32; float16 inputs are exact in float32, so the references
+use the rounded inputs):
+- sum, mean: |got - ref| <= 1e-5 * sum(|x|) of the row (mean: divided by the length), both dtypes;
+- max, argmax: exact (argmax: the first index of the maximum);
+- softmax: |got - ref| <= rtol * ref + atol, float32 1e-5 and 1e-9, float16 2e-3 (its rounding when
+  stored is 4.9e-4) and 1e-7 (its subnormals);
+- rmsnorm, layernorm: |got - ref| <= tol * max(1, |ref|), float32 1e-5, float16 2e-3; layernorm
+  allows 4 * 2^-24 * |mean| / std * |weight| more (float32's rounding of x - mean: inherent, and far
+  below the error of a one-pass variance, which the inputs, mean 60 and spread 0.5, would show).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gpud_client
+from gpud_client import InvalidArgument
+from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+from gpud_protocol.ops.reduce import MAX_LENGTH
+
+DTYPES = ["float32", "float16"]
+# Lengths 1, 7, 257, 896, 70,000; few rows and many.
+SHAPES = [(1,), (7,), (300, 1), (33, 7), (3, 5, 257), (4, 896), (2, 70_000)]
+FOLDED = (65_535 + 1001, 3)  # more rows than workgroups in one grid dimension
+SUM_TOL = 1e-5
+SOFTMAX_TOL = {"float32": (1e-5, 1e-9), "float16": (2e-3, 1e-7)}  # (rtol, atol)
+NORM_TOL = {"float32": 1e-5, "float16": 2e-3}
+
+
+def poisoned(gpu: gpud_client.Client, shape: tuple[int, ...], dtype: str) -> gpud_client.Tensor:
+    """An output filled with NaN (int32: -7): an element the op does not write fails the check."""
+    return gpu.tensor(np.full(shape, -7 if dtype == "int32" else np.nan, dtype))
+
+
+def no_nan(got: np.ndarray) -> np.ndarray:
+    got64 = got.astype(np.float64)
+    assert not np.isnan(got64).any(), "NaN (an unwritten or poisoned element)"
+    return got64
+
+
+def close_sums(got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray) -> None:
+    """Sums and means: the error is relative to the sum of the magnitudes accumulated."""
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    err = np.abs(no_nan(got) - ref)
+    assert np.all(err <= SUM_TOL * magnitude), np.max(err / magnitude)
+
+
+def close_softmax(got: np.ndarray, ref: np.ndarray, dtype: str) -> None:
+    assert got.dtype == np.dtype(dtype) and got.shape == ref.shape
+    rtol, atol = SOFTMAX_TOL[dtype]
+    err = np.abs(no_nan(got) - ref)
+    assert np.all(err <= rtol * ref + atol), np.max((err - atol) / np.maximum(ref, 1e-30))
+
+
+def close_norm(got: np.ndarray, ref: np.ndarray, dtype: str, slack: Any = 0.0) -> None:
+    """`slack`: an absolute allowance on top (layernorm: float32's rounding of the mean)."""
+    assert got.dtype == np.dtype(dtype) and got.shape == ref.shape
+    scale = np.maximum(1.0, np.abs(ref))
+    err = np.abs(no_nan(got) - ref) - slack
+    assert np.all(err <= NORM_TOL[dtype] * scale), np.max(err / scale)
+
+
+def layernorm_ref(a: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 reference, the slack for float32 arithmetic): x - mean in float32 is off by a few
+    of the mean's ulps, which the normalization divides by the standard deviation."""
+    a64 = a.astype(np.float64)
+    mean = a64.mean(axis=-1, keepdims=True)
+    std = np.sqrt(((a64 - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    ref = (a64 - mean) / std * w.astype(np.float64) + b.astype(np.float64)
+    return ref, 4 * 2.0**-24 * np.abs(mean) / std * np.abs(w.astype(np.float64))
+
+
+def softmax_ref(v: np.ndarray) -> np.ndarray:
+    """Softmax of float64 rows; a row of only -inf gives zeros."""
+    top = v.max(axis=-1, keepdims=True)
+    e = np.exp(v - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    result: np.ndarray = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return result
+
+
+def random(shape: tuple[int, ...], dtype: str, scale: float = 1.0, offset: float = 0.0) -> np.ndarray:
+    return (np.random.default_rng().standard_normal(shape) * scale + offset).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+async def test_sum_mean_max_over_the_last_axis(gpu: gpud_client.Client, op: str, dtype: str) -> None:
+    for shape in SHAPES:
+        a = random(shape, dtype, 2.0, 0.5)
+        a64 = a.astype(np.float64)
+        out = poisoned(gpu, shape[:-1], "float32")
+        assert getattr(gpu.ops, op)(gpu.tensor(a), out=out) is out
+        got = await out.numpy()
+        if op == "max":
+            np.testing.assert_array_equal(no_nan(got), a64.max(axis=-1))
+        else:
+            magnitude = np.abs(a64).sum(axis=-1)
+            if op == "sum":
+                close_sums(got, a64.sum(axis=-1), magnitude)
+            else:
+                close_sums(got, a64.mean(axis=-1), magnitude / shape[-1])
+
+
+async def test_max_and_argmax_of_special_rows(gpu: gpud_client.Client) -> None:
+    a = np.random.default_rng().integers(-3, 4, (6, 70_000)).astype(np.float32)  # ties everywhere
+    a[1, :] = -np.inf
+    a[2, 5:] = -np.inf  # the maximum among the first elements
+    a[3, :] = 0.0
+    a[3, -1] = 1.0  # the maximum last
+    a[4, :] = 2.0
+    a[4, 0] = 3.0  # the maximum first
+    x = gpu.tensor(a)
+    np.testing.assert_array_equal(await gpu.ops.max(x).numpy(), a.max(axis=-1))
+    got = await gpu.ops.argmax(x).numpy()
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got[[0, 2, 3, 4]], a[[0, 2, 3, 4]].argmax(axis=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_argmax_is_the_first_index_of_the_maximum(gpu: gpud_client.Client, dtype: str) -> None:
+    rng = np.random.default_rng()
+    for shape in SHAPES:
+        for a in (random(shape, dtype), rng.integers(0, 5, shape).astype(dtype)):  # the second: ties
+            out = poisoned(gpu, shape[:-1], "int32")
+            gpu.ops.argmax(gpu.tensor(a), out=out)
+            got = await out.numpy()
+            assert got.dtype == np.int32
+            np.testing.assert_array_equal(got, a.argmax(axis=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_softmax(gpu: gpud_client.Client, dtype: str) -> None:
+    for shape in SHAPES:
+        a = random(shape, dtype, 4.0, 30.0)  # far from 0: the max must be subtracted
+        out = poisoned(gpu, shape, dtype)
+        gpu.ops.softmax(gpu.tensor(a), out=out)
+        close_softmax(await out.numpy(), softmax_ref(a.astype(np.float64)), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_softmax_with_a_mask_broadcast_over_leading_axes(gpu: gpud_client.Client, dtype: str) -> None:
+    rng = np.random.default_rng()
+
+    def mask_of(shape: tuple[int, ...], masked: float) -> np.ndarray:
+        m = rng.standard_normal(shape).astype(np.float32)
+        m[rng.random(shape) < masked] = -np.inf
+        return m
+
+    cases: list[tuple[tuple[int, ...], np.ndarray]] = [
+        ((3, 5, 257), mask_of((257,), 0.3)),
+        ((3, 5, 257), mask_of((5, 257), 0.3)),
+        ((3, 5, 257), mask_of((1, 5, 257), 0.5)),  # leading 1s broadcast too
+        ((3, 5, 257), mask_of((3, 5, 257), 0.3)),
+        ((2, 4, 896), mask_of((1, 1, 896), 0.9)),
+        ((2, 70_000), mask_of((2, 70_000), 0.95)),
+        ((33, 7), mask_of((7,), 0.0)),
+        ((300, 1), mask_of((1,), 0.0)),
+    ]
+    causal = np.triu(np.full((7, 7), -np.inf, np.float32), k=1)
+    cases.append(((2, 3, 7, 7), causal))
+    fully = mask_of((5, 257), 0.2)
+    fully[2] = -np.inf  # rows 2, 7 and 12 of x: all masked, zeros
+    fully[3, ::2] = np.finfo(np.float32).min  # a finite "minus infinity" as some models use
+    cases.append(((3, 5, 257), fully))
+    for shape, m in cases:
+        a = random(shape, dtype, 3.0)
+        out = poisoned(gpu, shape, dtype)
+        gpu.ops.softmax(gpu.tensor(a), gpu.tensor(m), out=out)
+        ref = softmax_ref(a.astype(np.float64) + m.astype(np.float64))
+        got = await out.numpy()
+        close_softmax(got, ref, dtype)
+        assert np.all(got[ref == 0] == 0)
+    assert not (await out.numpy())[:, 2].any()
+
+
+@pytest.mark.parametrize("wdtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_rmsnorm(gpu: gpud_client.Client, dtype: str, wdtype: str) -> None:
+    for shape in SHAPES:
+        a = random(shape, dtype, 3.0, 1.0)
+        w = random(shape[-1:], wdtype, 1.0, 1.0)
+        out = poisoned(gpu, shape, dtype)
+        gpu.ops.rmsnorm(gpu.tensor(a), gpu.tensor(w), out=out)
+        a64 = a.astype(np.float64)
+        ref = a64 / np.sqrt((a64**2).mean(axis=-1, keepdims=True) + 1e-6) * w.astype(np.float64)
+        close_norm(await out.numpy(), ref, dtype)
+    a = random((3, 64), dtype) * 0  # all zeros: eps keeps it finite
+    got = await gpu.ops.rmsnorm(gpu.tensor(a), gpu.tensor(np.ones(64, wdtype)), eps=1e-3).numpy()
+    np.testing.assert_array_equal(no_nan(got), 0.0)
+
+
+@pytest.mark.parametrize("wdtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_layernorm(gpu: gpud_client.Client, dtype: str, wdtype: str) -> None:
+    for shape in SHAPES:
+        # a mean far from 0 next to a small spread: a one-pass variance would cancel
+        a = random(shape, dtype, 0.5, 60.0)
+        w, b = random(shape[-1:], wdtype, 1.0, 1.0), random(shape[-1:], wdtype)
+        out = poisoned(gpu, shape, dtype)
+        gpu.ops.layernorm(gpu.tensor(a), gpu.tensor(w), gpu.tensor(b), eps=1e-4, out=out)
+        ref, slack = layernorm_ref(a, w, b, 1e-4)
+        close_norm(await out.numpy(), ref, dtype, slack)
+
+
+async def test_more_rows_than_one_grid_dimension_holds(gpu: gpud_client.Client) -> None:
+    a = random(FOLDED, "float32", 1.0, 1.0)
+    a64 = a.astype(np.float64)
+    x = gpu.tensor(a)
+    sums, probs = poisoned(gpu, FOLDED[:1], "float32"), poisoned(gpu, FOLDED, "float32")
+    gpu.ops.sum(x, out=sums)
+    gpu.ops.softmax(x, out=probs)
+    close_sums(await sums.numpy(), a64.sum(axis=-1), np.abs(a64).sum(axis=-1))
+    close_softmax(await probs.numpy(), softmax_ref(a64), "float32")
+
+
+async def test_mismatches_are_typed_errors_in_the_client_and_in_the_daemon(gpu: gpud_client.Client) -> None:
+    x = gpu.tensor(np.ones((4, 5), np.float32))
+    w5 = gpu.tensor(np.ones(5, np.float32))
+    cases: list[tuple[str, Any]] = [
+        ("float32 or float16", lambda: gpu.ops.sum(gpu.tensor(np.ones((4, 5), np.int32)))),
+        ("at least one axis", lambda: gpu.ops.mean(gpu.tensor(np.float32(1.0)))),
+        ("out is float16", lambda: gpu.ops.sum(x, out=gpu.empty((4,), "float16"))),
+        ("out is \\[4, 5\\]", lambda: gpu.ops.argmax(x, out=gpu.empty((4, 5), "int32"))),
+        ("argmax is int32", lambda: gpu.ops.argmax(x, out=gpu.empty((4,), "float32"))),
+        ("out is \\[5, 4\\]", lambda: gpu.ops.softmax(x, out=gpu.empty((5, 4), "float32"))),
+        ("broadcast", lambda: gpu.ops.softmax(x, gpu.tensor(np.ones((3, 5), np.float32)))),
+        ("broadcast", lambda: gpu.ops.softmax(x, gpu.tensor(np.ones((1, 4, 5), np.float32)))),
+        ("mask is float16", lambda: gpu.ops.softmax(x, gpu.tensor(np.ones(5, np.float16)))),
+        ("weight is \\[4\\]", lambda: gpu.ops.rmsnorm(x, gpu.tensor(np.ones(4, np.float32)))),
+        ("weight is float32 or float16", lambda: gpu.ops.rmsnorm(x, gpu.tensor(np.ones(5, np.int32)))),
+        ("bias is float16", lambda: gpu.ops.layernorm(x, w5, gpu.tensor(np.ones(5, np.float16)))),
+        ("eps", lambda: gpu.ops.layernorm(x, w5, w5, eps=-1.0)),
+        ("eps", lambda: gpu.ops.rmsnorm(x, w5, eps=math.nan)),
+    ]
+    for message, call in cases:
+        with pytest.raises(InvalidArgument, match=message):
+            call()
+    # A client that skips the library's checks: the daemon applies the same rule, failing the
+    # dispatch alone (each failure raises at the next await, in order).
+    u32 = gpud_client.u32
+    out, out2 = gpu.empty((4,), "float32"), gpu.empty((4, 5), "float32")
+    gpu.dispatch(gpu.ops._kernel("reduce_f32"), 4, [x, out, u32(5), u32(5), u32(0)])
+    with pytest.raises(InvalidArgument, match="reduce") as info:
+        await out.numpy()
+    assert info.value.op == "dispatch"
+    # a mask row count that would read past the mask
+    gpu.dispatch(gpu.ops._kernel("softmax_mask_f32"), 4, [x, w5, out2, u32(4), u32(5), u32(4)])
+    with pytest.raises(InvalidArgument, match="mask_rows"):
+        await out.numpy()
+    gpu.dispatch(gpu.ops._kernel("layernorm_f32_f32"), 4, [x, w5, x, out2, u32(4), u32(5), 1e-5])
+    with pytest.raises(InvalidArgument, match="bias is \\[4, 5\\]"):
+        await out.numpy()
+    gpu.dispatch(gpu.ops._kernel("argmax_f16"), 4, [x, out, u32(4), u32(5)])
+    with pytest.raises(InvalidArgument, match="argmax"):
+        await out.numpy()
+    # the session goes on
+    np.testing.assert_array_equal(await gpu.ops.sum(x).numpy(), np.full(4, 5.0, np.float32))
+
+
+def test_the_rule_bounds_the_length_lavapipe_can_loop_over() -> None:
+    """Checked without allocating: a row longer than 65,535 * 256 is refused (each thread walks it)."""
+    spec = KERNELS["reduce_f32"]
+    long = TensorInfo("float32", (2, MAX_LENGTH + 1))
+    with pytest.raises(OpError, match="at most"):
+        spec.check([long, TensorInfo("float32", (2,))], [2, MAX_LENGTH + 1, 0])
+    spec.check([TensorInfo("float32", (2, MAX_LENGTH)), TensorInfo("float32", (2,))], [2, MAX_LENGTH, 0])
+    with pytest.raises(OpError, match="empty"):
+        spec.check([TensorInfo("float32", (2, 0)), TensorInfo("float32", (2,))], [2, 0, 0])
+    with pytest.raises(OpError, match="no rows"):
+        spec.check([TensorInfo("float32", (0, 3)), TensorInfo("float32", (0,))], [0, 3, 0])
+
+
+async def test_ops_record_into_replay_graphs(gpu: gpud_client.Client) -> None:
+    rng = np.random.default_rng()
+    w, b = rng.standard_normal(896).astype(np.float32), rng.standard_normal(896).astype(np.float32)
+    m = np.where(rng.random(896) < 0.2, -np.inf, 0.0).astype(np.float32)
+    g = gpu.graph("reduce")
+    x = g.input("x", (6, 896), "float16")
+    h = gpu.ops.layernorm(x, gpu.tensor(w), gpu.tensor(b), graph=g)  # float16 x, float32 weights
+    p = gpu.ops.softmax(h, gpu.tensor(m), graph=g)
+    total = gpu.ops.sum(p, graph=g)
+    best = gpu.ops.argmax(h, graph=g)
+    for name, tensor in (("h", h), ("p", p), ("total", total), ("best", best)):
+        g.output(name, tensor)
+    step = await g.build()
+    for _ in range(2):
+        a = random((6, 896), "float16", 2.0, 3.0)
+        got = await step.replay(x=a)
+        ref_h, slack = layernorm_ref(a, w, b, 1e-5)
+        close_norm(got["h"], ref_h, "float16", slack)
+        h16 = got["h"].astype(np.float64)  # the next ops read the stored float16
+        close_softmax(got["p"], softmax_ref(h16 + m), "float16")
+        close_sums(got["total"], got["p"].astype(np.float64).sum(axis=-1), np.ones(6))
+        np.testing.assert_array_equal(got["best"], got["h"].argmax(axis=-1))
