@@ -209,7 +209,11 @@ def _instance(
             assert kernel is not None
             kernel.check_arguments(program, len(tensors), kinds)
             fixed_scalars = [v for k, v in step.args if k not in proto.GRAPH_TENSOR_KINDS]
-            if all(k != ArgKind.SCALAR for k, _ in step.args):  # per-replay scalars are not known here
+            if any(k == ArgKind.SCALAR for k, _ in step.args):
+                if kernel.builtin is not None:  # its rule (the bounds of what it reads) is checked here only
+                    op = f"{kernel.builtin.op} ({kernel.builtin.name})"
+                    raise InvalidArgument(f"{what}: built-in op {op} takes no per-replay scalars (checked at build)")
+            else:
                 kernel.check_op([TensorInfo(*describe(ref)) for ref in tensors], fixed_scalars)
             written = kernel.writes(program)
             for position, ref in enumerate(tensors):

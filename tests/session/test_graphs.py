@@ -194,3 +194,16 @@ async def test_graph_bounds(address: str) -> None:
             with pytest.raises(NotFound, match="no instance"):  # the first instance (n=1000) was evicted
                 await steps[0].replay(x=np.ones(N, np.float32), a=1.0, out=gpu.empty(N))
             await steps[2].replay(x=np.ones(256, np.float32), a=1.0, out=gpu.empty(256))
+
+
+async def test_a_built_in_op_takes_no_per_replay_scalar(gpu: gpud_client.Client) -> None:
+    """Its rule bounds what it reads from the scalars: they are checked once, at build."""
+    g = gpu.graph("builtin-scalar")
+    x = g.input("x", (64,), "float32")
+    out = g.empty((64,), "float32")
+    n = g.scalar("n", "u32")
+    g.dispatch(gpu.ops._kernel("unary_f32"), 1, [x, out, n, gpud_client.u32(0), gpud_client.f32(1.0)])
+    g.output("out", out)
+    with pytest.raises(gpud_client.InvalidArgument, match="per-replay scalars") as info:
+        await g.build()
+    assert info.value.op == "graph"
