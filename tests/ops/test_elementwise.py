@@ -73,6 +73,8 @@ async def test_unary_ops(gpu: gpud_client.Client, op: str, dtype: str) -> None:
         a = rng.standard_normal(shape) * 3
         if op == "rsqrt":
             a = np.abs(a) + 0.1
+        if op == "exp" and dtype == "float16":
+            a = np.clip(a, -10, 10)  # exp(11.1) is past float16's largest, 65504
         a = a.astype(dtype)
         out = poisoned(gpu, shape, dtype)
         if op == "gelu_tanh":
