@@ -266,4 +266,3 @@ def _print(name: str, row: dict[str, Any]) -> None:
         print(f"  torch eager / replay = {row['torch_eager_vs_replay']:.2f} (target >= 5)")
     stages = ", ".join(f"{k} {v:.1f}" for k, v in row["replay_stages_median_us"].items())
     print(f"  replay stages, median us: {stages}")
-

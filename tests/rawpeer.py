@@ -13,7 +13,9 @@ import zmq.asyncio
 import gpud_protocol as proto
 from gpud_protocol import Opcode
 
-TENSOR, F32, I32, U32 = (int(k) for k in (proto.ArgKind.TENSOR, proto.ArgKind.F32, proto.ArgKind.I32, proto.ArgKind.U32))
+TENSOR, F32, I32, U32 = (
+    int(k) for k in (proto.ArgKind.TENSOR, proto.ArgKind.F32, proto.ArgKind.I32, proto.ArgKind.U32)
+)
 
 
 def raw_batch(ops: list[list[Any]], n_frames: int) -> bytes:

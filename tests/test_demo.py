@@ -16,7 +16,7 @@ def test_demo_starts_its_own_daemon_and_matches_numpy(tmp_path: Path) -> None:
         "XDG_RUNTIME_DIR": str(tmp_path),
     }
     result = subprocess.run(
-        [sys.executable, "-m", "gpud", "demo", "--steps", "3", "--chain", "20"],
+        [sys.executable, "-m", "gpud", "demo", "--clients", "1", "--tokens", "2", "--model", "tiny"],
         capture_output=True,
         text=True,
         env=env,
@@ -24,5 +24,5 @@ def test_demo_starts_its_own_daemon_and_matches_numpy(tmp_path: Path) -> None:
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert "all match numpy" in result.stdout, output
+    assert "all match" in result.stdout, output
     assert not (tmp_path / "no-daemon-here.sock").exists()

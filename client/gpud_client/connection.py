@@ -39,13 +39,17 @@ SEND_QUEUE_MESSAGES = 64  # messages queued in ZeroMQ before the client holds ba
 Reply = tuple[dict[str, Any], Any]  # (header, data: a frame's buffer, an assembled array, or None)
 
 
-def default_address() -> str:
-    """`GPUD_ADDRESS`, else ipc:// in $XDG_RUNTIME_DIR/gpud (or /run/gpud for root); as the daemon."""
+def default_address(system: Path = Path("/run/gpud/gpud.sock")) -> str:
+    """`GPUD_ADDRESS`; else a per-user daemon's socket, $XDG_RUNTIME_DIR/gpud/gpud.sock, if it exists;
+    else the system daemon's socket `system` (the systemd unit's; group gpud may connect) if it
+    exists; else the per-user path (root: the system one), where `connect()` then says nothing listens."""
     if address := os.environ.get("GPUD_ADDRESS"):
         return address
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) if runtime and os.geteuid() != 0 else Path("/run")
-    return f"ipc://{base / 'gpud' / 'gpud.sock'}"
+    if not runtime or os.geteuid() == 0:
+        return f"ipc://{system}"
+    user = Path(runtime) / "gpud" / "gpud.sock"
+    return f"ipc://{system if not user.exists() and system.exists() else user}"
 
 
 class Trace(NamedTuple):

@@ -19,6 +19,7 @@ class LruCache(Generic[K, V]):
         self._items: OrderedDict[K, V] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.evictions = 0
 
     def get(self, key: K) -> V | None:
         value = self._items.get(key)
@@ -34,6 +35,7 @@ class LruCache(Generic[K, V]):
         self._items.move_to_end(key)
         while len(self._items) > self.capacity:
             old_key, old_value = self._items.popitem(last=False)
+            self.evictions += 1
             if self._on_evict is not None:
                 self._on_evict(old_key, old_value)
 
@@ -53,4 +55,10 @@ class LruCache(Generic[K, V]):
         return key in self._items
 
     def stats(self) -> dict[str, int]:
-        return {"size": len(self._items), "capacity": self.capacity, "hits": self.hits, "misses": self.misses}
+        return {
+            "size": len(self._items),
+            "capacity": self.capacity,
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+        }

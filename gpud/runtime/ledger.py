@@ -5,12 +5,17 @@ submission `index` has completed: at once if it already has, including when it i
 callback of that very completion (a session ended while its completion runs must still get its
 memory back). A failed submission fails only its own waiters; a lost device fails every waiter,
 now and later, and is reported once through `on_lost`.
+
+For health (progress, not liveness) the ledger also keeps when each submission in flight was
+submitted and when a submission last completed: `stalled_for` says how long work has been pending
+on the device without any of it completing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from collections.abc import Callable
 
 from gpud_protocol.errors import DeviceLost, GpudError, InternalError
@@ -34,6 +39,8 @@ class CompletionLedger:
         self._callbacks: defaultdict[int, list[Done]] = defaultdict(list)
         self._failed: dict[int, GpudError] = {}  # recent failed submissions
         self.failures = 0
+        self.last_completion = time.monotonic()  # when a submission last completed
+        self._submitted_at: deque[float] = deque()  # monotonic submit times of those in flight, oldest first
 
     @property
     def in_flight(self) -> int:
@@ -46,7 +53,14 @@ class CompletionLedger:
 
     def next_submission(self) -> int:
         self.submitted += 1
+        self._submitted_at.append(time.monotonic())
         return self.submitted
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds that work has been pending (submitted, not completed) with nothing completing; 0 when idle."""
+        if not self._submitted_at or self.lost is not None:
+            return 0.0
+        return max(0.0, now - max(self.last_completion, self._submitted_at[0]))
 
     def after(self, index: int, fn: Done) -> None:
         """Run `fn(error)` once submission `index` has completed (now, if it has)."""
@@ -67,6 +81,9 @@ class CompletionLedger:
             return
         first = self.completed + 1
         self.completed = max(self.completed, index)  # before the callbacks: they may add to this index
+        for _ in range(min(self.completed - first + 1, len(self._submitted_at))):
+            self._submitted_at.popleft()
+        self.last_completion = time.monotonic()
         if error is not None:
             self.failures += 1
             log.error("submission %d failed: %s", index, error)
@@ -84,6 +101,7 @@ class CompletionLedger:
         if self.lost is not None:
             return
         self.lost = error
+        self._submitted_at.clear()
         while self._callbacks:
             index = min(self._callbacks)
             for fn in self._callbacks.pop(index):

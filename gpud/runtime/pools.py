@@ -41,6 +41,8 @@ class StagingPool(Generic[T]):
         self.bytes_total = 0
         self.in_use = 0
         self.exhausted_waits = 0
+        self.hits = 0  # requests served by an idle buffer
+        self.misses = 0  # requests that made a new buffer
         self.returns = 0  # buffers given back or discarded so far
 
     def largest_class(self) -> int:
@@ -62,9 +64,11 @@ class StagingPool(Generic[T]):
             raise ValueError(f"staging request of {nbytes} bytes exceeds the pool bound")
         if idle := self._idle[size]:
             self.in_use += 1
+            self.hits += 1
             return idle.pop(), size
         if self.bytes_total + size <= self.capacity_bytes or self._drop_idle(size):
             buffer = self._make(size)
+            self.misses += 1
             self.bytes_total += size
             self.in_use += 1
             return buffer, size
@@ -106,4 +110,11 @@ class StagingPool(Generic[T]):
 
     def stats(self) -> dict[str, int]:
         idle = sum(len(v) for v in self._idle.values())
-        return {"bytes": self.bytes_total, "in_use": self.in_use, "idle": idle, "exhausted_waits": self.exhausted_waits}
+        return {
+            "bytes": self.bytes_total,
+            "in_use": self.in_use,
+            "idle": idle,
+            "hits": self.hits,
+            "misses": self.misses,
+            "exhausted_waits": self.exhausted_waits,
+        }

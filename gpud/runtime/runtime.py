@@ -17,7 +17,8 @@ import itertools
 import logging
 import math
 import threading
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -112,6 +113,8 @@ class DeviceRuntime:
         self.live_buffers = 0
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.sessions = 0  # sessions whose default device this is (placement)
+        # Seconds from a readback part's copy being encoded to its completion, the latest 1,024 (metrics).
+        self.readback_latencies: deque[float] = deque(maxlen=1024)
         self._awaited = False  # a readback or sync waits on the pending command buffer
         self._owners: set[Owner] = set()  # who has work in the pending command buffer
         self._unsaturated: asyncio.Future[None] | None = None
@@ -357,6 +360,7 @@ class DeviceRuntime:
         if nbytes == 0:
             deliver(0, b"", None)
             return None
+        encoded_at = time.perf_counter()
         for part in range(first, self.parts(nbytes)):
             offset = part * self.part_bytes
             count = min(self.part_bytes, nbytes - offset)
@@ -376,15 +380,26 @@ class DeviceRuntime:
             self.counters["download_bytes"] += count
             self.ledger.after(
                 self.ledger.pending_index,
-                lambda error, p=part, s=staging, z=size, c=count: self._downloaded(p, s, z, c, deliver, error),  # type: ignore[misc]
+                lambda error, p=part, s=staging, z=size, c=count, t=encoded_at: self._downloaded(  # type: ignore[misc]
+                    p, s, z, c, deliver, error, t
+                ),
             )
         self._awaited = True
         self.policy.want()
         return None
 
     def _downloaded(
-        self, part: int, staging: Any, size: int, count: int, deliver: Deliver, error: BaseException | None
+        self,
+        part: int,
+        staging: Any,
+        size: int,
+        count: int,
+        deliver: Deliver,
+        error: BaseException | None,
+        encoded_at: float = 0.0,
     ) -> None:
+        if encoded_at:
+            self.readback_latencies.append(time.perf_counter() - encoded_at)
         if error is not None:
             self.downloads.discard(staging, size)
             deliver(part, None, error)

@@ -1,15 +1,15 @@
-"""Command line: `gpud serve`, `gpud demo`, `gpud bench ...`.
+"""Command line: `gpud serve`, `gpud status`, `gpud stats`, `gpud install-service`, `gpud demo`,
+`gpud bench ...`.
 
 Every setting of `serve` is a flag generated from `gpud.service.config.Config`; a configuration
-or start-up problem is one line on stderr and exit status 2, never a traceback.
+or start-up problem is one line on stderr and exit status 2, never a traceback. Without --config,
+`serve` reads /etc/gpud/gpud.toml when it exists and the daemon runs as root or under systemd.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
-import logging
 import sys
 from pathlib import Path
 
@@ -17,7 +17,8 @@ from gpud import __version__
 from gpud.backends import BACKENDS
 
 EXIT_CONFIG = 2
-BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay")
+BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay", "ops", "decode")
+EXIT_UNHEALTHY = 1  # gpud status: the daemon answered and is unhealthy, or nothing answered
 
 
 def _fail(message: str) -> int:
@@ -27,17 +28,18 @@ def _fail(message: str) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from gpud.backends import BackendUnavailable
-    from gpud.service.config import Config, ConfigError, check, overrides_from_args
+    from gpud.service.config import Config, ConfigError, check, default_config_path, overrides_from_args
     from gpud.service.lifecycle import AddressInUse, run_loop
     from gpud.service.server import Server
 
+    path = None if args.no_config else args.config or default_config_path()
     try:
         if args.check_config:
-            if args.config is None:
-                return _fail("--check-config needs --config FILE")
-            print(check(args.config))
+            if path is None:
+                return _fail("--check-config needs --config FILE (and /etc/gpud/gpud.toml is not read here)")
+            print(check(path))
             return 0
-        config = Config.load(args.config, **overrides_from_args(args))
+        config = Config.load(path, **overrides_from_args(args))
     except ConfigError as exc:
         return _fail(str(exc))
     try:
@@ -46,18 +48,51 @@ def _serve(args: argparse.Namespace) -> int:
 
             with cProfile.Profile() as profile:
                 try:
-                    return run_loop(Server(config).serve(), config.event_loop)
+                    return run_loop(Server(config, path).serve(), config.event_loop)
                 finally:
                     profile.dump_stats(args.profile)
-        return run_loop(Server(config).serve(), config.event_loop)
+        return run_loop(Server(config, path).serve(), config.event_loop)
     except (AddressInUse, BackendUnavailable, ValueError, OSError, ImportError) as exc:
         return _fail(str(exc))
+
+
+def _status(args: argparse.Namespace) -> int:
+    from gpud.service import admin
+
+    address = args.address or admin.environment_address()
+    try:
+        status = admin.query(address, args.timeout)
+    except admin.Unreachable as exc:
+        print(f"gpud: {exc}", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    if args.json:
+        print(admin.to_json(status))
+    else:
+        print(admin.format_stats(status) if args.command == "stats" else admin.format_status(status))
+    return 0 if status["health"]["healthy"] else EXIT_UNHEALTHY
+
+
+def _install_service(args: argparse.Namespace) -> int:
+    from gpud.service import install
+
+    gpud_exec = args.exec or install.default_exec(args.prefix)
+    try:
+        plan = install.plan(Path(args.root), gpud_exec.absolute(), enable=args.enable)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.dry_run:
+        print("\n".join(install.describe(plan)))
+        return 0
+    try:
+        return install.apply(plan)
+    except OSError as exc:
+        return _fail(f"{exc.filename or ''}: {exc.strerror or exc} (run it as root)")
 
 
 def _demo(args: argparse.Namespace) -> int:
     from gpud.testing.demo import run_demo
 
-    return asyncio.run(run_demo(args.backend, args.steps, args.chain, args.size))
+    return run_demo(args.backend, args.clients, args.tokens, args.model)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -80,17 +115,48 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the daemon")
-    serve.add_argument("--config", type=Path, help="TOML file with a [gpud] table (default: none)")
-    serve.add_argument("--check-config", action="store_true", help="validate --config FILE and exit")
+    serve.add_argument(
+        "--config",
+        type=Path,
+        help="TOML file with a [gpud] table (default: /etc/gpud/gpud.toml if it exists and gpud runs as root "
+        "or under systemd, else none)",
+    )
+    serve.add_argument("--no-config", action="store_true", help="read no config file, not even /etc/gpud/gpud.toml")
+    serve.add_argument("--check-config", action="store_true", help="validate the config file and exit")
     serve.add_argument("--profile", type=Path, help="write cProfile statistics here at exit (performance work)")
     add_arguments(serve)
     serve.set_defaults(func=_serve)
 
-    demo = sub.add_parser("demo", help="run a real client workload through a daemon and verify it")
+    for name, text in (
+        ("status", "a running daemon: health, devices, sessions, residents, graphs (exit 1 if unhealthy)"),
+        ("stats", "a running daemon's counters: ops, flushes, pools, caches, replays, readback latency"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--address", help="the daemon's address (default: GPUD_ADDRESS, else the default socket)")
+        cmd.add_argument("--json", action="store_true", help="print JSON")
+        cmd.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
+        cmd.set_defaults(func=_status)
+
+    install = sub.add_parser(
+        "install-service", help="install the systemd units, user, directories and /etc/gpud/gpud.toml (as root)"
+    )
+    install.add_argument("--prefix", type=Path, help="the checkout gpud runs from: ExecStart=PREFIX/.venv/bin/gpud")
+    install.add_argument("--exec", type=Path, help="the gpud executable (default: this installation's)")
+    install.add_argument("--root", default="/", help="install into this root directory instead of / (packaging)")
+    install.add_argument("--enable", action="store_true", help="then systemctl enable --now gpud")
+    install.add_argument("--dry-run", action="store_true", help="print what it would do, change nothing")
+    install.set_defaults(func=_install_service)
+
+    demo = sub.add_parser("demo", help="decode with a small transformer through a daemon, K clients, verified")
     demo.add_argument("--backend", choices=BACKENDS, default="auto")
-    demo.add_argument("--steps", type=int, default=50)
-    demo.add_argument("--chain", type=int, default=100, help="dependent dispatches per step")
-    demo.add_argument("--size", type=int, default=4096, help="elements per tensor")
+    demo.add_argument("--clients", type=int, default=3, help="client processes decoding at once")
+    demo.add_argument("--tokens", type=int, default=16, help="tokens each client decodes")
+    demo.add_argument(
+        "--model",
+        choices=("auto", "qwen2.5-0.5b", "small", "tiny"),
+        default="auto",
+        help="auto: qwen2.5-0.5b's shapes on a GPU, small on a software rasteriser",
+    )
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: gpud against in-process launches (from a checkout)")
@@ -106,11 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpud.service.lifecycle import configure_logging
+
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.verbose)
     code: int = args.func(args)
     return code

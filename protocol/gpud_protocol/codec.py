@@ -418,6 +418,8 @@ def decode_client_message(
         return Beat(session, key)
     if kind == "bye":
         return Bye()
+    if kind == "status":
+        return schema.Status()
     if kind == "hello":
         version, name, pid = header.get("v", -1), header.get("name", ""), header.get("pid", 0)
         device = header.get("device")

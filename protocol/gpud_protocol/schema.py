@@ -10,6 +10,7 @@ Client -> daemon headers:
     {"t": "ping"}
     {"t": "beat", "session": id, "key": beat key}   from any socket: keeps that session's lease
     {"t": "bye"}
+    {"t": "status"}                                no session needed: answered with the daemon's state
 
 An op is a list ``[opcode, seq, *fields]``; its fields are those of the NamedTuple below, in order.
 Daemon -> client headers:
@@ -21,6 +22,11 @@ Daemon -> client headers:
     {"t": "receipt", "b": n}                       batches up to n are executed (when "rc" asked)
     {"t": "pong"}
     {"t": "error", "code": c, "msg": m}            unattributable: every pending request fails
+    {"t": "status", "version": str, "backend": str, "state": "serving" | "stopping", "uptime_s": float,
+     "health": {"healthy": bool, "problems": [str], "stall_s": float}, "devices": [map], "sessions": [map],
+     "residents": [map], "graphs": [map], "counters": map, ...}
+                                                   answer to status (gpud.service.server.Server.status:
+                                                   operators' tools, not the client library, read it)
 """
 
 from __future__ import annotations
@@ -475,4 +481,8 @@ class Bye(NamedTuple):
     pass
 
 
-ClientMessage = Hello | Batch | Ping | Beat | Bye
+class Status(NamedTuple):
+    """A daemon-level request (`gpud status`, `gpud stats`): needs no session."""
+
+
+ClientMessage = Hello | Batch | Ping | Beat | Bye | Status

@@ -135,6 +135,34 @@ OPS: list[tuple[list[Any], Any]] = [
     ([Opcode.PUBLISH_GRAPH, 22, 30, "g"], proto.PublishGraph(22, 30, "g")),
     ([Opcode.OPEN_GRAPH, 23, 31, "g"], proto.OpenGraph(23, 31, "g")),
     ([Opcode.UNPUBLISH_GRAPH, 24, "g"], proto.UnpublishGraph(24, "g")),
+    ([Opcode.RESHAPE, 25, 9, 7, [3, 4]], proto.Reshape(25, 9, 7, (3, 4))),
+    (
+        [
+            Opcode.GRAPH,
+            26,
+            30,
+            "views",
+            {
+                "inputs": [["x", "float32", [12]]],
+                "views": [[[4, 0], [3, 4]], [[8, 0], [12]]],
+                "outputs": [["y", [8, 1]]],
+            },
+        ],
+        proto.BuildGraph(
+            26,
+            30,
+            "views",
+            proto.GraphDef(
+                (proto.GraphTensor("x", "float32", (12,)),),
+                (),
+                (),
+                (),
+                (),
+                (proto.GraphOutput("y", (8, 1)),),
+                (((4, 0), (3, 4)), ((8, 0), (12,))),
+            ),
+        ),
+    ),
 ]
 
 
@@ -604,7 +632,7 @@ def test_wrong_field_count(op: list[Any]) -> None:
     assert op_error(op).code == ErrorCode.INVALID_ARGUMENT
 
 
-@pytest.mark.parametrize("opcode", [0, 21, 99, -1, 1 << 40])
+@pytest.mark.parametrize("opcode", [0, 22, 99, -1, 1 << 40])
 def test_unknown_opcode_is_reported_against_its_seq(opcode: int) -> None:
     decoded = batch([[Opcode.SYNC, 1], [opcode, 77, "whatever"], [Opcode.SYNC, 78]])
     assert decoded.ops[0] == Sync(1)
@@ -690,9 +718,7 @@ def _mutate(rng: random.Random, op: list[Any]) -> list[Any]:
     return op
 
 
-OP_TYPES = Alloc | Upload | Dispatch | Readback | Free | RegisterKernel | Sync | Copy | Stats | Publish | Open
-OP_TYPES |= Unpublish | FlushOp | proto.BuildGraph | proto.Replay | proto.Launch | proto.FreeGraph
-OP_TYPES |= proto.PublishGraph | proto.OpenGraph | proto.UnpublishGraph
+OP_TYPES = proto.schema.Op  # every op the schema defines
 
 
 def _check(frames: list[bytes]) -> None:

@@ -81,7 +81,10 @@ def test_hit_and_miss_counters() -> None:
     cache.get("a")
     cache.get("a")
     cache.get("zz")
-    assert cache.stats() == {"size": 1, "capacity": 2, "hits": 2, "misses": 1}
+    assert cache.stats() == {"size": 1, "capacity": 2, "hits": 2, "misses": 1, "evictions": 0}
+    cache.put("b", 2)
+    cache.put("c", 3)  # evicts "a"
+    assert cache.stats()["evictions"] == 1
 
 
 def test_capacity_must_be_positive() -> None:

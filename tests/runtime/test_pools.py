@@ -77,7 +77,8 @@ async def test_reuses_returned_buffers() -> None:
     again, _ = await h.pool.acquire(4000)
     assert again is first
     assert len(h.made) == 1
-    assert h.pool.stats() == {"bytes": 4096, "in_use": 1, "idle": 0, "exhausted_waits": 0}
+    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 1, "misses": 1, "exhausted_waits": 0}
+    assert h.pool.stats() == expected
 
 
 async def test_request_larger_than_the_bound_is_refused() -> None:
@@ -150,7 +151,8 @@ async def test_discard_destroys_and_wakes_a_waiter() -> None:
     with anyio.fail_after(2):
         got, size = await waiter
     assert got is not a and size == 4096
-    assert h.pool.stats() == {"bytes": 4096, "in_use": 1, "idle": 0, "exhausted_waits": 1}
+    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 0, "misses": 2, "exhausted_waits": 1}
+    assert h.pool.stats() == expected
 
 
 async def test_clear_idle_keeps_buffers_in_use() -> None:
@@ -160,7 +162,8 @@ async def test_clear_idle_keeps_buffers_in_use() -> None:
         h.pool.give_back(*(await h.pool.acquire(size)))
     h.pool.clear_idle()
     assert h.live == {held[0]}
-    assert h.pool.stats() == {"bytes": 4096, "in_use": 1, "idle": 0, "exhausted_waits": 0}
+    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 0, "misses": 4, "exhausted_waits": 0}
+    assert h.pool.stats() == expected
 
 
 async def test_two_waiters_both_get_a_buffer() -> None:

@@ -36,7 +36,7 @@ from support import (
 import gpud_client
 import gpud_protocol as proto
 from gpud.testing import spawn
-from gpud_client import DaemonLost, InvalidArgument, SessionLost, u32
+from gpud_client import Busy, DaemonLost, InvalidArgument, SessionLost, u32
 from gpud_protocol import ErrorCode, Opcode
 
 
@@ -105,7 +105,7 @@ async def test_sigterm_is_handled_promptly_during_heavy_work() -> None:
             await occupy(gpu, 8.0)
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            with pytest.raises(DaemonLost):
+            with pytest.raises((DaemonLost, Busy)):  # Busy: the drain refuses new requests
                 for _ in range(200):
                     await gpu.stats()
                     await anyio.sleep(0.05)

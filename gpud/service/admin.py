@@ -1,0 +1,222 @@
+"""`gpud status` and `gpud stats`: ask a running daemon for its state over its normal socket.
+
+One `{"t": "status"}` message, no session: whoever may open the socket may ask. The answer is
+printed for people by default, or as JSON (`--json`) for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+
+import gpud_protocol as proto
+
+MAX_STATUS_BYTES = 64 << 20
+
+
+class Unreachable(RuntimeError):
+    """No daemon answered at the address."""
+
+
+def query(address: str, timeout: float = 3.0) -> dict[str, Any]:
+    """The daemon's status snapshot (see `gpud.service.server.Server.status`)."""
+    if address.startswith("ipc://") and not Path(address[len("ipc://") :]).exists():
+        raise Unreachable(f"no daemon at {address}: the socket does not exist")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(proto.pack({"t": "status"}))
+        if not sock.poll(int(timeout * 1000)):
+            raise Unreachable(f"no answer from {address} within {timeout:g} s")
+        frames = sock.recv_multipart()
+        header = _unpack(frames[0])
+    except zmq.ZMQError as exc:
+        raise Unreachable(f"{address}: {exc}") from None
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    if header.get("t") == "error":
+        raise Unreachable(f"{address} answered with an error: {header.get('msg')} (an older gpud?)")
+    if header.get("t") != "status":
+        raise Unreachable(f"{address} answered {header.get('t')!r}, not a status")
+    status: dict[str, Any] = _plain(header)
+    return status
+
+
+def _unpack(frame: bytes) -> dict[str, Any]:
+    """A status reply: bounded, like every message, but with room for many counters and sessions."""
+    if len(frame) > MAX_STATUS_BYTES:
+        raise Unreachable(f"a status reply of {len(frame)} bytes is larger than {MAX_STATUS_BYTES}")
+    try:
+        header = msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=1 << 20,
+            max_bin_len=0,
+            max_ext_len=0,
+            max_array_len=1 << 16,
+            max_map_len=4096,
+        )
+    except Exception as exc:  # msgpack raises many types
+        raise Unreachable(f"an undecodable answer ({type(exc).__name__}): not a gpud?") from None
+    if type(header) is not dict:
+        raise Unreachable("an answer that is not a map: not a gpud?")
+    return header
+
+
+def _plain(value: Any) -> Any:
+    """msgpack's tuples as lists, for JSON and for the formatters."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_json(status: dict[str, Any]) -> str:
+    return json.dumps(status, indent=2, sort_keys=True)
+
+
+def _bytes(n: Any) -> str:
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _duration(seconds: float) -> str:
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h {minutes}m" if days else f"{hours}h {minutes}m {secs}s"
+
+
+def format_status(status: dict[str, Any]) -> str:
+    health = status["health"]
+    lines = [
+        f"gpud {status['version']} ({status['backend']}), pid {status['pid']}, {status['state']}, "
+        f"up {_duration(status['uptime_s'])}, at {status['address']}",
+        "health: " + ("healthy" if health["healthy"] else "UNHEALTHY"),
+    ]
+    lines += [f"  {problem}" for problem in health["problems"]]
+    lines.append(f"devices: {len(status['devices'])}")
+    for d in status["devices"]:
+        total = d.get("memory_total")
+        memory = f"{_bytes(d['memory_in_use'])} of {_bytes(total)}" if total else _bytes(d["memory_in_use"])
+        stall = f", stalled {d['stalled_s']:.1f} s" if d.get("stalled_s") else ""
+        lines.append(
+            f"  [{d['index']}] {d['name']} ({d['backend']}): memory {memory} in use, {d['sessions']} session(s), "
+            f"{d['pending_ops']} op(s) queued, {d['in_flight']} submission(s) in flight{stall}"
+        )
+    lines.append(f"sessions: {status['session_count']}")
+    for s in status["sessions"]:
+        lines.append(
+            f"  {s['id']}  {s['client'] or '?'} (pid {s['pid']}) on device {s['device']}, connected "
+            f"{_duration(s['connected_s'])}: {_bytes(s['memory_bytes'])}, {s['handles']} tensor(s), "
+            f"{s['kernels']} kernel(s), {s['graphs']} graph(s), {s['ops']} op(s) done, "
+            f"{s['requests_in_flight']} request(s) waiting"
+        )
+    _more(lines, status["session_count"], status["sessions"])
+    lines.append(f"residents: {status['resident_count']}")
+    for r in status["residents"]:
+        shape = "x".join(str(n) for n in r["shape"]) or "scalar"
+        lines.append(
+            f"  {r['name']}  {r['dtype']}[{shape}] {_bytes(r['nbytes'])} on device {r['device']}, {r['mode']}, "
+            f"published by {r['publisher']}, {r['refs']} reference(s)"
+        )
+    _more(lines, status["resident_count"], status["residents"])
+    lines.append(f"published graphs: {status['graph_count']}")
+    for g in status["graphs"]:
+        lines.append(
+            f"  {g['name']}  device {g['device']}, built by {g['builder']}, {_bytes(g['nbytes'])}, "
+            f"{g['instances']} instance(s), {g['refs']} reference(s)"
+        )
+    _more(lines, status["graph_count"], status["graphs"])
+    return "\n".join(lines)
+
+
+def _more(lines: list[str], total: int, shown: list[Any]) -> None:
+    if total > len(shown):
+        lines.append(f"  ... and {total - len(shown)} more (see --json)")
+
+
+def format_stats(status: dict[str, Any]) -> str:
+    counters = status["counters"]
+    names = ("messages", "batches", "ops", "sessions_opened", "sessions_ended", "bad_messages", "refused_stopping")
+    lines = [f"gpud {status['version']} ({status['backend']}), up {_duration(status['uptime_s'])}"]
+    lines.append("daemon: " + ", ".join(f"{name} {counters.get(name, 0)}" for name in names))
+    for d in status["devices"]:
+        c = d["counters"]
+        latency = d.get("readback_latency_s") or {}
+        lat = ", ".join(f"p{float(q) * 100:g} {v * 1e3:.3f} ms" for q, v in latency.items()) or "no readbacks yet"
+        lines += [
+            f"device {d['index']} ({d['name']}, {d['backend']}):",
+            f"  dispatches {c.get('dispatches', 0)}, flushes {c.get('flushes', 0)}, "
+            f"{d['dispatches_per_flush']} dispatches per flush, submissions {c.get('submitted', 0)} "
+            f"(completed {c.get('completed', 0)}, failed {c.get('failed_submissions', 0)}, "
+            f"via the submit worker {c.get('worker_submits', 0)}), throttled waits {c.get('throttle_waits', 0)}",
+            f"  staging pools: uploads {c['upload_staging_hits']} hits / {c['upload_staging_misses']} misses / "
+            f"{c['upload_staging_waits']} waits, downloads {c['download_staging_hits']} hits / "
+            f"{c['download_staging_misses']} misses / {c['download_staging_waits']} waits, "
+            f"{_bytes(d['staging_bytes'])} held",
+            f"  kernel cache: {d['kernels_cached']} kept, {c['kernel_cache_hits']} hits, "
+            f"{c['kernel_cache_misses']} misses, {c['kernel_cache_evictions']} evictions; compiles "
+            f"{c.get('compiles', 0)} (errors {c.get('compile_errors', 0)})",
+            f"  graph replays {c.get('graph_replays', 0)}, graphs instantiated {c.get('graphs_instantiated', 0)}; "
+            f"uploaded {_bytes(c.get('upload_bytes', 0))}, read back {_bytes(c.get('download_bytes', 0))}",
+            f"  readback latency (copy encoded to completed, latest 1,024): {lat}",
+        ]
+        extra = {k: v for k, v in c.items() if k not in _SHOWN}
+        if extra:
+            lines.append("  backend: " + ", ".join(f"{k} {v}" for k, v in sorted(extra.items())))
+    return "\n".join(lines)
+
+
+_SHOWN = frozenset(
+    {
+        "dispatches",
+        "flushes",
+        "submitted",
+        "completed",
+        "failed_submissions",
+        "worker_submits",
+        "throttle_waits",
+        "compiles",
+        "compile_errors",
+        "graph_replays",
+        "graphs_instantiated",
+        "upload_bytes",
+        "download_bytes",
+        "upload_staging_hits",
+        "upload_staging_misses",
+        "upload_staging_waits",
+        "download_staging_hits",
+        "download_staging_misses",
+        "download_staging_waits",
+        "kernel_cache_hits",
+        "kernel_cache_misses",
+        "kernel_cache_evictions",
+    }
+)
+
+
+def environment_address() -> str:
+    """The address `gpud status` asks: GPUD_ADDRESS, else the client's default (which finds /run/gpud)."""
+    from gpud_client import default_address
+
+    return os.environ.get("GPUD_ADDRESS") or default_address()
