@@ -43,6 +43,7 @@ class Settings:
     flush_deadline_ms: float = 2.0
     max_submissions_in_flight: int = 16
     staging_pool_bytes: int = 64 << 20
+    reuse_memory_bytes: int = 0
     kernel_cache_size: int = 16
     completion_spin_us: float = 50.0
     graph_cache_size: int = 0  # measure launches, not graph replays

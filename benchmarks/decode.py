@@ -141,12 +141,10 @@ def main(args: argparse.Namespace) -> int:
         "modes": {},
     }
     prefix = new_prefix()
-    with daemon(backend) as (address, _proc):
+    with daemon(backend, extra_args=("--trace",)) as (address, _proc):
         published = asyncio.run(publish(address, model, prefix))
         results.update(published)
-        print(
-            f"{model}: {config.parameters() / 1e6:.0f}M parameters, published in {published['upload_s']:.1f} s"
-        )
+        print(f"{model}: {config.parameters() / 1e6:.0f}M parameters, published in {published['upload_s']:.1f} s")
         for mode in MODES:
             rows = []
             for k in counts:
@@ -157,6 +155,9 @@ def main(args: argparse.Namespace) -> int:
                     f"{mode:>9} K={k:<2} {row['tokens_per_s']:8.1f} tokens/s together, "
                     f"{min(each):8.1f} .. {max(each):8.1f} per client"
                 )
+                if row["stages_median_us"]:
+                    stages = ", ".join(f"{k} {v:.0f}" for k, v in row["stages_median_us"].items())
+                    print(f"          client 0's step, median us: {stages}")
             results["modes"][mode] = rows
         asyncio.run(unpublish(address, model, prefix))
     firsts = {mode: rows[0]["tokens"][0] for mode, rows in results["modes"].items()}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -99,19 +98,11 @@ async def _gpud_ways(address: str, x0: np.ndarray, reps: int, n: int, chain: int
 
         floor = await time_async(nothing, max(reps, 500), warmup=50)
         stats = await gpu.stats()
-    stages = {
-        "client_to_daemon": [tr.received - tr.sent for tr in traces],
-        "daemon_decode_execute": [tr.executed - tr.received for tr in traces],
-        "until_flush": [tr.flushed - tr.executed for tr in traces],
-        "gpu_and_completion": [tr.completed - tr.flushed for tr in traces],
-        "daemon_to_client": [tr.replied - tr.completed for tr in traces],
-        "client_resume": [tr.resumed - tr.replied for tr in traces],
-    }
     return {
         "replay": replayed,
         "coalesced": eager,
         "empty_replay": floor,
-        "stages_median_us": {k: statistics.median(v) * 1e6 for k, v in stages.items() if v},
+        "stages_median_us": gpud_client.Trace.median_stages_us(traces),
         "device_stats": {k: v for k, v in stats["device"].items() if not isinstance(v, dict)},
     }
 

@@ -66,6 +66,14 @@ main() {
             section python3 -m gpud bench clients --backend webgpu --seconds 3 --json "$OUT/bench-clients-webgpu-vulkan.json" || status=1
             ;;
         launch) section python3 -m benchmarks.cuda_launch --json "$OUT/launch-cuda.json" || status=1 ;;
+        ops) section python3 -m gpud bench ops --json "$OUT/bench-ops.json" || status=1 ;;
+        decode) section python3 -m gpud bench decode --backend cuda --clients 1,4,8 --json "$OUT/bench-decode-cuda.json" || status=1 ;;
+        decode-quick) section python3 -m gpud bench decode --backend cuda --quick --clients 1 --json "$OUT/bench-decode-quick.json" || status=1 ;;
+        decode-webgpu)
+            section python3 -m gpud bench decode --backend webgpu --clients 1,4 --json "$OUT/bench-decode-webgpu-vulkan.json" || status=1
+            ;;
+        demo) section python3 -m gpud demo --backend cuda --clients 3 || status=1 ;;
+        optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac
     done

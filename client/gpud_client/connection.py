@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -62,6 +63,19 @@ class Trace(NamedTuple):
     completed: float  # daemon: the copy completed, reply about to be sent
     replied: float  # client: reply read from the socket
     resumed: float  # client: the awaiting task resumed
+
+    @staticmethod
+    def median_stages_us(traces: list[Trace]) -> dict[str, float]:
+        """Where round trips go: each stage's median over `traces`, in microseconds."""
+        stages = {
+            "client_to_daemon": [t.received - t.sent for t in traces],
+            "daemon_decode_execute": [t.executed - t.received for t in traces],
+            "until_flush": [t.flushed - t.executed for t in traces],
+            "gpu_and_completion": [t.completed - t.flushed for t in traces],
+            "daemon_to_client": [t.replied - t.completed for t in traces],
+            "client_resume": [t.resumed - t.replied for t in traces],
+        }
+        return {name: 1e6 * statistics.median(values) for name, values in stages.items() if values}
 
 
 class _Parts:

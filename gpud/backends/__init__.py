@@ -47,7 +47,8 @@ def cuda_problem() -> str | None:
 
         nvrtc.nvrtcVersion()
     except Exception as exc:
-        return f"NVRTC is missing ({type(exc).__name__}: {exc}); install nvidia-cuda-nvrtc or the CUDA toolkit"
+        why = f"{type(exc).__name__}: {exc}"
+        return f"NVRTC is missing ({why}); install gpud[cuda] (nvidia-cuda-nvrtc-cu12) or the CUDA toolkit"
     return None
 
 

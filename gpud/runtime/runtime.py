@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Protocol
 from gpud.backends.base import Arg, Buffer, Device, Program
 from gpud.runtime.cache import LruCache
 from gpud.runtime.flush import FlushPolicy
+from gpud.runtime.freed import FreedMemory
 from gpud.runtime.graph import DispatchStep, GraphStep, Replayable, buffers_of
 from gpud.runtime.ledger import CompletionLedger, Done, SubmissionFailed
 from gpud.runtime.pools import StagingPool
@@ -74,6 +75,9 @@ class RuntimeSettings(Protocol):
     @property
     def kernel_cache_size(self) -> int: ...
 
+    @property
+    def reuse_memory_bytes(self) -> int: ...
+
 
 class DeviceRuntime:
     def __init__(
@@ -101,6 +105,8 @@ class DeviceRuntime:
         self.chunk_bytes = min(16 << 20, self.uploads.largest_class())
         self.part_bytes = max(4096, min(reply_part_bytes, self.downloads.largest_class()))
         self.programs: LruCache[tuple[Any, ...], Program] = LruCache(settings.kernel_cache_size)
+        # Reuse needs the zero fill the runtime encodes itself: not where allocations come zeroed.
+        self.freed = FreedMemory(0 if device.zero_on_alloc else settings.reuse_memory_bytes)
         self._compiling: dict[tuple[Any, ...], asyncio.Future[Program]] = {}
         self.submitter = Worker(f"gpud-submit-{self.index}", loop)
         self.compiler = Worker(f"gpud-compile-{self.index}", loop)
@@ -124,11 +130,13 @@ class DeviceRuntime:
 
     def alloc(self, nbytes: int) -> Buffer:
         self._check_alive()
-        try:
-            native = self.device.alloc(nbytes)
-        except OutOfMemory:
-            self._drop_caches()
-            native = self.device.alloc(nbytes)
+        native = self.freed.take(nbytes)
+        if native is None:
+            try:
+                native = self.device.alloc(nbytes)
+            except OutOfMemory:
+                self._drop_caches()
+                native = self.device.alloc(nbytes)
         buffer = Buffer(next(self._ids), nbytes, native, self.index)
         self.memory_in_use += nbytes
         self.live_buffers += 1
@@ -156,13 +164,21 @@ class DeviceRuntime:
             self.device.forget(native)
         except Exception:  # reported, never raised from a completion
             log.exception("device %d: freeing a buffer failed", self.index)
+        self._free(self.freed.keep(buffer.nbytes, native))
+
+    def _free(self, natives: list[Any]) -> None:
         # A free may synchronize (cuMemFree) or queue behind a submit: never on the loop thread.
-        self.submitter.run(lambda: self.device.free(native), _log_failure)
+        for native in natives:
+            self.submitter.run(functools.partial(self.device.free, native), _log_failure)
 
     def _destroy_staging(self, staging: Any) -> None:
         self.submitter.run(lambda: self.device.destroy_staging(staging), _log_failure)
 
     def _drop_caches(self) -> None:
+        # Only when an allocation failed, before it is tried again (on this thread, as the
+        # allocation is): the kept memory is idle, so freeing it waits for nothing of its own.
+        for native in self.freed.clear():
+            self.device.free(native)
         self.device.drop_caches()
         self.uploads.clear_idle()
         self.downloads.clear_idle()
@@ -551,6 +567,7 @@ class DeviceRuntime:
             "program_cache": self.programs.stats(),
             "upload_staging": self.uploads.stats(),
             "download_staging": self.downloads.stats(),
+            "reused_memory": self.freed.stats(),
             **self.counters,
             **self.device.stats(),
         }
@@ -565,6 +582,7 @@ class DeviceRuntime:
                 log.warning("device %d: outstanding work did not finish at shutdown: %s", self.index, exc)
         self.uploads.clear_idle()
         self.downloads.clear_idle()
+        self._free(self.freed.clear())
         self.closed = True
         with self._completion:
             self._completion.notify_all()

@@ -18,6 +18,7 @@ from gpud.backends import BACKENDS
 
 EXIT_CONFIG = 2
 BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay", "ops", "decode")
+MODELS = ("qwen2.5-0.5b", "small", "tiny")  # gpud.testing.transformer.CONFIGS, without importing it
 EXIT_UNHEALTHY = 1  # gpud status: the daemon answered and is unhealthy, or nothing answered
 
 
@@ -153,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", type=int, default=16, help="tokens each client decodes")
     demo.add_argument(
         "--model",
-        choices=("auto", "qwen2.5-0.5b", "small", "tiny"),
+        choices=("auto", *MODELS),
         default="auto",
         help="auto: qwen2.5-0.5b's shapes on a GPU, small on a software rasteriser",
     )
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--clients", default="1,2,4,8", help="clients: comma-separated process counts")
     bench.add_argument("--seconds", type=float, default=5.0, help="clients: measuring time per count")
     bench.add_argument("--devices", default="0", help="clients: the daemon's devices (all, or 0,1)")
+    bench.add_argument("--model", choices=MODELS, help="decode: the model (default: by device)")
     bench.set_defaults(func=_bench)
     return parser
 

@@ -244,6 +244,9 @@ class Config:
     )
 
     staging_pool_bytes: int = _pools(256 * MiB, "bound on host staging buffers (uploads, readbacks)", min=MiB, unit=_B)
+    reuse_memory_bytes: int = _pools(
+        512 * MiB, "freed device memory kept for allocations of the same size (cuda)", min=0, unit=_B
+    )
     kernel_cache_size: int = _pools(256, "compiled kernels kept", min=1)
     bind_group_cache_size: int = _pools(8192, "webgpu: bind groups kept", min=1)
     cache_dir: Path = _pools(  # noqa: RUF009

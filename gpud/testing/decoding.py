@@ -78,18 +78,28 @@ async def _client(
         await generate(decoder, prompt(seed, config), 1, mode)
         await asyncio.sleep(max(0.0, start_at - time.time()))
         done = 0
+        traces: list[gpud_client.Trace] = []
 
         def stepped() -> None:
             nonlocal done
             done += 1
             events.put(("step", seed, done, steps))
+            if gpu.last_trace is not None:  # a daemon started with --trace
+                traces.append(gpu.last_trace)
 
         t0 = time.perf_counter()
         out, _ = await generate(decoder, prompt(seed, config), tokens, mode, on_step=stepped)
         seconds = time.perf_counter() - t0
         peak = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
         decoder.free()
-        return {"client": seed, "seconds": seconds, "steps": steps, "tokens": out[0].tolist(), "memory": peak}
+        return {
+            "client": seed,
+            "seconds": seconds,
+            "steps": steps,
+            "tokens": out[0].tolist(),
+            "memory": peak,
+            "stages_median_us": gpud_client.Trace.median_stages_us(traces),
+        }
 
 
 def _process(
@@ -147,4 +157,5 @@ def run_clients(
         "ms_per_token": [1e3 * r["seconds"] / r["steps"] for r in rows],
         "tokens": [r["tokens"] for r in rows],
         "peak_memory": max(r["memory"] for r in rows),
+        "stages_median_us": rows[0]["stages_median_us"],  # client 0's
     }

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -88,8 +88,8 @@ def weight(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]
         values = 1.0 + 0.1 * rng.standard_normal(shape, np.float32)
     elif name.endswith("_bias"):
         values = 0.1 * rng.standard_normal(shape, np.float32)
-    elif name == "embed":
-        values = rng.standard_normal(shape, np.float32)
+    elif name == "embed":  # small, as trained ones are: the layers, not the echo of the input, pick the token
+        values = 0.02 * rng.standard_normal(shape, np.float32)
     else:
         values = rng.standard_normal(shape, np.float32) / np.float32(math.sqrt(shape[1]))
     return values.astype(np.float16)
@@ -153,6 +153,30 @@ def _rotate(x: np.ndarray[Any, Any], pos: int, base: float) -> np.ndarray[Any, A
     cos, sin = np.cos(angle), np.sin(angle)
     a, b = x[..., :half], x[..., half:]
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+LOGIT_TOL = 1e-4  # of the largest |logit| of the step (measured: about 1e-6, float32 against float64)
+
+
+def reference_logits(
+    config: Config, params: dict[str, np.ndarray[Any, Any]], prompt: Sequence[int], chosen: Sequence[int]
+) -> list[np.ndarray[Any, Any]]:
+    """The reference's logits at every step of one sequence fed `prompt`, then the tokens a run chose
+    (teacher forcing: one near tie does not send the two runs down different paths)."""
+    ref = Reference(config, params)
+    fed = [*prompt, *chosen][: len(prompt) - 1 + len(chosen)]
+    return [ref.step(int(token)) for token in fed]
+
+
+def greedy_mismatch(chosen: Sequence[int], logits: Sequence[np.ndarray[Any, Any]]) -> str:
+    """Why `chosen` is not the reference's greedy choice at every step ("" when it is): each token must
+    be the argmax of the reference's logits, or within LOGIT_TOL of it where the top two nearly tie."""
+    for step, (token, step_logits) in enumerate(zip(chosen, logits, strict=True)):
+        best = int(np.argmax(step_logits))
+        gap = float(step_logits[best] - step_logits[token])
+        if token != best and gap > LOGIT_TOL * float(np.max(np.abs(step_logits))):
+            return f"token {step}: {token} where the reference's argmax is {best} ({gap:.3g} higher)"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------- gpud

@@ -23,6 +23,7 @@ class Settings:
     flush_deadline_ms: float = 1.0
     max_submissions_in_flight: int = 4
     staging_pool_bytes: int = 1 << 20
+    reuse_memory_bytes: int = 1 << 20
     kernel_cache_size: int = 8
 
 

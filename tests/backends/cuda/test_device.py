@@ -69,6 +69,7 @@ class Settings:
     flush_deadline_ms: float = 2.0
     max_submissions_in_flight: int = 16
     staging_pool_bytes: int = 256 << 20
+    reuse_memory_bytes: int = 64 << 20
     kernel_cache_size: int = 256
     completion_spin_us: float = 50.0
     graph_cache_size: int = 32
@@ -294,6 +295,7 @@ async def test_new_tensors_are_zero_filled(make: Make) -> None:
     rt.release(dirty)
     await settled(rt)
     again = rt.alloc(size)
+    assert rt.stats()["reused_memory"]["hits"] == 1, "the freed memory was handed back"
     assert await read(rt, again, owner) == bytes(size), "a re-allocated tensor kept the old contents"
     await finish(rt, lost, [*fresh, beside, again])
 
@@ -317,7 +319,7 @@ async def test_staging_pool_exhaustion_stays_correct(make: Make) -> None:
 
 
 async def test_memory_is_returned(make: Make) -> None:
-    rt, lost = make()
+    rt, lost = make(reuse_memory_bytes=0)
     await settled(rt)
     free_before = rt.info()["memory_free"]
     bufs = [rt.alloc(64 << 20) for _ in range(4)]
@@ -333,6 +335,20 @@ async def test_memory_is_returned(make: Make) -> None:
     assert info["compute_capability"].count(".") == 1
     assert info["memory_total"] >= info["memory_free"] > 0
     await finish(rt, lost, [])
+
+
+async def test_freed_memory_kept_for_reuse_is_bounded(make: Make) -> None:
+    rt, lost = make(reuse_memory_bytes=96 << 20)
+    await settled(rt)
+    free_before = rt.info()["memory_free"]
+    for buffer in [rt.alloc(32 << 20) for _ in range(6)]:
+        rt.release(buffer)
+    await settled(rt)
+    assert rt.memory_in_use == 0 and rt.stats()["reused_memory"]["bytes"] == 96 << 20
+    assert rt.info()["memory_free"] >= free_before - (96 << 20) - (8 << 20), "more than the bound was kept"
+    again = [rt.alloc(32 << 20) for _ in range(4)]  # three kept, one new
+    assert rt.stats()["reused_memory"]["hits"] == 3
+    await finish(rt, lost, again)
 
 
 async def test_the_loop_keeps_running_while_the_gpu_works(make: Make) -> None:
