@@ -24,7 +24,7 @@ from benchmarks import write_json
 from gpud.backends import resolve
 from gpud.testing.decoding import PROMPT, new_prefix, prompt, publish, run_clients, unpublish
 from gpud.testing.spawn import daemon
-from gpud.testing.transformer import CONFIGS, MODES, Config, weights
+from gpud.testing.transformer import CONFIGS, MODES, Config, greedy_mismatch, reference_logits, weights
 
 # ------------------------------------------------------------------------------- PyTorch in process
 
@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
         published = asyncio.run(publish(address, model, prefix))
         results.update(published)
         print(f"{model}: {config.parameters() / 1e6:.0f}M parameters, published in {published['upload_s']:.1f} s")
-        for mode in MODES:
+        for mode in getattr(args, "modes", None) or MODES:
             rows = []
             for k in counts:
                 row = run_clients(address, model, prefix, mode, k, tokens)
@@ -162,6 +162,12 @@ def main(args: argparse.Namespace) -> int:
         asyncio.run(unpublish(address, model, prefix))
     firsts = {mode: rows[0]["tokens"][0] for mode, rows in results["modes"].items()}
     results["modes_agree"] = len({tuple(t) for t in firsts.values()}) == 1
+    chosen = next(iter(firsts.values()))[:16]
+    fed = prompt(0, config)[0].tolist()
+    logits = reference_logits(config, weights(config, 0), fed, chosen)
+    results["reference_mismatch"] = greedy_mismatch(chosen, logits[len(fed) - 1 :])
+    verdict = results["reference_mismatch"] or "match"
+    print(f"client 0's first {len(chosen)} tokens against the numpy reference: {verdict}")
     if backend == "cuda":
         try:
             results.update(_torch_rates(config, tokens))
@@ -170,7 +176,7 @@ def main(args: argparse.Namespace) -> int:
         except Exception as exc:  # torch missing or failing: say so
             results["torch_skipped"] = repr(exc)
     write_json(args.json, results)
-    if not results["modes_agree"]:
+    if not results["modes_agree"] or results["reference_mismatch"]:
         print(f"the modes disagree on the first client's tokens: {firsts}")
         return 1
     return 0

@@ -72,6 +72,10 @@ main() {
         decode-webgpu)
             section python3 -m gpud bench decode --backend webgpu --clients 1,4 --json "$OUT/bench-decode-webgpu-vulkan.json" || status=1
             ;;
+        profile-decode) # the daemon under cProfile while one client decodes coalesced
+            GPUD_DAEMON_ARGS="--profile $OUT/daemon-decode.prof" section python3 -m gpud bench decode --backend cuda --quick --clients 1 --modes coalesced || status=1
+            python3 -c "import pstats; pstats.Stats('$OUT/daemon-decode.prof').sort_stats('tottime').print_stats(30)" | tail -45
+            ;;
         demo) section python3 -m gpud demo --backend cuda --clients 3 || status=1 ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;

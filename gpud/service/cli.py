@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=5.0, help="clients: measuring time per count")
     bench.add_argument("--devices", default="0", help="clients: the daemon's devices (all, or 0,1)")
     bench.add_argument("--model", choices=MODELS, help="decode: the model (default: by device)")
+    bench.add_argument(
+        "--modes", type=lambda v: v.split(","), help="decode: some of dispatch,coalesced,graph (default all)"
+    )
     bench.set_defaults(func=_bench)
     return parser
 

@@ -90,7 +90,8 @@ async def _client(
         t0 = time.perf_counter()
         out, _ = await generate(decoder, prompt(seed, config), tokens, mode, on_step=stepped)
         seconds = time.perf_counter() - t0
-        peak = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
+        device_stats = (await gpu.stats())["devices"][gpu.device]
+        peak = device_stats["memory_in_use"]
         decoder.free()
         return {
             "client": seed,
@@ -98,6 +99,7 @@ async def _client(
             "steps": steps,
             "tokens": out[0].tolist(),
             "memory": peak,
+            "device_stats": {k: v for k, v in device_stats.items() if not isinstance(v, dict)},
             "stages_median_us": gpud_client.Trace.median_stages_us(traces),
         }
 
@@ -158,4 +160,5 @@ def run_clients(
         "tokens": [r["tokens"] for r in rows],
         "peak_memory": max(r["memory"] for r in rows),
         "stages_median_us": rows[0]["stages_median_us"],  # client 0's
+        "device_stats": rows[0]["device_stats"],  # when client 0 finished
     }
