@@ -77,9 +77,8 @@ class Instance:
     output_refs: list[proto.Arg]
     fixed: list[Tensor]  # the session tensors its steps use; a TENSOR reference is a position here
     constants: list[Buffer]  # recorded uploads, copied in at their place every replay
-    plans: LruCache[tuple[Any, ...], Replayable] = dataclasses.field(
-        default_factory=lambda: LruCache(32)
-    )  # one per set of bound tensors: per client
+    # One plan per set of bound tensors (in a decode, per client): instantiated once, replayed after.
+    plans: LruCache[tuple[Any, ...], Replayable] = dataclasses.field(default_factory=lambda: LruCache(32))
 
 
 class Signature(NamedTuple):
