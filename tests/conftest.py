@@ -44,7 +44,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", params=BACKENDS)
 def daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
     backend = request.param
-    with spawn.daemon(backend) as (address, proc):
+    # One device: the tests of several devices (placement, copies between them) are test_devices.py's.
+    with spawn.daemon(backend, extra_args=("--devices", "0")) as (address, proc):
         yield Daemon(address, proc, backend)
         assert proc.poll() is None, f"the {backend} daemon died during the tests (exit {proc.returncode})"
         # No leak across the whole run: every session is gone, so every buffer must be too.

@@ -140,11 +140,15 @@ def assert_close(out: np.ndarray, ref: np.ndarray, rtol: float = 1e-4) -> None:
 
 
 async def device_memory(address: str) -> dict[str, Any]:
-    """The daemon's device counters, from a fresh session that allocates nothing."""
+    """The daemon's device counters summed over its devices, from a fresh session that allocates nothing."""
     async with gpud_client.connect(address) as gpu:
         stats = await gpu.stats()
-    device: dict[str, Any] = stats["device"]
-    return device
+    total: dict[str, Any] = {}
+    for device in stats["devices"]:
+        for key, value in device.items():
+            if type(value) in (int, float) and key != "index":
+                total[key] = total.get(key, 0) + value
+    return total
 
 
 async def wait_for_memory(address: str, baseline: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:

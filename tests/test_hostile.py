@@ -739,7 +739,8 @@ def bad_hello(rng: random.Random, run: Run) -> tuple[list[bytes], str]:
     if rng.random() < 0.7:
         version = rng.choice([0, 1, proto.PROTOCOL_VERSION + 1, -1, 2**63 - 1, -(2**63)])
         return [pack({"t": "hello", "v": version, "name": "h", "pid": 1})], "a hello of another version"
-    return [pack({"t": "hello", "v": proto.PROTOCOL_VERSION, "name": "h", "pid": 1, "device": run.devices})], (
+    # The last index the protocol allows: strangers may run before any welcome told the device count.
+    return [pack({"t": "hello", "v": proto.PROTOCOL_VERSION, "name": "h", "pid": 1, "device": 63})], (
         "a hello for a device that does not exist"
     )
 

@@ -230,13 +230,17 @@ class Decoder:
     ) -> None:
         self.gpu, self.c, self.w, self.batch, self.with_logits = gpu, config, params, batch, logits
         self.graph_name = self.graph_name_for(graph_name, batch, logits)
+        self.device = params["embed"].device  # the weights' device, whatever the session's default
         cache = (batch, config.max_len, config.kv_heads, config.head_dim)
-        self.k_caches = [gpu.empty(cache, "float16") for _ in range(config.layers)]
-        self.v_caches = [gpu.empty(cache, "float16") for _ in range(config.layers)]
-        self.ids = gpu.empty(batch, "int32")
-        self.pos = gpu.empty(batch, "int32")
+        self.k_caches = [self._empty(cache, "float16") for _ in range(config.layers)]
+        self.v_caches = [self._empty(cache, "float16") for _ in range(config.layers)]
+        self.ids = self._empty((batch,), "int32")
+        self.pos = self._empty((batch,), "int32")
         self._work: dict[str, Any] | None = None  # the eager modes' activations, made on first use
         self._step: gpud_client.Step | None = None
+
+    def _empty(self, shape: tuple[int, ...], dtype: str) -> gpud_client.Tensor:
+        return self.gpu.empty(shape, dtype, device=self.device)
 
     @staticmethod
     def graph_name_for(name: str, batch: int, logits: bool) -> str:
@@ -339,7 +343,7 @@ class Decoder:
             raise ValueError(f"mode is one of {MODES}")
         work = self._work
         if work is None:
-            work = self._work = self._workspace(lambda shape, dtype: self.gpu.empty(shape, dtype))
+            work = self._work = self._workspace(self._empty)
         self.ids.upload(ids32)
         self.pos.upload(pos32)
         for _ in self._ops(self.ids, self.pos, self.k_caches, self.v_caches, work, None):
