@@ -1,7 +1,9 @@
 """`gpud bench clients`: K client processes sharing one daemon and one resident input per device.
 
 Each client opens the resident tensor `bench/w/<device>` read-only and, as fast as it can, runs steps
-of a dependent chain `x <- x * a + w` followed by a readback that it checks against numpy. Reported
+of a dependent chain `x <- x * a + w` followed by a readback of its first 4096 elements that it
+checks against numpy. `--size` sets the floats per tensor: the default (4096) makes each step the
+daemon's work (a few microseconds of GPU time per dispatch), a large one (16M) the GPU's. Reported
 per K: aggregate and per-client dispatches per second, the spread between clients (fairness), and
 the device memory in use (the resident input is held once however many clients open it).
 
@@ -26,7 +28,8 @@ from benchmarks import write_json
 from gpud.testing import workloads as kernels
 from gpud.testing.spawn import daemon
 
-N = 4096
+N = 4096  # floats per tensor (--size): small, each step is the daemon's work; large, the GPU's
+CHECKED = 4096  # the elements read back and checked per step
 CHAIN = 50
 A = 0.5
 
@@ -38,40 +41,46 @@ def _expected(x0: np.ndarray, w: np.ndarray) -> np.ndarray:
     return x
 
 
-async def _client(address: str, start_at: float, seconds: float, seed: int, device: int) -> dict[str, Any]:
+async def _client(address: str, start_at: float, seconds: float, seed: int, device: int, n: int) -> dict[str, Any]:
     async with gpud_client.connect(address, device=device) as gpu:
         source, options = kernels.axpw_source(gpu.backend)
         k = await gpu.kernel(source, "axpw", **options)  # type: ignore[arg-type]
+        take, take_options = kernels.axpb_source(gpu.backend)
+        head = await gpu.kernel(take, "axpb", **take_options)  # type: ignore[arg-type]
         w_tensor = await gpu.open(f"bench/w/{device}")
         w = await w_tensor.numpy()
         rng = np.random.default_rng(seed)
-        x0 = rng.standard_normal(N).astype(np.float32)
-        want = _expected(x0, w)
-        bufs = [gpu.tensor(x0), gpu.empty(N)]
-        n32 = gpud_client.u32(N)
+        x0 = rng.standard_normal(n).astype(np.float32)
+        want = _expected(x0[:CHECKED], w[:CHECKED])  # elementwise: the head's reference is the head of it
+        bufs = [gpu.tensor(x0), gpu.empty(n)]
+        out = gpu.empty(min(n, CHECKED))
+        n32, checked32 = gpud_client.u32(n), gpud_client.u32(out.shape[0])
         await asyncio.sleep(max(0.0, start_at - time.time()))
         steps = 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             bufs[0].upload(x0)
             for i in range(CHAIN):
-                gpu.dispatch(k, kernels.groups(N), [bufs[i % 2], w_tensor, bufs[(i + 1) % 2], A, n32])
-            out = await bufs[CHAIN % 2].numpy()
-            if not np.allclose(out, want, rtol=1e-4, atol=1e-5):
+                gpu.dispatch(k, kernels.groups(n), [bufs[i % 2], w_tensor, bufs[(i + 1) % 2], A, n32])
+            # Only the head comes back: a large size makes the step the GPU's work, not the copies'.
+            gpu.dispatch(head, kernels.groups(out.shape[0]), [bufs[CHAIN % 2], out, 1.0, 0.0, checked32])
+            if not np.allclose(await out.numpy(), want, rtol=1e-4, atol=1e-5):
                 raise AssertionError(f"client {seed}: wrong result")
             steps += 1
         elapsed = time.perf_counter() - t0
         return {"client": seed, "device": device, "steps": steps, "dispatches_per_s": steps * CHAIN / elapsed}
 
 
-def _client_process(address: str, start_at: float, seconds: float, seed: int, device: int, results: Any) -> None:
-    results.put(asyncio.run(_client(address, start_at, seconds, seed, device)))
+def _client_process(
+    address: str, start_at: float, seconds: float, seed: int, device: int, n: int, results: Any
+) -> None:
+    results.put(asyncio.run(_client(address, start_at, seconds, seed, device, n)))
 
 
-async def _publish(address: str) -> tuple[str, int]:
+async def _publish(address: str, n: int) -> tuple[str, int]:
     """Publish the shared input on every device; it outlives this session, as resident tensors do."""
     async with gpud_client.connect(address) as gpu:
-        w = np.linspace(-1, 1, N, dtype=np.float32)
+        w = np.linspace(-1, 1, n, dtype=np.float32)
         for device in range(len(gpu.devices)):
             gpu.publish(gpu.tensor(w, device=device), f"bench/w/{device}", mode="ro")
         await gpu.flush()
@@ -85,12 +94,12 @@ async def _unpublish(address: str, devices: int) -> None:
         await gpu.flush()
 
 
-def _run_k(address: str, k: int, seconds: float, devices: int) -> dict[str, Any]:
+def _run_k(address: str, k: int, seconds: float, devices: int, n: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start_at = time.time() + 3.0  # time for every process to connect and compile first
     procs = [
-        ctx.Process(target=_client_process, args=(address, start_at, seconds, i, i % devices, results))
+        ctx.Process(target=_client_process, args=(address, start_at, seconds, i, i % devices, n, results))
         for i in range(k)
     ]
     for p in procs:
@@ -115,15 +124,17 @@ async def _memory(address: str) -> int:
         return sum(int(d["memory_in_use"]) for d in stats["devices"])
 
 
-def _sweep(backend: str, devices: str, counts: list[int], seconds: float) -> tuple[str, list[dict[str, Any]]]:
+def _sweep(backend: str, devices: str, counts: list[int], seconds: float, n: int) -> tuple[str, list[dict[str, Any]]]:
     runs = []
     with daemon(backend, extra_args=("--devices", devices)) as (address, _proc):
-        name, served = asyncio.run(_publish(address))
+        name, served = asyncio.run(_publish(address, n))
         print(f"\nbackend {name}, {served} device(s) ({devices}); each client: steps of {CHAIN} dependent")
-        print(f"dispatches on {N} floats + a readback, clients spread round-robin over the devices")
+        print(
+            f"dispatches on {n} floats + a readback of {min(n, CHECKED)}, clients spread round-robin over the devices"
+        )
         print(f"{'clients':>7} {'aggregate/s':>12} {'per client/s (min..max)':>26} {'spread':>8} {'device MiB':>10}")
         for k in counts:
-            run = _run_k(address, k, seconds, served)
+            run = _run_k(address, k, seconds, served, n)
             run["device_memory_bytes_after"] = asyncio.run(_memory(address))
             rates = run["per_client_dispatches_per_s"]
             print(
@@ -190,11 +201,12 @@ def _cumemcpypeer_bandwidth(nbytes: int, reps: int) -> float:
 def main(args: argparse.Namespace) -> int:
     counts = [int(c) for c in args.clients.split(",")]
     seconds = 1.0 if args.quick else args.seconds
-    backend, runs = _sweep(args.backend, "0", counts, seconds)
-    results: dict[str, Any] = {"benchmark": "clients", "backend": backend, "n": N, "chain": CHAIN, "seconds": seconds}
+    n = int(getattr(args, "size", None) or N)
+    backend, runs = _sweep(args.backend, "0", counts, seconds, n)
+    results: dict[str, Any] = {"benchmark": "clients", "backend": backend, "n": n, "chain": CHAIN, "seconds": seconds}
     results["runs"] = runs
     if args.devices != "0":
-        _, spread = _sweep(args.backend, args.devices, counts, seconds)
+        _, spread = _sweep(args.backend, args.devices, counts, seconds, n)
         results["runs_all_devices"] = spread
         print(f"\n{'clients':>7} {'speed-up over one device':>26}")
         for one, many in zip(runs, spread, strict=True):

@@ -53,6 +53,9 @@ main() {
         devices) # several GPUs: every cuda test, and the clients spread over them
             section python3 -m gpud bench clients --backend cuda --devices all --seconds 3 --json "$OUT/bench-clients-devices.json" || status=1
             ;;
+        devices-heavy) # the same, with GPU-bound steps (16M floats per tensor)
+            section python3 -m gpud bench clients --backend cuda --devices all --size 16777216 --clients 2,4,8 --seconds 3 --json "$OUT/bench-clients-devices-heavy.json" || status=1
+            ;;
         cuda) section python3 -m gpud bench cuda --json "$OUT/bench-cuda.json" || status=1 ;;
         profile) # the daemon under cProfile (slower: never mix with measured runs)
             GPUD_DAEMON_ARGS="--profile $OUT/daemon-cuda.prof" section python3 -m gpud bench cuda --quick || status=1

@@ -168,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--clients", default="1,2,4,8", help="clients: comma-separated process counts")
     bench.add_argument("--seconds", type=float, default=5.0, help="clients: measuring time per count")
     bench.add_argument("--devices", default="0", help="clients: the daemon's devices (all, or 0,1)")
+    bench.add_argument("--size", type=int, help="clients: floats per tensor (default 4096; large: GPU-bound steps)")
     bench.add_argument("--model", choices=MODELS, help="decode: the model (default: by device)")
     bench.add_argument(
         "--modes", type=lambda v: v.split(","), help="decode: some of dispatch,coalesced,graph (default all)"
