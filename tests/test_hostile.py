@@ -2243,7 +2243,9 @@ async def good_client(run: Run, rounds: list[int]) -> None:
 @pytest.fixture(scope="module")
 def hostile_daemon(daemon: Daemon) -> Iterator[Daemon]:
     """A daemon of this module's own, on each backend the `daemon` fixture covers, with a 1 s lease."""
-    with spawn.daemon(daemon.backend, extra_args=("--lease-s", str(LEASE_S))) as (address, proc):
+    # One device: the model of each tenant allocates on device 0, its default (several devices:
+    # test_devices.py).
+    with spawn.daemon(daemon.backend, extra_args=("--lease-s", str(LEASE_S), "--devices", "0")) as (address, proc):
         yield Daemon(address, proc, daemon.backend)
 
 
