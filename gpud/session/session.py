@@ -182,6 +182,9 @@ class Session:
     async def _resume(self, batch: proto.Batch, index: int, wait: Wait | None) -> None:
         op = batch.ops[index]
         while wait is not None:
+            # What the op encoded before it waited (a copy between devices, a part of an upload) must
+            # be submitted for the wait to end: nothing else may drain for a while.
+            self._daemon.after_work()
             with contextlib.suppress(Exception):  # the resume sees the outcome (a compile error...)
                 await wait.ready
             if self.closed:
