@@ -190,18 +190,7 @@ async def _gpud_latency(address: str, samples: int, spin_us: float) -> dict[str,
 
         totals = await time_async(round_trip, samples, warmup=100)
         traces = traces[-samples:]
-        stages = {
-            "client_to_daemon": [t.received - t.sent for t in traces],
-            "daemon_decode_execute": [t.executed - t.received for t in traces],
-            "until_flush": [t.flushed - t.executed for t in traces],
-            "gpu_and_completion": [t.completed - t.flushed for t in traces],
-            "daemon_to_client": [t.replied - t.completed for t in traces],
-            "client_resume": [t.resumed - t.replied for t in traces],
-        }
-        return {
-            "total": percentiles_us(totals),
-            "stages_median_us": {k: percentiles_us(v)["p50"] for k, v in stages.items()},
-        }
+        return {"total": percentiles_us(totals), "stages_median_us": gpud_client.Trace.median_stages_us(traces)}
 
 
 def main(args: argparse.Namespace) -> int:
