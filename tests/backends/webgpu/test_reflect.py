@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from support import ADD_WGSL, SCALE_WGSL
 
 from gpud.backends.webgpu import reflect as wgsl_reflect
 from gpud.backends.webgpu.reflect import Binding, Member, Reflection, reflect
+from gpud.testing.workloads import AXPB_WGSL, AXPW_WGSL
 
 ARRAY = "array<f32>"
 BODY = """
@@ -134,65 +136,7 @@ def test_binding_fields() -> None:
     assert r.written(7) == frozenset()
 
 
-# Copies of the daemon's own kernels (the workloads `axpb` and `axpw`, the test kernels `add` and `scale`).
-AXPB_WGSL = """
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-struct Params { a: f32, b: f32, n: u32 }
-@group(0) @binding(2) var<uniform> p: Params;
-
-@compute @workgroup_size(64)
-fn axpb(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x < p.n) {
-        y[gid.x] = x[gid.x] * p.a + p.b;
-    }
-}
-"""
-
-AXPW_WGSL = """
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-struct Params { a: f32, n: u32 }
-@group(0) @binding(3) var<uniform> p: Params;
-
-@compute @workgroup_size(64)
-fn axpw(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x < p.n) {
-        y[gid.x] = x[gid.x] * p.a + w[gid.x];
-    }
-}
-"""
-
-ADD_WGSL = """
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> y: array<f32>;
-@group(0) @binding(2) var<storage, read_write> z: array<f32>;
-struct Params { n: u32 }
-@group(0) @binding(3) var<uniform> p: Params;
-
-@compute @workgroup_size(64)
-fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x < p.n) {
-        z[gid.x] = x[gid.x] + y[gid.x];
-    }
-}
-"""
-
-SCALE_WGSL = """
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-struct Params { a: f32 }
-@group(0) @binding(2) var<uniform> p: Params;
-
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x < arrayLength(&y)) {
-        y[gid.x] = x[gid.x] * p.a;
-    }
-}
-"""
-
+# The kernels the project ships (the workloads `axpb` and `axpw`) and the test kernels `add` and `scale`.
 BUILTIN_KERNELS = {
     "axpb": (AXPB_WGSL, {1}, 2, [Member("a", "f32"), Member("b", "f32"), Member("n", "u32")]),
     "axpw": (AXPW_WGSL, {2}, 3, [Member("a", "f32"), Member("n", "u32")]),
