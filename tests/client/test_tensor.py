@@ -105,3 +105,16 @@ async def test_graph_views_reshape_inputs_intermediates_and_bound_tensors(gpu: g
     g2.output("v", gpud_client.GraphTensor(g2, int(ArgKind.VIEW), 0, y.dtype, (5,)))
     with pytest.raises(gpud_client.InvalidArgument, match="view"):
         await g2.build()
+
+
+async def test_views_of_one_memory_are_the_same_memory_to_the_ops(gpu: gpud_client.Client) -> None:
+    from gpud_client.ops.base import same_memory
+
+    t = gpu.empty((2, 6))
+    assert same_memory(t.reshape(12), t.reshape(3, 4)) and not same_memory(t, gpu.empty((2, 6)))
+    g = gpu.graph("same-memory")
+    temp = g.empty((1, 1, 2, 4))
+    assert same_memory(temp.reshape(8).reshape(1, 1, 2, 4), temp)  # a view of a recording's tensor
+    assert not same_memory(temp, g.empty((1, 1, 2, 4)))
+    with pytest.raises(gpud_client.InvalidArgument, match="in place"):
+        gpu.ops.scale(temp, 2.0, out=temp.reshape(8).reshape(1, 1, 2, 4), graph=g)

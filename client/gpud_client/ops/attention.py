@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, dtype_name
+from gpud_client.ops.base import OpsBase, dtype_name, same_memory
 from gpud_protocol import ArgKind
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.attention import (
@@ -76,7 +76,7 @@ class AttentionOps(OpsBase):
         hi, lo = rotary_freq(float(base), dim)
         pairs = math.prod(x.shape) // 2
         scalars = [pairs, steps, heads, dim, STYLES[style], hi, lo]
-        if out is not None and _same(out, x):
+        if out is not None and same_memory(out, x):
             if _graph_input(x) and _graph_input(pos):
                 raise InvalidArgument(
                     "rotary: in place on a graph input, with pos another input: a graph's inputs share one "
@@ -206,13 +206,3 @@ class AttentionOps(OpsBase):
 
 def _graph_input(t: Any) -> bool:
     return hasattr(t, "graph") and getattr(t, "kind", None) == ArgKind.INPUT
-
-
-def _same(a: Any, b: Any) -> bool:
-    """The same memory: one tensor (or a view of it), or one tensor of a graph recording."""
-    if a is b:
-        return True
-    if hasattr(a, "graph") and hasattr(b, "graph"):
-        return bool(a.graph is b.graph and a.kind == b.kind and a.index == b.index)
-    base_a, base_b = getattr(a, "base", None), getattr(b, "base", None)
-    return base_a is not None and base_a is base_b

@@ -56,8 +56,8 @@ class OpsBase:
         """Check the call against the kernel's rule, then queue (or record) its dispatch."""
         spec = KERNELS[name]
         for position in spec.writes:
-            written = tensors[position].base
-            if any(t.base is written for i, t in enumerate(tensors) if i != position):
+            written = tensors[position]
+            if any(same_memory(t, written) for i, t in enumerate(tensors) if i != position):
                 raise InvalidArgument(f"{spec.op} ({name}): out is also an input; ops do not run in place")
         infos = [_info(t) for t in tensors]
         values = [s.value if hasattr(s, "value") else s for s in scalars]
@@ -84,6 +84,11 @@ def _scalar(kind: str, value: Any) -> Any:
     if hasattr(value, "kind") and hasattr(value, "graph"):  # a graph scalar: its kind is declared
         return value
     return {"f32": f32, "i32": i32, "u32": u32}[kind](value)
+
+
+def same_memory(a: Any, b: Any) -> bool:
+    """One tensor, or views of one (a session's tensors and a recording's alike)."""
+    return getattr(a, "base", a) is getattr(b, "base", b)
 
 
 def dtype_name(tensor: Tensor | Any) -> str:
