@@ -39,7 +39,7 @@ import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from gpud_protocol import ArgKind, KernelOptions
 from gpud_protocol.errors import DeviceLost
@@ -86,6 +86,33 @@ def program_key(source: str, entry: str, options: KernelOptions, *extra: Any) ->
 
 def scalar_kind(kind: int) -> str:
     return {ArgKind.F32: "f32", ArgKind.I32: "i32", ArgKind.U32: "u32"}[ArgKind(kind)]
+
+
+# ---------------------------------------------------------------------- recorded steps (replay graphs)
+
+
+class Var(NamedTuple):
+    """A scalar argument set per replay: the replay's value number `value`, of ArgKind `kind`."""
+
+    value: int
+    kind: int
+
+
+class DispatchStep(NamedTuple):
+    program: Program
+    grid: tuple[int, int, int]
+    args: tuple[Buffer | Scalar | Var, ...]
+
+
+class CopyStep(NamedTuple):
+    src: Buffer
+    src_offset: int
+    dst: Buffer
+    dst_offset: int
+    nbytes: int
+
+
+GraphStep = DispatchStep | CopyStep
 
 
 class Device(ABC):
@@ -196,14 +223,12 @@ class Device(ABC):
 
     # ------------------------------------------------------------------ replay graphs
 
-    def instantiate(self, steps: Sequence[Any]) -> Any:
-        """A recorded step (`gpud.runtime.graph` steps over this device's buffers) in the form
-        `encode_replay` encodes: here the packed dispatches and the places of their `Var` scalars."""
-        from gpud.runtime.graph import CopyStep, Var
-
+    def instantiate(self, steps: Sequence[GraphStep]) -> Any:
+        """A recorded step (`GraphStep`s over this device's buffers) in the form `encode_replay`
+        encodes: here the packed dispatches and the places of their `Var` scalars."""
         plan: list[tuple[bool, Any, tuple[tuple[int, int, int, int], ...]]] = []
         for step in steps:
-            if type(step) is CopyStep:
+            if isinstance(step, CopyStep):
                 src, dst = step.src, step.dst
                 item = (src.native, src.offset + step.src_offset, dst.native, dst.offset + step.dst_offset, step.nbytes)
                 plan.append((False, item, ()))

@@ -1,11 +1,11 @@
-"""The graph seam: a backend-neutral recording of a step, which a backend instantiates once and
-replays with fresh scalars.
+"""A recorded step as the runtime holds it: instantiated once on a device, replayed with fresh scalars.
 
-A recording is a list of `GraphStep`s over resolved buffers: dispatches (whose scalar arguments
-may be `Var`s, set per replay) and copies. `Device.instantiate` turns it into the backend's
-replayable form once (packed dispatches on every backend; the CUDA backend's graph runner turns
-the run of launches into a CUDA graph and, on later replays, updates only the kernel nodes whose
-parameters changed); `Device.encode_replay` puts one replay into the pending command buffer.
+A recording is a list of `GraphStep`s over resolved buffers (the Device contract defines them in
+`gpud.backends.base`): dispatches, whose scalar arguments may be `Var`s set per replay, and copies.
+`Device.instantiate` turns it into the backend's replayable form once (packed dispatches on every
+backend; the CUDA backend's graph runner turns the run of launches into a CUDA graph and, on later
+replays, updates only the kernel nodes whose parameters changed); `Device.encode_replay` puts one
+replay into the pending command buffer.
 """
 
 from __future__ import annotations
@@ -13,31 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from gpud.backends.base import Buffer, Program, Scalar
-
-
-class Var(NamedTuple):
-    """A scalar argument set per replay: the replay's value number `value`, of ArgKind `kind`."""
-
-    value: int
-    kind: int
-
-
-class DispatchStep(NamedTuple):
-    program: Program
-    grid: tuple[int, int, int]
-    args: tuple[Buffer | Scalar | Var, ...]
-
-
-class CopyStep(NamedTuple):
-    src: Buffer
-    src_offset: int
-    dst: Buffer
-    dst_offset: int
-    nbytes: int
-
-
-GraphStep = DispatchStep | CopyStep
+from gpud.backends.base import Buffer, CopyStep, GraphStep
 
 
 class Replayable(NamedTuple):

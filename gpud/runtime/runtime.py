@@ -22,11 +22,11 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from gpud.backends.base import Arg, Buffer, Device, Program
+from gpud.backends.base import Arg, Buffer, Device, DispatchStep, GraphStep, Program
 from gpud.runtime.cache import LruCache
 from gpud.runtime.flush import FlushPolicy
 from gpud.runtime.freed import FreedMemory
-from gpud.runtime.graph import DispatchStep, GraphStep, Replayable, buffers_of
+from gpud.runtime.graph import Replayable, buffers_of
 from gpud.runtime.ledger import CompletionLedger, Done, SubmissionFailed
 from gpud.runtime.pools import StagingPool
 from gpud.runtime.submitter import Worker

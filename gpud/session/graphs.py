@@ -23,9 +23,9 @@ import math
 from typing import Any, NamedTuple
 
 import gpud_protocol as proto
-from gpud.backends.base import Buffer
+from gpud.backends.base import Buffer, CopyStep, DispatchStep, GraphStep, Var
 from gpud.runtime.cache import LruCache
-from gpud.runtime.graph import CopyStep, DispatchStep, GraphStep, Replayable, Var
+from gpud.runtime.graph import Replayable
 from gpud.runtime.runtime import DeviceRuntime
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind

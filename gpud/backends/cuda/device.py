@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpud.backends.base import Arg, Device, Done, Program, program_key
+from gpud.backends.base import Arg, Device, Done, GraphStep, Program, program_key
 from gpud.backends.cuda import compiler
 from gpud.backends.cuda.driver import E, address, check, cu, error, host_alloc, host_free, nvrtc
 from gpud.backends.cuda.graph import ReplayRun
@@ -211,7 +211,7 @@ class CudaDevice(Device):
 
     # ------------------------------------------------------------------ commands
 
-    def instantiate(self, steps: Sequence[Any]) -> Any:
+    def instantiate(self, steps: Sequence[GraphStep]) -> Any:
         """Consecutive dispatches become one `ReplayRun` (one CUDA graph, found by identity)."""
         segments: list[tuple[Any, ...]] = []
         for is_dispatch, item, variables in super().instantiate(steps):
