@@ -23,8 +23,9 @@ import numpy as np
 from benchmarks import write_json
 from gpud.backends import resolve
 from gpud.testing.decoding import PROMPT, new_prefix, prompt, publish, run_clients, unpublish
+from gpud.testing.reference import greedy_mismatch, reference_logits
 from gpud.testing.spawn import daemon
-from gpud.testing.transformer import CONFIGS, MODES, Config, greedy_mismatch, reference_logits, weights
+from gpud.testing.transformer import CONFIGS, MODES, Config, weights
 
 # ------------------------------------------------------------------------------- PyTorch in process
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import gpud_client
 from gpud.testing.decoding import PROMPT, memory_in_use, new_prefix, prompt, publish, run_clients, unpublish
+from gpud.testing.reference import greedy_mismatch, reference_logits
 from gpud.testing.spawn import answers, daemon
-from gpud.testing.transformer import CONFIGS, MODES, greedy_mismatch, reference_logits, weights
+from gpud.testing.transformer import CONFIGS, MODES, weights
 from gpud_client import default_address
 
 
