@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 import gpud_client
-from gpud.testing.transformer import CONFIGS, Config, Decoder, Weights, generate
+from gpud.testing.reference import greedy_mismatch, reference_logits
+from gpud.testing.transformer import CONFIGS, Config, Decoder, Weights, generate, weights
 
 PROMPT = 4  # prompt tokens fed before the greedy ones
 WARMUP_S = 5.0  # the time every client has to open the weights and warm up before the common start
@@ -55,10 +56,17 @@ async def unpublish(address: str, model: str, prefix: str) -> None:
             gpu.unpublish(name)
             with contextlib.suppress(gpud_client.NotFound):
                 await gpu.sync()
-        for name in [Decoder.graph_name_for(prefix + "step", batch=1, logits=False)]:
-            gpu.unpublish_graph(name)
-            with contextlib.suppress(gpud_client.NotFound):
-                await gpu.sync()
+        gpu.unpublish_graph(Decoder.graph_name_for(prefix + "step", batch=1, logits=False))
+        with contextlib.suppress(gpud_client.NotFound):
+            await gpu.sync()
+
+
+def reference_mismatch(model: str, tokens: list[int]) -> str:
+    """Client 0's greedy `tokens` against the numpy reference fed the same ones ("" when they are its)."""
+    config = CONFIGS[model]
+    fed = prompt(0, config)[0].tolist()
+    logits = reference_logits(config, weights(config, 0), fed, tokens)
+    return greedy_mismatch(tokens, logits[len(fed) - 1 :])
 
 
 async def memory_in_use(address: str) -> int:

@@ -18,10 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import gpud_client
-from gpud.testing.decoding import PROMPT, memory_in_use, new_prefix, prompt, publish, run_clients, unpublish
-from gpud.testing.reference import greedy_mismatch, reference_logits
+from gpud.testing.decoding import PROMPT, memory_in_use, new_prefix, publish, reference_mismatch, run_clients, unpublish
 from gpud.testing.spawn import answers, daemon
-from gpud.testing.transformer import CONFIGS, MODES, weights
+from gpud.testing.transformer import CONFIGS, MODES
 from gpud_client import default_address
 
 
@@ -106,14 +105,11 @@ def run_demo(backend: str, clients: int = 3, tokens: int = 16, model: str = "aut
 
 def _check(rows: dict[str, dict[str, Any]], model: str) -> str:
     """Client 0's tokens against the reference fed the same tokens; every client across the modes."""
-    config = CONFIGS[model]
     first = rows[MODES[0]]["tokens"]
     for mode, row in rows.items():
         if row["tokens"] != first:
             return f"{mode}: the clients' tokens differ from the {MODES[0]} mode's"
-    fed = prompt(0, config)[0].tolist()
-    logits = reference_logits(config, weights(config, 0), fed, first[0])
-    mismatch = greedy_mismatch(first[0], logits[len(fed) - 1 :])
+    mismatch = reference_mismatch(model, first[0])
     return f"client 0 against the numpy reference: {mismatch}" if mismatch else ""
 
 
