@@ -218,8 +218,10 @@ class Device(ABC):
 
     @abstractmethod
     def watch(self, submitted: Any, done: Done, awaited: bool) -> None:
-        """`awaited`: a client waits on this submission (a backend may poll briefly instead of
-        handing the completion to another thread)."""
+        """Call `done(error)` once `submitted` has completed, on the loop thread, in submission order:
+        the runtime takes a report as covering every earlier submission too, and reads their
+        stagings then. `awaited`: a client waits on this submission (a backend may poll briefly
+        instead of handing the completion to another thread)."""
 
     # ------------------------------------------------------------------ replay graphs
 

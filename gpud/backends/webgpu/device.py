@@ -20,6 +20,7 @@ import wgpu
 from gpud.backends.base import Arg, Device, Done, Program
 from gpud.backends.webgpu.compiler import compile_wgsl
 from gpud.backends.webgpu.dispatch import Dispatcher
+from gpud.backends.webgpu.reports import OrderedReports
 from gpud_protocol import KernelOptions
 from gpud_protocol.errors import DeviceLost, OutOfMemory
 
@@ -84,6 +85,8 @@ class WebGpuDevice(Device):
         self._pipeline_in_pass: list[Any] = [None]
         self._reads: list[tuple[Any, int]] = []
         self._idle_fences: list[Any] = []
+        self._reports = OrderedReports()
+        self._map_failures: dict[int, Exception] = {}  # id(staging) -> why its map failed
         self._program_ids = 0
         self._closing = False
         # wgpu-py only logs device loss: watch its log and treat a loss as fatal.
@@ -121,6 +124,7 @@ class WebGpuDevice(Device):
         return self._device.create_buffer(size=nbytes, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
     def destroy_staging(self, staging: Any) -> None:
+        self._map_failures.pop(id(staging), None)
         staging.destroy()
 
     def write_staging(self, staging: Any, data: memoryview) -> None:
@@ -131,6 +135,8 @@ class WebGpuDevice(Device):
         staging.unmap()
 
     def read_staging(self, staging: Any, nbytes: int) -> bytes | memoryview:
+        if (failure := self._map_failures.pop(id(staging), None)) is not None:
+            raise RuntimeError(f"mapping it failed: {failure}")
         data = staging.read_mapped(0, round4(nbytes))
         staging.unmap()
         return bytes(data[:nbytes]) if nbytes % 4 else data
@@ -210,35 +216,39 @@ class WebGpuDevice(Device):
 
     def watch(self, submitted: Any, done: Done, awaited: bool) -> None:
         commands: Commands = submitted
+        report = self._reports.add(done)  # released in submission order
         if commands.fence is not None:
             fence = commands.fence
 
             def signalled(_: Any) -> None:
                 fence.unmap()
                 self._idle_fences.append(fence)
-                done(None)
+                report(None)
 
             def lost(exc: Exception) -> None:
-                done(DeviceLost(f"queue failed: {exc}"))
+                report(DeviceLost(f"queue failed: {exc}"))
 
             self._when_settled(fence.map_async("READ_NOSYNC", 0, 4), signalled, lost)
             return
         remaining = len(commands.reads)
 
-        def mapped(_: Any) -> None:
+        def settled() -> None:
             nonlocal remaining
             remaining -= 1
             if remaining == 0:
-                done(None)
+                report(None)
 
-        def failed(exc: Exception) -> None:
-            nonlocal remaining
-            if remaining > 0:
-                remaining = -1
-                done(DeviceLost(f"readback failed: {exc}"))
+        def waiter(staging: Any) -> tuple[Callable[[Any], None], Callable[[Exception], None]]:
+            def failed(exc: Exception) -> None:
+                # That staging's read fails (read_staging says why), not the device: a lost device
+                # is reported by the loss watch.
+                self._map_failures[id(staging)] = exc
+                settled()
+
+            return lambda _: settled(), failed
 
         for staging, nbytes in commands.reads:
-            self._when_settled(staging.map_async("READ_NOSYNC", 0, round4(nbytes)), mapped, failed)
+            self._when_settled(staging.map_async("READ_NOSYNC", 0, round4(nbytes)), *waiter(staging))
 
     def _when_settled(self, promise: Any, ok: Callable[[Any], None], failed: Callable[[Exception], None]) -> None:
         """`ok(result)` or `failed(error)`, on the loop thread, once `promise` settles.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -60,3 +62,69 @@ def test_map_waits_report_once_and_keep_no_promise(loop_kind: str) -> None:
     outcomes, kept = runner(main())
     assert outcomes == ["ok"] * 200 + ["failed"]
     assert kept <= 0
+
+
+def test_completions_are_reported_in_submission_order() -> None:
+    from gpud.backends.webgpu.reports import OrderedReports
+
+    reports = OrderedReports()
+    seen: list[tuple[int, BaseException | None]] = []
+    def reporter(i: int) -> Callable[[BaseException | None], None]:
+        return lambda error: seen.append((i, error))
+
+    settles = [reports.add(reporter(i)) for i in range(3)]
+    failure = RuntimeError("x")
+    settles[2](None)
+    settles[1](failure)
+    assert seen == []
+    settles[1](None)  # a second outcome is ignored
+    settles[0](None)
+    assert seen == [(0, None), (1, failure), (2, None)]
+    assert len(reports) == 0
+
+
+def test_a_later_map_never_releases_an_earlier_submissions_reads() -> None:
+    """Regression (H100 through Vulkan, 8 clients reading back at once): submission N + 1's map
+    settled before N's, the runtime took N as done and read N's staging while its map was pending
+    ("Can only read from a buffer if its mapped"), failing readbacks as a lost device. Now reports
+    keep submission order, and a failed map fails that staging's read alone."""
+    from types import SimpleNamespace
+
+    from gpud.backends.webgpu.device import WebGpuDevice
+
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    if adapter is None:
+        pytest.skip("no WebGPU adapter")
+    settings = SimpleNamespace(
+        max_dispatches_per_flush=64, limits=SimpleNamespace(max_graph_steps=64), bind_group_cache_size=16
+    )
+
+    async def main() -> None:
+        device = WebGpuDevice(0, asyncio.get_running_loop(), adapter, settings)
+        waits: list[tuple[Any, Any, Any]] = []
+        device._when_settled = lambda promise, ok, failed: waits.append((promise, ok, failed))  # type: ignore[method-assign]
+        src = device.alloc(16)
+        stagings = [device.make_staging(16, False) for _ in range(3)]
+        reports: list[tuple[int, BaseException | None]] = []
+        for i, staging in enumerate(stagings):
+            device.encode_download(src, 0, staging, 16)
+            submitted = device.submit(device.take_commands())
+            device.watch(submitted, functools.partial(lambda i, error: reports.append((i, error)), i), True)
+        for _ in range(1000):  # the real maps settle; only the chained reports are held back
+            if all(s.map_state == "mapped" for s in stagings):
+                break
+            await asyncio.sleep(0.005)
+        waits[2][1](None)
+        waits[1][1](None)
+        assert reports == [], "a later submission's map released earlier reads"
+        waits[0][2](RuntimeError("map aborted"))
+        assert reports == [(0, None), (1, None), (2, None)]
+        with pytest.raises(RuntimeError, match="mapping it failed"):
+            device.read_staging(stagings[0], 16)
+        assert bytes(device.read_staging(stagings[1], 16)) == bytes(16)
+        for staging in stagings:
+            device.destroy_staging(staging)
+        device.free(src)
+        device.close()
+
+    asyncio.run(main())
