@@ -31,7 +31,7 @@ from gpud.runtime.ledger import CompletionLedger, Done, SubmissionFailed
 from gpud.runtime.pools import StagingPool
 from gpud.runtime.submitter import Worker
 from gpud_protocol import KernelOptions
-from gpud_protocol.errors import DeviceLost, GpudError, InvalidArgument, OutOfMemory
+from gpud_protocol.errors import DeviceLost, GpudError, InternalError, InvalidArgument, OutOfMemory
 
 log = logging.getLogger(__name__)
 
@@ -424,7 +424,8 @@ class DeviceRuntime:
             data = self.device.read_staging(staging, count)
         except Exception as exc:
             self.downloads.discard(staging, size)
-            deliver(part, None, DeviceLost(f"reading a staging buffer failed: {exc}"))
+            # That read alone failed: the device and every other session go on.
+            deliver(part, None, InternalError(f"reading its staging buffer failed ({exc}); nothing else is affected"))
             return
         self.device.recycle_staging(staging, False, self._returner(self.downloads, staging, size))
         deliver(part, data, None)
