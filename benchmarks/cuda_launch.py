@@ -40,6 +40,8 @@ extern "C" __global__ void scale(const float* x, float* y, float a, unsigned int
 class Settings:
     cache_dir: Path
     max_dispatches_per_flush: int = 1024
+    submission_target_s: float = 0.0
+    pool_idle_release_s: float = 0.0
     flush_deadline_ms: float = 2.0
     max_submissions_in_flight: int = 16
     staging_pool_bytes: int = 64 << 20

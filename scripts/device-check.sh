@@ -80,6 +80,10 @@ main() {
             python3 -c "import pstats; pstats.Stats('$OUT/daemon-decode.prof').sort_stats('tottime').print_stats(30)" | tail -45
             ;;
         demo) section python3 -m gpud demo --backend cuda --clients 3 || status=1 ;;
+        soak) # K clients (SOAK_CLIENTS, 4) for SOAK_MINUTES (8) of decode, ops, replays, residents and kills
+            section python3 -m gpud bench soak --backend cuda --clients "${SOAK_CLIENTS:-4}" --minutes "${SOAK_MINUTES:-8}" \
+                --json "$OUT/soak-cuda.json" --plot "$OUT/soak-cuda.svg" || status=1
+            ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac

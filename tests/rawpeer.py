@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 from typing import Any
 
 import anyio
@@ -87,3 +89,74 @@ class RawPeer:
     def close(self) -> None:
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+# argv: address, seconds, kind. Sends as fast as it can for `seconds`, prints "flooded N", then holds
+# its socket open (never reading it) until stdin closes.
+_FLOODER = """
+import os, sys, time
+import msgpack, zmq
+
+address, seconds, kind = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+status = msgpack.packb({"t": "status"})
+junk = [b"\\xc1 garbage", os.urandom(200), msgpack.packb({"t": "nope"}), msgpack.packb({"t": "ping"}),
+        msgpack.packb({"t": "hello", "v": 999, "name": "flood", "pid": 1})]
+messages = [status] if kind == "status" else junk if kind == "garbage" else [status, *junk]
+ctx = zmq.Context()
+sock = ctx.socket(zmq.DEALER)
+sock.setsockopt(zmq.LINGER, 0)
+sock.setsockopt(zmq.SNDHWM, 100_000)
+sock.setsockopt(zmq.RCVHWM, 1)  # replies back up into the daemon as soon as the kernel's buffers are full
+sock.connect(address)
+print("ready", flush=True)
+sent, end = 0, time.monotonic() + seconds
+while time.monotonic() < end:
+    for _ in range(100):
+        try:
+            sock.send(messages[sent % len(messages)], flags=zmq.NOBLOCK)
+            sent += 1
+        except zmq.Again:
+            break
+print("flooded", sent, flush=True)
+sys.stdin.readline()
+"""
+
+
+class Flooder:
+    """A peer without a session, in a process of its own (so it floods as fast as Python can, whatever
+    the test's event loop does), that sends `kind` ("status", "garbage" or "mixed") for `seconds` and
+    never reads its socket. `flooded()` waits for the end of the flood; the socket stays open until `close()`."""
+
+    def __init__(self, address: str, seconds: float, kind: str) -> None:
+        self.args = (address, str(seconds), kind)
+        self.proc: asyncio.subprocess.Process | None = None
+        self._done: asyncio.Future[bytes] | None = None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _FLOODER, *self.args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        assert self.proc.stdout is not None
+        assert await self.proc.stdout.readline() == b"ready\n"
+        self._done = asyncio.ensure_future(self.proc.stdout.readline())
+
+    def flooding(self) -> bool:
+        return self._done is not None and not self._done.done()
+
+    async def flooded(self) -> int:
+        """The number of messages sent, once the flood is over."""
+        assert self._done is not None
+        return int((await self._done).split()[1])
+
+    async def close(self) -> None:
+        if self.proc is None:
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        if self._done is not None and not self._done.done():
+            self._done.cancel()

@@ -11,7 +11,12 @@ The actors run concurrently in one event loop, each with a DEALER socket of its 
   the next request reports the next one). Each tenant lives several sessions, ended by bye, bye
   in mid-stream, a reconnecting hello, or by just vanishing (the lease expires);
 - strangers (`Stranger`): sockets without a session sending junk, batches before hello, pings,
-  bad beats and bad hellos; each must get one unattributable error (bye gets nothing);
+  bad beats and bad hellos; each must get one unattributable error (bye gets nothing), a new socket
+  per window of 24 (each peer without a session has a small budget, past which the daemon drops);
+- a status flood (`status_flood`: a process sending status requests as fast as it can, never reading)
+  and a garbage burst (`garbage_burst`: many sockets sending more junk than their budget, never
+  reading): the daemon must drop the excess, hold a bounded number of reply bytes for them, and
+  forget them once they are gone (`check_sessionless`);
 - a beater thread keeping the tenants' leases (lease 1 s) with their beat keys;
 - the good client: `gpud_client` axpb round trips checked against numpy, the whole time.
 
@@ -59,10 +64,12 @@ import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
+from rawpeer import Flooder
 from support import BAD_ENTRY, BAD_SOURCE, Daemon, axpb, check_well_behaved, wait_for_memory
 
 import gpud_client
 import gpud_protocol as proto
+from gpud.service import admin
 from gpud.testing import spawn
 from gpud.testing import workloads as kernels
 from gpud_protocol import DTYPE_SIZES, ErrorCode, Opcode
@@ -120,6 +127,7 @@ class Kind:
     DATA = "wrong data (isolation or integrity)"
     GOOD = "the good client saw an error"
     LEAK = "a resource did not return to its baseline"
+    BUDGET = "a peer without a session was not held to its budget"
 
 
 class Findings:
@@ -694,6 +702,10 @@ class Stranger(Peer):
                     await self.one(rng, allow_big=big < 3)
                     big += self.last_big
                 await self.wait_idle()
+                # A new socket (a new peer) per window: each peer without a session has a budget of
+                # `sessionless_rate` messages a second, past which the daemon drops, unanswered.
+                await self.disconnect()
+                self.connect()
         finally:
             await self.disconnect()
 
@@ -743,6 +755,67 @@ def bad_hello(rng: random.Random, run: Run) -> tuple[list[bytes], str]:
     return [pack({"t": "hello", "v": proto.PROTOCOL_VERSION, "name": "h", "pid": 1, "device": 63})], (
         "a hello for a device that does not exist"
     )
+
+
+# --------------------------------------------------------------------------- floods: no session, never reading
+
+FLOOD_S = 1.0
+BURST_PEERS = 32
+BURST_MESSAGES = 150  # per peer: more than its budget lets through at once (`sessionless_rate`: 100 a second)
+SESSIONLESS_TOTAL_RATE = 100_000  # the strangers' windows together may pass the default (1,000 a second)
+SESSIONLESS_REPLY_BYTES = 1 << 20  # the default of `sessionless_reply_bytes`
+
+
+async def status_flood(run: Run) -> None:
+    """A peer without a session sends status requests as fast as it can and never reads: the daemon
+    drops what is over its budget and holds at most `sessionless_reply_bytes` of replies for it."""
+    flooder = Flooder(run.address, FLOOD_S, "status")
+    try:
+        await flooder.start()
+        run.counts["flood messages"] += await flooder.flooded()
+        status = await asyncio.to_thread(admin.query, run.address, REPLY_TIMEOUT_S)  # the flooder still connected
+        waiting = status["outboxes"]["sessionless_bytes_waiting"]
+        if waiting > SESSIONLESS_REPLY_BYTES:
+            run.findings.add(Kind.BUDGET, f"{waiting} reply bytes wait for peers without a session that do not read")
+        if not status["counters"].get("sessionless_dropped"):
+            run.findings.add(Kind.BUDGET, "a status flood went past its budget and nothing was dropped")
+    except Exception as exc:
+        run.findings.add(Kind.BUDGET, f"the status flood: {type(exc).__name__}: {exc}")
+    finally:
+        await flooder.close()
+
+
+async def garbage_burst(run: Run, ctx: zmq.asyncio.Context) -> None:
+    """Many peers without a session each send more junk than their budget, never read, and leave."""
+    rng = random.Random(f"{SEED}-burst")
+    socks: list[zmq.asyncio.Socket] = []
+    try:
+        for _ in range(BURST_PEERS):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.connect(run.address)
+            socks.append(sock)
+            for _ in range(BURST_MESSAGES):
+                frames, _what = junk_messages(rng)
+                while len(frames[0]) > 4096:
+                    frames, _what = junk_messages(rng)
+                await sock.send_multipart(frames)
+                await asyncio.sleep(0)  # a send that need not wait does not yield: the other actors go on
+            run.counts["burst messages"] += BURST_MESSAGES
+        await asyncio.sleep(0.5)  # delivered before the sockets close
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+
+
+async def check_sessionless(run: Run) -> None:
+    """Once the floods are over, nothing of them is left: no budget remembered, no reply waiting."""
+    status = await asyncio.to_thread(admin.query, run.address, REPLY_TIMEOUT_S)
+    if (peers := status.get("sessionless_peers", -1)) > 4 or peers < 0:  # this query's, beat sockets just closed
+        run.findings.add(Kind.LEAK, f"the daemon keeps the budgets of {peers} peers without a session (-1: unknown)")
+    if (waiting := status["outboxes"].get("peers_waiting", 0)) != 0:
+        run.findings.add(Kind.LEAK, f"replies still wait for {waiting} peer(s) after every peer left")
 
 
 # --------------------------------------------------------------------------- tenants: hostile sessions
@@ -2245,7 +2318,8 @@ def hostile_daemon(daemon: Daemon) -> Iterator[Daemon]:
     """A daemon of this module's own, on each backend the `daemon` fixture covers, with a 1 s lease."""
     # One device: the model of each tenant allocates on device 0, its default (several devices:
     # test_devices.py).
-    with spawn.daemon(daemon.backend, extra_args=("--lease-s", str(LEASE_S), "--devices", "0")) as (address, proc):
+    args = ("--lease-s", str(LEASE_S), "--devices", "0", "--sessionless-total-rate", str(SESSIONLESS_TOTAL_RATE))
+    with spawn.daemon(daemon.backend, extra_args=args) as (address, proc):
         yield Daemon(address, proc, daemon.backend)
 
 
@@ -2334,7 +2408,12 @@ async def test_hostile_input(hostile_daemon: Daemon) -> None:
 
     async def hostile() -> None:
         try:
-            await asyncio.gather(*[t.main(LIVES) for t in tenants], *[s.main(STRANGER_MESSAGES) for s in strangers])
+            await asyncio.gather(
+                *[t.main(LIVES) for t in tenants],
+                *[s.main(STRANGER_MESSAGES) for s in strangers],
+                status_flood(run),
+                garbage_burst(run, ctx),
+            )
         finally:
             run.hostile_done.set()
 
@@ -2357,6 +2436,7 @@ async def test_hostile_input(hostile_daemon: Daemon) -> None:
     else:
         await cleanup(run)
         after = await check_resources(run, daemon, baseline)
+        await check_sessionless(run)
     for odd in beater.odd[:5]:
         run.findings.add(Kind.EXTRA, f"beater: {odd}")
 
@@ -2365,6 +2445,7 @@ async def test_hostile_input(hostile_daemon: Daemon) -> None:
         f"seed {SEED} (GPUD_HOSTILE_SEED), scale {SCALE}, backend {daemon.backend}: "
         f"{counts['hostile messages']} hostile messages ({counts['hostile ops']} ops in their batches), "
         f"{counts['control messages']} control messages ({counts['control ops']} ops), "
+        f"{counts['flood messages']} flooded and {counts['burst messages']} burst messages without a session, "
         f"{len(good_rounds)} good round trips, {beater.refused} late beats refused; "
         f"sessions ended: {', '.join(f'{k[16:]} {v}' for k, v in sorted(counts.items()) if k[:9] == 'sessions ')}; "
         f"hostile phase {hostile_s:.1f} s, total {time.monotonic() - started:.1f} s; "

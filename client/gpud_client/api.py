@@ -56,7 +56,10 @@ class Kernel(NamedTuple):
 
 
 class Tensor:
-    """A device tensor owned by a session (or opened from a resident name). Zero-filled when made."""
+    """A device tensor owned by a session (or opened from a resident name). Zero-filled when made.
+
+    A view (`reshape`) is a Tensor too: its `base` is the tensor whose memory it is, `handle` is the
+    base's, and it travels as a `TensorView` (the base's handle with its own shape)."""
 
     def __init__(
         self,
@@ -66,6 +69,7 @@ class Tensor:
         shape: tuple[int, ...],
         device: int,
         mode: str = "rw",
+        base: Tensor | None = None,
     ) -> None:
         self._client = client
         self.handle = handle
@@ -73,9 +77,24 @@ class Tensor:
         self.shape = shape
         self.device = device
         self.mode = mode
-        self.freed = False
-        self.base: Tensor = self  # the tensor whose memory this is (itself, unless a reshape)
-        self._wire = (_TENSOR, handle)  # as a dispatch argument
+        self._freed = False
+        self.base: Tensor = self if base is None else base  # the tensor whose memory this is
+        # how the daemon is told which tensor: the handle, or the base's handle with this view's shape
+        self.ref: int | proto.TensorView = handle if base is None else proto.view_of_shape(handle, shape)
+        self._wire = (_TENSOR, self.ref)  # as a dispatch argument
+
+    @property
+    def freed(self) -> bool:
+        """Freed, or a view of a freed tensor: no longer usable."""
+        return self._freed or self.base._freed
+
+    @freed.setter
+    def freed(self, value: bool) -> None:
+        self._freed = value
+
+    @property
+    def is_view(self) -> bool:
+        return self.base is not self
 
     @property
     def nbytes(self) -> int:
@@ -85,7 +104,7 @@ class Tensor:
         """Flush queued work and read the tensor back."""
         client = self._client
         seq = client._next_seq()
-        client._queue(proto.Readback(seq, client._handle_of(self)), request=seq)
+        client._queue(proto.Readback(seq, client._ref_of(self)), request=seq)
         _header, data = await client._connection.request(seq)
         if data is None:
             return np.zeros(self.shape, self.dtype)
@@ -98,31 +117,32 @@ class Tensor:
         self._client.upload(self, array)
 
     def reshape(self, *shape: int | Sequence[int]) -> Tensor:
-        """A new handle on this tensor's memory with another shape (a view: no copy, no round trip).
+        """This tensor's memory with another shape: a view, made in the client (no copy, no message,
+        no daemon handle: it travels as its base's handle and its shape).
 
-        One dimension may be -1 (inferred). Writes through either handle are seen by the other; the
-        memory is released when the last handle on it is freed."""
+        One dimension may be -1 (inferred). Writes through either are seen by the other. A view lives
+        as long as its base: freeing the base ends its views; freeing a view ends only that view."""
         dims = reshaped(self.shape, shape)
-        client = self._client
-        handle = next(client._handles)
-        client._queue(proto.Reshape(client._next_seq(), handle, client._handle_of(self), dims))
-        view = Tensor(client, handle, self.dtype, dims, self.device, self.mode)
-        view.base = self.base
-        return view
+        self._client._ref_of(self)  # refuse a view of a freed tensor now, not at its first use
+        base = self.base
+        return Tensor(self._client, base.handle, self.dtype, dims, self.device, self.mode, base)
 
     def free(self) -> None:
-        """Queue the free; the daemon releases the memory once work using it has completed."""
-        if not self.freed:
-            self.freed = True
-            client = self._client
-            client._queue(proto.Free(client._next_seq(), self.handle))
+        """Queue the free; the daemon releases the memory once work using it has completed. A view's
+        free is the client's alone: the base, and its other views, stay."""
+        if not self._freed:
+            self._freed = True
+            if self.base is self:
+                client = self._client
+                client._queue(proto.Free(client._next_seq(), self.handle))
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray[Any, Any]:
         raise TypeError(f"{self!r} lives on the GPU: use `await tensor.numpy()` to read it")
 
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""
-        return f"<gpud Tensor #{self.handle} {self.dtype}{list(self.shape)} device {self.device}{state}>"
+        view = " (a view)" if self.base is not self else ""
+        return f"<gpud Tensor #{self.handle}{view} {self.dtype}{list(self.shape)} device {self.device}{state}>"
 
 
 class Client:
@@ -212,11 +232,11 @@ class Client:
             self._connection.send_batch()
             index = queue.add_frame(payload)
             assert index is not None
-        self._queue(proto.Upload(self._next_seq(), self._handle_of(tensor), index, len(payload)))
+        self._queue(proto.Upload(self._next_seq(), self._ref_of(tensor), index, len(payload)))
 
     def copy(self, src: Tensor, dst: Tensor) -> None:
         """Queue a copy (same dtype and shape); the tensors may live on different devices."""
-        self._queue(proto.Copy(self._next_seq(), self._handle_of(src), self._handle_of(dst)))
+        self._queue(proto.Copy(self._next_seq(), self._ref_of(src), self._ref_of(dst)))
 
     # ------------------------------------------------------------------ kernels
 
@@ -269,7 +289,7 @@ class Client:
         encoded = []
         for arg in args:
             kind = type(arg)
-            if kind is Tensor and arg._client is self and not arg.freed:
+            if kind is Tensor and arg._client is self and not arg._freed and not arg.base._freed:
                 encoded.append(arg._wire)
             elif kind is float:
                 encoded.append((_F32, arg))
@@ -312,8 +332,12 @@ class Client:
     # ------------------------------------------------------------------ resident tensors
 
     def publish(self, tensor: Tensor, name: str, mode: str = "ro") -> None:
-        """Publish `tensor` under `name`; other sessions open it read-only ("ro") or read-write."""
-        self._queue(proto.Publish(self._next_seq(), self._handle_of(tensor), name, mode))
+        """Publish `tensor` under `name`; other sessions open it read-only ("ro") or read-write.
+        A view is refused: publish its base (those who open it reshape it as they need)."""
+        handle = self._handle_of(tensor)
+        if tensor.base is not tensor:
+            raise InvalidArgument(f"publish {name!r}: {tensor!r} is a reshaped view; publish its base tensor")
+        self._queue(proto.Publish(self._next_seq(), handle, name, mode))
 
     async def open(self, name: str) -> Tensor:
         """A handle to the resident tensor `name`, on the device where it lives."""
@@ -366,15 +390,21 @@ class Client:
         return seq
 
     def _handle_of(self, tensor: Tensor) -> int:
+        """The handle of `tensor`'s memory (a view's base's), checked to be usable here."""
         if not isinstance(tensor, Tensor):
             raise InvalidArgument(f"expected a gpud Tensor, got {type(tensor).__name__}")
         if tensor._client is not self or tensor.freed:
-            raise InvalidArgument(f"{tensor!r} is freed or belongs to another connection")
+            raise InvalidArgument(f"{tensor!r} is freed (or a view of a freed tensor) or belongs to another connection")
         return tensor.handle
 
-    def _arg(self, value: Any) -> tuple[int, int | float]:
+    def _ref_of(self, tensor: Tensor) -> int | proto.TensorView:
+        """How a tensor operand travels: its handle, or a view's `TensorView`."""
+        self._handle_of(tensor)
+        return tensor.ref
+
+    def _arg(self, value: Any) -> tuple[int, int | float | proto.TensorView]:
         if isinstance(value, Tensor):
-            return (_TENSOR, self._handle_of(value))
+            return (_TENSOR, self._ref_of(value))
         if isinstance(value, Scalar):
             return (value.kind, value.value)
         if isinstance(value, bool):

@@ -20,6 +20,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,6 +36,7 @@ from gpud_client.errors import DaemonLost, GpudError, ProtocolError, SessionLost
 from gpud_protocol.reader import SocketReader
 
 HANDSHAKE_TIMEOUT_S = 10.0
+NAMED_OPS = 65536  # op-library calls whose name a failure reported later can still be given
 SEND_QUEUE_MESSAGES = 64  # messages queued in ZeroMQ before the client holds batches itself
 
 Reply = tuple[dict[str, Any], Any]  # (header, data: a frame's buffer, an assembled array, or None)
@@ -117,6 +119,7 @@ class Connection:
         self.last_trace: Trace | None = None
         self._beats: _BeatThread | None = None
         self.server_public_key: bytes | None = None
+        self._op_names: OrderedDict[int, str] = OrderedDict()  # seq of an op-library dispatch -> its op
 
     # ------------------------------------------------------------------ sending
 
@@ -201,6 +204,13 @@ class Connection:
 
         future.add_done_callback(done)
 
+    def name_op(self, seq: int, op: str) -> None:
+        """The dispatch `seq` is the op-library call `op`: its failure says "add", not "dispatch"."""
+        names = self._op_names
+        names[seq] = op
+        if len(names) > NAMED_OPS:
+            names.popitem(last=False)
+
     def _spin_until(self, future: asyncio.Future[Any]) -> None:
         """Poll the socket for up to `spin_us` before yielding to the loop (lower latency, more CPU)."""
         deadline = time.perf_counter() + self._spin_s
@@ -245,6 +255,9 @@ class Connection:
         self._window_moved.set()
         future = self._futures.get(seq)
         if header.get("ok"):
+            names = self._op_names
+            while names and next(iter(names)) < seq:  # answered: nothing before it failed unreported
+                names.popitem(last=False)
             parts = int(header.get("parts", 1))
             if parts > 1:
                 assembly = self._parts[seq] = _Parts(header)
@@ -254,6 +267,8 @@ class Connection:
                 future.set_result((header, payload[0].buffer if payload else None))
             return
         code, message, failed_seq, op = header["err"]
+        if op == "dispatch":
+            op = self._op_names.get(failed_seq, op)
         self.queue.acks.add(failed_seq)
         self._parts.pop(seq, None)
         if future is not None and not future.done():

@@ -80,6 +80,7 @@ class Graph:
         self._steps: list[proto.GraphDispatch | proto.GraphCopy | proto.GraphUpload] = []
         self._outputs: list[tuple[str, proto.Arg]] = []
         self._views: list[tuple[proto.Arg, tuple[int, ...]]] = []
+        self._session_views: dict[proto.TensorView, GraphTensor] = {}  # a session view, as a view of the graph's
         self._uploads: list[bytes] = []
         self._names: set[str] = set()
 
@@ -155,7 +156,13 @@ class Graph:
             if value.graph is not self:
                 raise InvalidArgument(f"{value!r} belongs to another graph")
             return (value.kind, value.index)
-        return (int(ArgKind.TENSOR), self._client._handle_of(value))
+        ref = self._client._ref_of(value)
+        if isinstance(ref, proto.TensorView):  # a session view: recorded as a view of its base
+            view = self._session_views.get(ref)
+            if view is None:
+                view = self._session_views[ref] = self.view(value.base, value.shape)
+            return self._ref(view)
+        return (int(ArgKind.TENSOR), ref)
 
     def _arg(self, value: Any) -> proto.Arg:
         if isinstance(value, GraphTensor):
@@ -164,7 +171,8 @@ class Graph:
             if value.graph is not self:
                 raise InvalidArgument("a scalar of another graph")
             return (int(ArgKind.SCALAR), value.index)
-        return self._client._arg(value)
+        kind, v = self._client._arg(value)
+        return self._ref(value) if isinstance(v, proto.TensorView) else (kind, v)
 
     async def build(self) -> Step:
         """Send the recording; the daemon checks it against every kernel and instantiates it."""
@@ -260,7 +268,7 @@ class Step:
             raise InvalidArgument(f"graph {self.name!r} has no input, scalar or bound tensor {sorted(unknown)}")
         if missing := known - set(values):
             raise InvalidArgument(f"graph {self.name!r} needs {sorted(missing)}")
-        arrays = [np.asarray(values[name], dtype=dtype, order="C") for name, dtype in self.inputs]
+        arrays = [_host_input(self.name, name, dtype, values[name]) for name, dtype in self.inputs]
         frame = -1
         if arrays:
             total, offsets = 0, []
@@ -277,7 +285,7 @@ class Step:
                 index = queue.add_frame(bytes(packed))
             frame = int(index or 0)
         scalars = tuple(float(values[name]) if kind == "f32" else int(values[name]) for name, kind in self.scalars)
-        binds = tuple(self._client._handle_of(values[name]) for name, _ in self.binds)
+        binds = tuple(self._client._ref_of(values[name]) for name, _ in self.binds)
         shapes = tuple(tuple(a.shape) for a in arrays)
         return kind(seq, self.handle, frame, shapes, scalars, binds)
 
@@ -289,6 +297,18 @@ class Step:
 
     def __repr__(self) -> str:
         return f"<gpud graph {self.name!r} #{self.handle} device {self.device}>"
+
+
+def _host_input(graph: str, name: str, dtype: str, value: Any) -> np.ndarray[Any, Any]:
+    """A replay's input as given: of the input's dtype exactly, as `Tensor.upload` takes data (host
+    data is never converted: `gpu.tensor(a)` keeps a's dtype too)."""
+    array = np.asarray(value, order="C")
+    if array.dtype != np.dtype(dtype):
+        raise InvalidArgument(
+            f"graph {graph!r} input {name!r} is {dtype}, got {array.dtype}: convert it first "
+            f"(np.asarray(value, {dtype!r}))"
+        )
+    return array
 
 
 def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:

@@ -38,11 +38,11 @@ import asyncio
 import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from gpud_protocol import ArgKind, KernelOptions
-from gpud_protocol.errors import DeviceLost
+from gpud_protocol.errors import DeviceLost, InvalidArgument
 
 Done = Callable[[BaseException | None], None]
 Scalar = tuple[int, int | float]  # (ArgKind, value)
@@ -76,12 +76,26 @@ class Program:
     scalars: tuple[str, ...] | None  # kinds ("f32", "i32", "u32") of its scalars, in order; None: unknown
     writes: frozenset[int] | None  # positions among tensor args it may write; None: all of them
     unchecked: tuple[str, ...] = ()  # what the daemon could not check about it, for the kernel's reply
+    # Per tensor argument, where the backend refuses one buffer bound with two accesses in one
+    # dispatch (WebGPU: "read" | "read_write"); None: no such rule, or the access is unknown.
+    access: tuple[str, ...] | None = None
 
 
 def program_key(source: str, entry: str, options: KernelOptions, *extra: Any) -> tuple[Any, ...]:
     """Exact cache key: a hash of the source plus every option as a separate tuple member."""
     digest = hashlib.sha256(source.encode(errors="surrogatepass")).hexdigest()
     return (digest, entry, options.block, options.flags, options.writes, *extra)
+
+
+def memory_key(buffer: Buffer) -> Hashable:
+    """The allocation `buffer` is (a view is its base's): what WebGPU calls one buffer."""
+    native = buffer.native
+    return native if type(native) is int else id(native)  # cuda: a device pointer; else an object
+
+
+def same_memory(a: Buffer, b: Buffer) -> bool:
+    """One allocation: WebGPU refuses a copy between a buffer and itself, whatever the ranges."""
+    return memory_key(a) == memory_key(b)
 
 
 def scalar_kind(kind: int) -> str:
@@ -232,6 +246,8 @@ class Device(ABC):
         for step in steps:
             if isinstance(step, CopyStep):
                 src, dst = step.src, step.dst
+                if same_memory(src, dst):  # the graph checked this: a last line before a refused submission
+                    raise InvalidArgument("a recorded copy's source and destination are the same memory")
                 item = (src.native, src.offset + step.src_offset, dst.native, dst.offset + step.dst_offset, step.nbytes)
                 plan.append((False, item, ()))
                 continue

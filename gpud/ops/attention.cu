@@ -1,7 +1,8 @@
 // Attention ops (see gpud_protocol/ops/attention.py for the interface): embedding lookup, rotary
 // position embedding, KV-cache append, and attention (split over the keys, then combined). The same
 // algorithms as attention.wgsl. Float16 is unsigned short storage, computed in float32; one template
-// body serves every dtype combination, instantiated by the extern "C" entry points.
+// body serves every dtype combination, instantiated by the extern "C" entry points. CUDA only:
+// attention_flash_*, full attention of float16 in one pass on the tensor cores (inline PTX).
 
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -10,6 +11,16 @@ __device__ __forceinline__ float load(const float* p, unsigned int i) { return p
 __device__ __forceinline__ float load(const unsigned short* p, unsigned int i) { return h2f(p[i]); }
 __device__ __forceinline__ void store(float* p, unsigned int i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(unsigned short* p, unsigned int i, float v) { p[i] = f2h(v); }
+
+// Whether key mask element i lets its key take part (mask_mode 3 uint8, 4 int32, 5 float32, 6 int64).
+__device__ __forceinline__ bool key_on(const unsigned char* mask, unsigned int mode, unsigned long long i) {
+    switch (mode) {
+        case 3u: return mask[i] != 0u;
+        case 4u: return reinterpret_cast<const int*>(mask)[i] != 0;
+        case 5u: return reinterpret_cast<const float*>(mask)[i] != 0.0f;
+        default: return reinterpret_cast<const long long*>(mask)[i] != 0ll;
+    }
+}
 
 // q . k over a row of D: 16-byte loads where the row is aligned (a warp's threads read 32 rows: fewer,
 // wider loads), else one element at a time.
@@ -101,7 +112,9 @@ __device__ void attend(const Q* q, const KV* k, const KV* v, const int* pos, con
         if (key < keys) {
             const float dot = dot_row(sq, k, kv0 + key * stride, d);
             score = dot;
-            if (mask_mode != 0u) {
+            if (mask_mode >= 3u) {  // a key mask (B, S)
+                score = key_on(reinterpret_cast<const unsigned char*>(mask), mask_mode, b * ns + key) ? dot : NONE;
+            } else if (mask_mode != 0u) {
                 const float hide = mask[mask0 + key];
                 score = hide <= HIDDEN ? NONE : dot + hide;
             }
@@ -190,6 +203,307 @@ extern "C" __global__ void attention_combine(const float* part, float* out, unsi
     }
     out[i] = den > 0.0f ? num / den : 0.0f;
 }
+
+// ------------------------------------------------------------------------------------------------
+// attention_flash_d<D>_<out>(q, k, v, key_mask, out): full attention of float16 q, k, v on the tensor
+// cores, one pass (FlashAttention-2's scheme). A block of 4 warps takes 64 query rows of one (batch,
+// head), 16 rows a warp; it walks the keys in tiles of BN (64, or 32 for D = 128), double-buffered
+// in shared memory by cp.async. Per tile: S = Q K^T (mma.sync m16n8k16, float32 accumulators; Q's
+// fragments stay in registers), hidden keys set to -inf, the online softmax in base 2, then O += P V
+// with P rounded to float16 straight from S's registers. Scores never leave the registers. Keys the
+// key mask hides (and keys past S) are never loaded: their rows of K and V are zero-filled. The
+// key mask becomes one bit per key in shared memory first (at most FLASH_MASK_WORDS * 32 keys), and
+// the tiles before its first and after its last visible key are skipped. Shared memory rows are
+// XOR-swizzled in 16-byte chunks, so that ldmatrix reads 8 rows without bank conflicts.
+
+#define FLASH_BM 64u
+#define FLASH_THREADS 128u
+#define FLASH_MASK_WORDS 512u  // key-mask bits kept in shared memory: 16,384 keys
+
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void cp_async16(unsigned int dst, const void* src, unsigned int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned int (&r)[4], unsigned int addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned int (&r)[4], unsigned int addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// d += a b: a 16x16 (row), b 16x8 (col) float16, d 16x8 float32.
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned int pack_half2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {  // 2^x; 2^-inf = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Byte offset of 16-byte chunk c of row r in a tile of rows of D halves: chunks XOR-swizzled by row,
+// so that the 8 rows one ldmatrix reads (same chunk, consecutive rows) fall in distinct banks.
+template <int D>
+__device__ __forceinline__ unsigned int swz(unsigned int r, unsigned int c) {
+    const unsigned int x = D == 32 ? ((r >> 1) & 3u) : (r & 7u);
+    return r * (unsigned int)(D * 2) + ((c ^ x) << 4);
+}
+
+// ROWS rows from row0 of src (row stride `stride` halves) into the tile at shared address `tile`; a
+// row at or past `limit`, or whose bit is clear in `bits` (when given), is zero-filled, not read.
+template <int D, int ROWS>
+__device__ __forceinline__ void flash_load(unsigned int tile, const unsigned short* src, unsigned int stride,
+                                           unsigned int row0, unsigned int limit, const unsigned int* bits,
+                                           unsigned int tid) {
+    constexpr unsigned int CH = D / 8;
+#pragma unroll
+    for (unsigned int i = 0; i < ROWS * CH / FLASH_THREADS; ++i) {
+        const unsigned int idx = tid + i * FLASH_THREADS;
+        const unsigned int r = idx / CH, c = idx % CH;
+        const unsigned int row = row0 + r;
+        bool ok = row < limit;
+        if (bits != nullptr && ok) ok = (bits[row >> 5] >> (row & 31u)) & 1u;
+        const unsigned short* from = src + (unsigned long long)(ok ? row : 0u) * stride + c * 8u;
+        cp_async16(tile + swz<D>(r, c), from, ok ? 16u : 0u);
+    }
+}
+
+__device__ __forceinline__ void store_pair(float* out, unsigned long long i, float a, float b) {
+    *reinterpret_cast<float2*>(out + i) = make_float2(a, b);
+}
+
+__device__ __forceinline__ void store_pair(unsigned short* out, unsigned long long i, float a, float b) {
+    *reinterpret_cast<unsigned int*>(out + i) = pack_half2(a, b);
+}
+
+template <int D, typename O>
+__device__ __forceinline__ void flash(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                                      const unsigned char* key_mask, O* out, unsigned int nb, unsigned int nt, unsigned int ns,
+                                      unsigned int hq, unsigned int hkv, unsigned int causal, unsigned int mode,
+                                      float scale) {
+    constexpr unsigned int BN = D == 128 ? 32u : 64u;  // keys per tile
+    constexpr unsigned int TILE_BYTES = BN * D * 2u;
+    constexpr unsigned int STAGE_BYTES = 2u * TILE_BYTES;  // K then V
+    // two stages; Q's 64 rows go to the second stage first (BM * D * 2 <= STAGE_BYTES), which the
+    // first tile's loads overwrite only after every warp holds its Q fragments in registers
+    __shared__ __align__(128) unsigned char smem[2u * STAGE_BYTES];
+    __shared__ unsigned int bits[FLASH_MASK_WORDS];
+    __shared__ int range[2];
+    const float NEG_INF = __int_as_float(0xff800000);
+
+    const unsigned int tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const unsigned int q0 = (gridDim.x - 1u - blockIdx.x) * FLASH_BM;  // the longest causal rows first
+    const unsigned int h = blockIdx.y, b = blockIdx.z;
+    if (q0 >= nt || h >= hq || b >= nb) return;  // the whole block (a grid larger than flash_grid's)
+    const unsigned int qrows = min(FLASH_BM, nt - q0);
+    const int shift = (int)ns - (int)nt;  // causal: query t sees the keys s <= t + shift
+    int kbeg = 0, kend = (int)ns;         // the keys any row of this block sees are in [kbeg, kend)
+    if (causal) kend = min(kend, (int)(q0 + qrows) + shift);
+    const unsigned int base = smem_addr(smem);
+    flash_load<D, FLASH_BM>(base + STAGE_BYTES, q + ((unsigned long long)b * nt * hq + h) * D, hq * D, q0, nt, nullptr,
+                            tid);  // Q first: it needs no key mask
+    cp_async_commit();
+    if (mode != 0u && kend > 0) {
+        if (tid == 0u) {
+            range[0] = kend;
+            range[1] = 0;
+        }
+        __syncthreads();
+        const unsigned int words = ((unsigned int)kend + 31u) / 32u;
+#pragma unroll 4
+        for (unsigned int w = warp; w < words; w += FLASH_THREADS / 32u) {
+            const unsigned int key = w * 32u + lane;
+            const bool on = key < (unsigned int)kend && key_on(key_mask, mode, (unsigned long long)b * ns + key);
+            const unsigned int word = __ballot_sync(0xffffffffu, on);
+            if (lane == 0u) {
+                bits[w] = word;
+                if (word != 0u) {
+                    atomicMin(&range[0], (int)(w * 32u) + __ffs((int)word) - 1);
+                    atomicMax(&range[1], (int)(w * 32u) + 32 - __clz((int)word));
+                }
+            }
+        }
+        __syncthreads();
+        kbeg = range[0];
+        kend = range[1];
+    }
+    if (kbeg >= kend) {  // no row of this block sees a key: zeros
+        cp_async_wait_all();  // Q's copies land before the block's shared memory goes to another block
+        for (unsigned int i = tid; i < qrows * (D / 2u); i += FLASH_THREADS) {
+            const unsigned int r = i / (D / 2u), c = i % (D / 2u);
+            store_pair(out, (((unsigned long long)b * nt + q0 + r) * hq + h) * D + 2u * c, 0.0f, 0.0f);
+        }
+        return;
+    }
+
+    const unsigned int first = (unsigned int)kbeg / BN, last = ((unsigned int)kend + BN - 1u) / BN;
+    const unsigned int kstride = hkv * D;
+    const unsigned long long kv0 = ((unsigned long long)b * ns * hkv + h / (hq / hkv)) * D;
+    const unsigned short* ksrc = k + kv0;
+    const unsigned short* vsrc = v + kv0;
+    const unsigned int* kbits = mode != 0u ? bits : nullptr;
+    flash_load<D, BN>(base, ksrc, kstride, first * BN, (unsigned int)kend, kbits, tid);
+    flash_load<D, BN>(base + TILE_BYTES, vsrc, kstride, first * BN, (unsigned int)kend, kbits, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    unsigned int qf[D / 16][4];
+#pragma unroll
+    for (unsigned int kc = 0; kc < D / 16u; ++kc) {
+        ldsm_x4(qf[kc], base + STAGE_BYTES + swz<D>(warp * 16u + (lane & 7u) + ((lane >> 3) & 1u) * 8u, kc * 2u + (lane >> 4)));
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (unsigned int i = 0; i < D / 8u; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;  // rows g and g + 8 of the warp's 16
+    const float scale2 = scale * 1.4426950408889634f;       // scores in base 2
+    const unsigned int row0 = q0 + warp * 16u + (lane >> 2);
+    const int see0 = (int)row0 + shift, see1 = see0 + 8;    // causal: the last key each row sees
+
+    for (unsigned int tile = first; tile < last; ++tile) {
+        const unsigned int stage = (tile - first) & 1u;
+        cp_async_wait_all();
+        __syncthreads();  // this tile is in; every warp is done with the other stage (and Q)
+        if (tile + 1u < last) {
+            const unsigned int next = base + (stage ^ 1u) * STAGE_BYTES;
+            flash_load<D, BN>(next, ksrc, kstride, (tile + 1u) * BN, (unsigned int)kend, kbits, tid);
+            flash_load<D, BN>(next + TILE_BYTES, vsrc, kstride, (tile + 1u) * BN, (unsigned int)kend, kbits, tid);
+            cp_async_commit();
+        }
+        const unsigned int sk = base + stage * STAGE_BYTES, sv = sk + TILE_BYTES;
+
+        float s[BN / 8][4];
+#pragma unroll
+        for (unsigned int i = 0; i < BN / 8u; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (unsigned int kc = 0; kc < D / 16u; ++kc) {
+#pragma unroll
+            for (unsigned int np = 0; np < BN / 16u; ++np) {
+                unsigned int kf[4];
+                ldsm_x4(kf, sk + swz<D>(np * 16u + (lane & 7u) + (lane >> 4) * 8u, kc * 2u + ((lane >> 3) & 1u)));
+                mma16816(s[2u * np], qf[kc], kf[0], kf[1]);
+                mma16816(s[2u * np + 1u], qf[kc], kf[2], kf[3]);
+            }
+        }
+
+        const unsigned int key0 = tile * BN;
+        const bool whole = mode == 0u && key0 + BN <= (unsigned int)kend && (!causal || (int)(key0 + BN - 1u) <= (int)q0 + shift);
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (unsigned int j = 0; j < BN / 8u; ++j) {
+#pragma unroll
+            for (unsigned int e = 0; e < 4u; ++e) {
+                float x = s[j][e] * scale2;
+                if (!whole) {
+                    const unsigned int key = key0 + j * 8u + (lane & 3u) * 2u + (e & 1u);
+                    bool seen = key < (unsigned int)kend;
+                    if (mode != 0u) seen = seen && ((bits[key >> 5] >> (key & 31u)) & 1u);
+                    if (causal) seen = seen && (int)key <= (e < 2u ? see0 : see1);
+                    x = seen ? x : NEG_INF;
+                }
+                s[j][e] = x;
+                if (e < 2u) mx0 = fmaxf(mx0, x);
+                else mx1 = fmaxf(mx1, x);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float top0 = fmaxf(m0, mx0), top1 = fmaxf(m1, mx1);
+        const float use0 = top0 == NEG_INF ? 0.0f : top0, use1 = top1 == NEG_INF ? 0.0f : top1;  // no key yet
+        const float c0 = exp2_approx(m0 - use0), c1 = exp2_approx(m1 - use1);
+        m0 = top0;
+        m1 = top1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (unsigned int j = 0; j < BN / 8u; ++j) {
+            s[j][0] = exp2_approx(s[j][0] - use0);
+            s[j][1] = exp2_approx(s[j][1] - use0);
+            s[j][2] = exp2_approx(s[j][2] - use1);
+            s[j][3] = exp2_approx(s[j][3] - use1);
+            sum0 += s[j][0] + s[j][1];
+            sum1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * c0 + sum0;
+        l1 = l1 * c1 + sum1;
+#pragma unroll
+        for (unsigned int i = 0; i < D / 8u; ++i) {
+            o[i][0] *= c0;
+            o[i][1] *= c0;
+            o[i][2] *= c1;
+            o[i][3] *= c1;
+        }
+#pragma unroll
+        for (unsigned int kc = 0; kc < BN / 16u; ++kc) {
+            const unsigned int pa[4] = {pack_half2(s[2u * kc][0], s[2u * kc][1]), pack_half2(s[2u * kc][2], s[2u * kc][3]),
+                                        pack_half2(s[2u * kc + 1u][0], s[2u * kc + 1u][1]),
+                                        pack_half2(s[2u * kc + 1u][2], s[2u * kc + 1u][3])};
+#pragma unroll
+            for (unsigned int dp = 0; dp < D / 16u; ++dp) {
+                unsigned int vf[4];
+                ldsm_x4_trans(vf, sv + swz<D>(kc * 16u + (lane & 7u) + ((lane >> 3) & 1u) * 8u, dp * 2u + (lane >> 4)));
+                mma16816(o[2u * dp], pa, vf[0], vf[1]);
+                mma16816(o[2u * dp + 1u], pa, vf[2], vf[3]);
+            }
+        }
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;  // no key seen: zeros
+    const unsigned long long at0 = (((unsigned long long)b * nt + row0) * hq + h) * D + (lane & 3u) * 2u;
+    const unsigned long long at1 = at0 + 8ull * hq * D;
+#pragma unroll
+    for (unsigned int i = 0; i < D / 8u; ++i) {
+        if (row0 < nt) store_pair(out, at0 + i * 8u, o[i][0] * inv0, o[i][1] * inv0);
+        if (row0 + 8u < nt) store_pair(out, at1 + i * 8u, o[i][2] * inv1, o[i][3] * inv1);
+    }
+}
+
+#define FLASH(NAME, D, O)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(FLASH_THREADS)                                                   \
+        NAME(const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned char* key_mask, \
+             O* out, unsigned int nb, unsigned int nt, unsigned int ns, unsigned int hq, unsigned int hkv,        \
+             unsigned int d, unsigned int causal, unsigned int mask_mode, float scale) {                          \
+        flash<D, O>(q, k, v, key_mask, out, nb, nt, ns, hq, hkv, causal, mask_mode, scale);                               \
+    }
+
+FLASH(attention_flash_d32_f16, 32, unsigned short)
+FLASH(attention_flash_d64_f16, 64, unsigned short)
+FLASH(attention_flash_d128_f16, 128, unsigned short)
+FLASH(attention_flash_d32_f32, 32, float)
+FLASH(attention_flash_d64_f32, 64, float)
+FLASH(attention_flash_d128_f32, 128, float)
 
 // ------------------------------------------------------------------------------------------------
 // embedding_<table>_<out>: out[i, c] = table[ids[i], c], zeros for an id outside 0 .. V-1.

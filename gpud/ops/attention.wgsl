@@ -24,7 +24,8 @@ fn index(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
 // * per) of 256 keys. Per tile: each thread scores one key (q . k * scale + mask), the workgroup
 // takes the tile's maximum, rescales its running sums (online softmax), and the threads (g, d) add
 // p_j * v_j[d] for the keys j = g mod G of the tile (G = 256 / D groups). The split's partial result
-// (m, l, acc[D]) goes to part[row, split]; attention_combine merges the splits.
+// (m, l, acc[D]) goes to part[row, split]; attention_combine merges the splits. mask_mode 3 to 6:
+// the mask is a key mask (B, S) (uint8, int32, float32, int64), nonzero where a key takes part.
 
 struct Attn {
     b: u32,
@@ -44,7 +45,7 @@ struct Attn {
 @group(0) @binding(1) var<storage, read> ak: array<u32>;
 @group(0) @binding(2) var<storage, read> av: array<u32>;
 @group(0) @binding(3) var<storage, read> apos: array<i32>;
-@group(0) @binding(4) var<storage, read> amask: array<f32>;
+@group(0) @binding(4) var<storage, read> amask: array<u32>; // f32 bits, or a key mask of any KEY_MASK_MODES dtype
 @group(0) @binding(5) var<storage, read_write> apart: array<f32>;
 @group(0) @binding(6) var<uniform> ap: Attn;
 
@@ -73,6 +74,24 @@ fn av_at(half: bool, i: u32) -> f32 {
         return unpack2x16float(av[i >> 1u])[i & 1u];
     }
     return bitcast<f32>(av[i]);
+}
+
+// Whether key mask element i lets its key take part (mask_mode 3 uint8, 4 int32, 5 float32, 6 int64).
+fn key_on(mode: u32, i: u32) -> bool {
+    switch mode {
+        case 3u: {
+            return ((amask[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu) != 0u;
+        }
+        case 4u: {
+            return amask[i] != 0u;
+        }
+        case 5u: {
+            return bitcast<f32>(amask[i]) != 0.0;
+        }
+        default: {
+            return (amask[2u * i] | amask[2u * i + 1u]) != 0u;
+        }
+    }
 }
 
 fn attend(qh: bool, kvh: bool, wid: vec3<u32>, groups: vec3<u32>, tid: u32) {
@@ -127,8 +146,12 @@ fn attend(qh: bool, kvh: bool, wid: vec3<u32>, groups: vec3<u32>, tid: u32) {
                 dot += sq[i] * ak_at(kvh, k0 + i);
             }
             score = dot;
-            if (ap.mask_mode != 0u) {
-                let hide = amask[mask0 + key];
+            if (ap.mask_mode >= 3u) { // a key mask (B, S)
+                if (!key_on(ap.mask_mode, b * ap.s + key)) {
+                    score = NONE;
+                }
+            } else if (ap.mask_mode != 0u) {
+                let hide = bitcast<f32>(amask[mask0 + key]);
                 score = select(dot + hide, NONE, hide <= HIDDEN);
             }
         }

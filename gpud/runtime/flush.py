@@ -1,9 +1,10 @@
 """When to flush: the coalescing policy of one device, backend-independent.
 
 Work is encoded as it arrives and submitted when someone needs a result (a readback, sync or
-flush op asks for it), when the pending command buffer holds `max_dispatches_per_flush`
-dispatches, or when `flush_deadline_ms` has passed since work became pending. The server calls
-`after_drain` once per drain of the socket, so work that arrived together is submitted together.
+flush op asks for it), when the pending command buffer holds as many dispatches as the pacer allows
+(at most `max_dispatches_per_flush`; fewer where they take long, see `gpud.runtime.pacing`), or
+when `flush_deadline_ms` has passed since work became pending. The server calls `after_drain` once
+per drain of the socket, so work that arrived together is submitted together.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from gpud.runtime.pacing import Pacer
+
 
 class FlushPolicy:
-    def __init__(self, flush: Callable[[], None], max_dispatches: int, deadline_ms: float) -> None:
+    def __init__(self, flush: Callable[[], None], pacer: Pacer, deadline_ms: float) -> None:
         self._flush = flush
-        self.max_dispatches = max_dispatches
+        self.pacer = pacer
         self._deadline_s = deadline_ms / 1000
         self._wanted = False
         self._timer: asyncio.TimerHandle | None = None
@@ -26,8 +29,20 @@ class FlushPolicy:
         """A result is awaited: flush at the end of this drain."""
         self._wanted = True
 
+    @property
+    def max_dispatches(self) -> int:
+        """Dispatches one submission may hold now."""
+        return self.pacer.bound
+
     def dispatched(self, pending_dispatches: int) -> None:
-        if pending_dispatches >= self.max_dispatches:
+        """Dispatches were encoded: submit once the pending command buffer holds its share."""
+        if pending_dispatches >= self.pacer.bound:
+            self.flush()
+
+    def make_room(self, pending_dispatches: int, coming: int) -> None:
+        """`coming` dispatches that go together (a piece of a replay) are about to be encoded:
+        submit what is pending first if they would take it past its share."""
+        if pending_dispatches and pending_dispatches + coming > self.pacer.bound:
             self.flush()
 
     def after_drain(self, has_pending: bool) -> None:

@@ -16,12 +16,37 @@ from typing import Any, NamedTuple
 from gpud.backends.base import Buffer, CopyStep, GraphStep
 
 
-class Replayable(NamedTuple):
-    """A recording instantiated on one device: what `DeviceRuntime.replay` encodes."""
+class Piece(NamedTuple):
+    """A run of a recording's steps, instantiated: the flush policy may submit between pieces."""
 
     native: Any  # the backend's form
-    buffers: tuple[Buffer, ...]  # every buffer a replay uses (marked with the submission that runs it)
+    buffers: tuple[Buffer, ...]  # every buffer the piece uses (marked with the submission that runs it)
     dispatches: int
+
+
+class Replayable(NamedTuple):
+    """A recording instantiated on one device: what `DeviceRuntime.replay` encodes, piece by piece
+    (one piece on a GPU; on a software device one per dispatch, so that long replays are
+    submitted in parts the health check sees complete)."""
+
+    pieces: tuple[Piece, ...]
+
+
+def split(steps: Sequence[GraphStep], dispatches_per_piece: int) -> list[list[GraphStep]]:
+    """`steps` in runs of at most `dispatches_per_piece` dispatches (0: one run); copies go with the
+    dispatch before them."""
+    if dispatches_per_piece <= 0:
+        return [list(steps)] if steps else []
+    pieces: list[list[GraphStep]] = []
+    count = dispatches_per_piece
+    for step in steps:
+        is_dispatch = not isinstance(step, CopyStep)
+        if not pieces or (is_dispatch and count >= dispatches_per_piece):
+            pieces.append([])
+            count = 0
+        pieces[-1].append(step)
+        count += is_dispatch
+    return pieces
 
 
 def buffers_of(steps: Sequence[GraphStep]) -> tuple[Buffer, ...]:

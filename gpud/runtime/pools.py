@@ -3,11 +3,13 @@
 A staging buffer leaves the pool on `acquire` and comes back through `give_back`, which the
 backend calls only once the work that used it has completed (DESIGN ordering rule 4). At its
 byte bound the pool first drops idle buffers of other sizes, then flushes pending work and waits
-for one to come back: it never grows past the bound.
+for one to come back: it never grows past the bound. A buffer left idle for a while is released
+(`release_idle`, from the runtime's periodic tick): the pool shrinks back after a burst.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -30,13 +32,16 @@ class StagingPool(Generic[T]):
         capacity_bytes: int,
         flush: Callable[[], None],
         min_size: int = 4096,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._make = make
         self._destroy = destroy
         self._flush = flush
         self.capacity_bytes = capacity_bytes
         self.min_size = min_size
-        self._idle: defaultdict[int, list[T]] = defaultdict(list)
+        self._clock = clock or time.monotonic
+        # Idle buffers by size class with the time each came back, oldest first (reused last-in first-out).
+        self._idle: defaultdict[int, list[tuple[T, float]]] = defaultdict(list)
         self._returned = anyio.Event()
         self.bytes_total = 0
         self.in_use = 0
@@ -44,6 +49,7 @@ class StagingPool(Generic[T]):
         self.hits = 0  # requests served by an idle buffer
         self.misses = 0  # requests that made a new buffer
         self.returns = 0  # buffers given back or discarded so far
+        self.released = 0  # idle buffers released after `release_idle`'s time
 
     def largest_class(self) -> int:
         """The biggest buffer a caller may ask for; larger transfers go in chunks of this size."""
@@ -65,7 +71,7 @@ class StagingPool(Generic[T]):
         if idle := self._idle[size]:
             self.in_use += 1
             self.hits += 1
-            return idle.pop(), size
+            return idle.pop()[0], size
         if self.bytes_total + size <= self.capacity_bytes or self._drop_idle(size):
             buffer = self._make(size)
             self.misses += 1
@@ -85,7 +91,7 @@ class StagingPool(Generic[T]):
 
     def give_back(self, buffer: T, size: int) -> None:
         self.in_use -= 1
-        self._idle[size].append(buffer)
+        self._idle[size].append((buffer, self._clock()))
         self.returns += 1
         self._returned.set()
 
@@ -101,12 +107,31 @@ class StagingPool(Generic[T]):
         """Destroy idle buffers of other sizes until `wanted` more bytes fit; True if they do."""
         for size, idle in self._idle.items():
             while idle and self.bytes_total + wanted > self.capacity_bytes:
-                self._destroy(idle.pop())
+                self._destroy(idle.pop(0)[0])
                 self.bytes_total -= size
         return self.bytes_total + wanted <= self.capacity_bytes
 
     def clear_idle(self) -> None:
         self._drop_idle(self.capacity_bytes + 1)
+
+    def release_idle(self, idle_s: float, most: int) -> int:
+        """Destroy up to `most` buffers that have been idle for `idle_s` or longer, the longest idle
+        first; how many. A steady workload reuses the buffers it returned last and keeps them."""
+        cutoff = self._clock() - idle_s
+        released = 0
+        while released < most:
+            oldest = min(
+                ((idle[0][1], size) for size, idle in self._idle.items() if idle and idle[0][1] <= cutoff),
+                default=None,
+            )
+            if oldest is None:
+                break
+            size = oldest[1]
+            self._destroy(self._idle[size].pop(0)[0])
+            self.bytes_total -= size
+            released += 1
+        self.released += released
+        return released
 
     def stats(self) -> dict[str, int]:
         idle = sum(len(v) for v in self._idle.values())
@@ -117,4 +142,5 @@ class StagingPool(Generic[T]):
             "hits": self.hits,
             "misses": self.misses,
             "exhausted_waits": self.exhausted_waits,
+            "released": self.released,
         }

@@ -22,12 +22,14 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from gpud.backends.base import Arg, Buffer, Device, DispatchStep, GraphStep, Program
+from gpud.backends.base import Arg, Buffer, Device, DispatchStep, GraphStep, Program, same_memory
 from gpud.runtime.cache import LruCache
 from gpud.runtime.flush import FlushPolicy
 from gpud.runtime.freed import FreedMemory
-from gpud.runtime.graph import Replayable, buffers_of
+from gpud.runtime.graph import Piece, Replayable, buffers_of, split
+from gpud.runtime.idle import IdleRelease
 from gpud.runtime.ledger import CompletionLedger, Done, SubmissionFailed
+from gpud.runtime.pacing import Pacer
 from gpud.runtime.pools import StagingPool
 from gpud.runtime.submitter import Worker
 from gpud_protocol import KernelOptions
@@ -67,6 +69,9 @@ class RuntimeSettings(Protocol):
     def flush_deadline_ms(self) -> float: ...
 
     @property
+    def submission_target_s(self) -> float: ...
+
+    @property
     def max_submissions_in_flight(self) -> int: ...
 
     @property
@@ -77,6 +82,9 @@ class RuntimeSettings(Protocol):
 
     @property
     def reuse_memory_bytes(self) -> int: ...
+
+    @property
+    def pool_idle_release_s(self) -> float: ...
 
 
 class DeviceRuntime:
@@ -93,7 +101,8 @@ class DeviceRuntime:
         loop = device.loop
         self.ledger = CompletionLedger(lambda error: on_lost(self, error))
         device.on_lost = self.ledger.lose
-        self.policy = FlushPolicy(self.flush, settings.max_dispatches_per_flush, settings.flush_deadline_ms)
+        pacer = Pacer(settings.max_dispatches_per_flush, settings.submission_target_s, device.software)
+        self.policy = FlushPolicy(self.flush, pacer, settings.flush_deadline_ms)
         self.max_in_flight = settings.max_submissions_in_flight
         half = settings.staging_pool_bytes // 2
         self.uploads: StagingPool[Any] = StagingPool(
@@ -107,6 +116,8 @@ class DeviceRuntime:
         self.programs: LruCache[tuple[Any, ...], Program] = LruCache(settings.kernel_cache_size)
         # Reuse needs the zero fill the runtime encodes itself: not where allocations come zeroed.
         self.freed = FreedMemory(0 if device.zero_on_alloc else settings.reuse_memory_bytes)
+        pools = (self.uploads, self.downloads)
+        self.idle = IdleRelease(loop, settings.pool_idle_release_s, pools, self.freed, self._free)
         self._compiling: dict[tuple[Any, ...], asyncio.Future[Program]] = {}
         self.submitter = Worker(f"gpud-submit-{self.index}", loop)
         self.compiler = Worker(f"gpud-compile-{self.index}", loop)
@@ -247,8 +258,7 @@ class DeviceRuntime:
         self._owners.add(owner)
         self.dispatches_pending += 1
         self.dispatch_count += 1
-        if self.dispatches_pending >= self.policy.max_dispatches:
-            self.policy.flush()
+        self.policy.dispatched(self.dispatches_pending)
 
     def instantiate(self, steps: Sequence[GraphStep]) -> Replayable:
         """A recorded step in this backend's replayable form (checked now, like a dispatch)."""
@@ -265,29 +275,39 @@ class DeviceRuntime:
             elif step.nbytes == 0:
                 continue
             kept.append(step)
-        native = self.device.instantiate(kept)
+        if self.device.prepare_uses_buffers:  # validation probes go with the next submission, even if one fails
+            self._encoded_with(*buffers_of(kept))
+        # On a software device every dispatch is a piece of its own: a replay may take many seconds there.
+        pieces = []
+        for steps in split(kept, 1 if self.device.software else 0):
+            dispatches = sum(1 for step in steps if isinstance(step, DispatchStep))
+            pieces.append(Piece(self.device.instantiate(steps), buffers_of(steps), dispatches))
         self.counters["graphs_instantiated"] += 1
-        dispatches = sum(1 for step in kept if isinstance(step, DispatchStep))
-        return Replayable(native, buffers_of(kept), dispatches)
+        return Replayable(tuple(pieces))
 
     def replay(self, replayable: Replayable, values: Sequence[int | float], owner: Owner) -> None:
         """Encode one replay into the pending command buffer, as if its ops had arrived one by one."""
         self._check_alive()
         self.counters["graph_replays"] += 1
-        if not replayable.buffers and not replayable.dispatches:
-            return  # an empty step: nothing to encode
-        if self.dispatches_pending and self.dispatches_pending + replayable.dispatches > self.policy.max_dispatches:
-            self.policy.flush()
-        self.device.encode_replay(replayable.native, values)
-        self._encoded_with(*replayable.buffers)
-        self._owners.add(owner)
-        self.dispatches_pending += replayable.dispatches
-        self.dispatch_count += replayable.dispatches
+        for piece in replayable.pieces:  # an empty step has none: nothing to encode
+            self.policy.make_room(self.dispatches_pending, piece.dispatches)
+            self.device.encode_replay(piece.native, values)
+            self._encoded_with(*piece.buffers)
+            self._owners.add(owner)
+            self.dispatches_pending += piece.dispatches
+            self.dispatch_count += piece.dispatches
+            if len(replayable.pieces) > 1:
+                self.policy.dispatched(self.dispatches_pending)
 
     def copy(self, src: Buffer, dst: Buffer, owner: Owner) -> None:
         """A copy between two buffers of this device, in op order."""
         self._check_alive()
-        if src is dst or src.nbytes == 0:
+        if same_memory(src, dst):
+            if src.nbytes == 0 or (src.offset, src.nbytes) == (dst.offset, dst.nbytes):
+                return  # onto itself: nothing to do
+            # Parts of one buffer: WebGPU would refuse the whole submission, so refuse this op alone.
+            raise InvalidArgument("copy: source and destination are parts of the same memory, which WebGPU refuses")
+        if src.nbytes == 0:
             return
         self.device.encode_copy(src.native, src.offset, dst.native, dst.offset, min(src.nbytes, dst.nbytes))
         self._encoded_with(src, dst)
@@ -486,6 +506,7 @@ class DeviceRuntime:
             return
         commands = self.device.take_commands()
         index = self.ledger.next_submission()
+        self.policy.pacer.submitted(index, self.dispatches_pending)
         self.encoded = 0
         self.dispatches_pending = 0
         awaited, self._awaited = self._awaited, False
@@ -524,6 +545,7 @@ class DeviceRuntime:
             self.device.watch(submitted, lambda failure: self._complete(index, failure), awaited)
 
     def _complete(self, index: int, error: BaseException | None) -> None:
+        self.policy.pacer.completed(index)
         self.ledger.complete(index, error)
         with self._completion:
             self._completion.notify_all()
@@ -576,6 +598,7 @@ class DeviceRuntime:
     async def close(self, timeout: float = 10.0) -> None:
         """Finish outstanding work, then release the pools and the device."""
         self.policy.close()
+        self.idle.close()
         if self.ledger.lost is None:
             try:
                 await asyncio.wait_for(self.synchronize(), timeout)

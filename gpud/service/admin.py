@@ -160,6 +160,11 @@ def format_stats(status: dict[str, Any]) -> str:
     names = ("messages", "batches", "ops", "sessions_opened", "sessions_ended", "bad_messages", "refused_stopping")
     lines = [f"gpud {status['version']} ({status['backend']}), up {_duration(status['uptime_s'])}"]
     lines.append("daemon: " + ", ".join(f"{name} {counters.get(name, 0)}" for name in names))
+    lines.append(
+        f"peers without a session: {counters.get('status_requests', 0)} status requests answered, "
+        f"{counters.get('sessionless_dropped', 0)} messages dropped over budget, "
+        f"{counters.get('sessionless_replies_dropped', 0)} replies dropped unread"
+    )
     for d in status["devices"]:
         c = d["counters"]
         latency = d.get("readback_latency_s") or {}

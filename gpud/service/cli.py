@@ -17,7 +17,7 @@ from gpud import __version__
 from gpud.backends import BACKENDS
 
 EXIT_CONFIG = 2
-BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay", "ops", "decode")
+BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay", "ops", "decode", "soak")
 MODELS = ("qwen2.5-0.5b", "small", "tiny")  # gpud.testing.transformer.CONFIGS, without importing it
 EXIT_UNHEALTHY = 1  # gpud status: the daemon answered and is unhealthy, or nothing answered
 
@@ -165,14 +165,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, help="write the results here")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="clients, transport: the daemon's backend")
-    bench.add_argument("--clients", default="1,2,4,8", help="clients: comma-separated process counts")
+    bench.add_argument(
+        "--clients", default="1,2,4,8", help="clients, decode: comma-separated process counts; soak: one (default 4)"
+    )
     bench.add_argument("--seconds", type=float, default=5.0, help="clients: measuring time per count")
     bench.add_argument("--devices", default="0", help="clients: the daemon's devices (all, or 0,1)")
     bench.add_argument("--size", type=int, help="clients: floats per tensor (default 4096; large: GPU-bound steps)")
-    bench.add_argument("--model", choices=MODELS, help="decode: the model (default: by device)")
     bench.add_argument(
-        "--modes", type=lambda v: v.split(","), help="decode: some of dispatch,coalesced,graph (default all)"
+        "--model", "--config", choices=MODELS, help="decode, soak: the model's config (default: by device)"
     )
+    bench.add_argument(
+        "--modes", type=lambda v: v.split(","), help="decode, soak: some of dispatch,coalesced,graph (default all)"
+    )
+    bench.add_argument(
+        "--activities", type=lambda v: v.split(","), help="soak: some of decode,ops,replay,publish,open (default all)"
+    )
+    bench.add_argument("--minutes", type=float, default=30.0, help="soak: how long (--quick: 0.5)")
+    bench.add_argument("--sample-s", type=float, default=10.0, help="soak: seconds between samples of the daemon")
+    bench.add_argument("--plot", type=Path, help="soak: draw the samples into this SVG")
     bench.set_defaults(func=_bench)
     return parser
 

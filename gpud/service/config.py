@@ -198,7 +198,7 @@ _coalescing = functools.partial(setting, section="coalescing")
 _pools = functools.partial(setting, section="pools and caches")
 _sessions = functools.partial(setting, section="sessions")
 _operation = functools.partial(setting, section="service operation")
-_US, _MS, _S, _B = "microseconds", "milliseconds", "seconds", "bytes"
+_US, _MS, _S, _B, _RATE = "microseconds", "milliseconds", "seconds", "bytes", "per second"
 _METAVARS = {_US: "US", _MS: "MS", _S: "SECONDS", _B: "BYTES"}
 
 
@@ -224,6 +224,14 @@ class Config:
     max_sessions: int = _service(1024, "client sessions at once; more are refused", min=1)
 
     max_dispatches_per_flush: int = _coalescing(1024, "submit once this many dispatches are pending", min=1, max=65536)
+    submission_target_s: float = _coalescing(
+        1.0,
+        "fewer dispatches per submission where they are slow, about this much device time each: health sees "
+        "long work progress (0: count alone)",
+        min=0,
+        max=3600,
+        unit=_S,
+    )
     flush_deadline_ms: float = _coalescing(
         2.0, "submit pending work once it has waited this long", above=0, max=1e4, unit=_MS
     )
@@ -247,6 +255,9 @@ class Config:
     reuse_memory_bytes: int = _pools(
         512 * MiB, "freed device memory kept for allocations of the same size (cuda)", min=0, unit=_B
     )
+    pool_idle_release_s: float = _pools(
+        30.0, "staging buffers and kept device memory idle this long are released (0: kept)", min=0, unit=_S
+    )
     kernel_cache_size: int = _pools(256, "compiled kernels kept", min=1)
     bind_group_cache_size: int = _pools(8192, "webgpu: bind groups kept", min=1)
     cache_dir: Path = _pools(  # noqa: RUF009
@@ -267,6 +278,15 @@ class Config:
     graph_instances: int = _sessions(8, "instances (input shapes) of one replay graph", min=1, max=1024)
     session_window: int = _sessions(64, "batches a client may send before the daemon confirms them", min=1)
     session_reply_bytes: int = _sessions(2 * GiB, "reply bytes a session may have waiting to be sent", min=MiB, unit=_B)
+    sessionless_rate: float = _sessions(
+        100.0, "messages from one peer without a session (status, garbage); more are dropped", above=0, unit=_RATE
+    )
+    sessionless_total_rate: float = _sessions(
+        1000.0, "messages from all peers without a session (beats, hellos aside); more are dropped", above=0, unit=_RATE
+    )
+    sessionless_reply_bytes: int = _sessions(
+        MiB, "reply bytes waiting for one peer without a session; more replies are dropped", min=64 * KiB, unit=_B
+    )
     resident_max_count: int = _sessions(4096, "published resident tensors, all sessions together", min=0)
     resident_max_bytes: int = _sessions(64 * GiB, "memory of resident tensors, all sessions together", min=0, unit=_B)
 

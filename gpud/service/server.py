@@ -1,10 +1,11 @@
 """The daemon: a ZeroMQ ROUTER socket, the sessions, their leases, and the receive loop.
 
-One reader drains every message that is ready. Pings and beats are answered at once; batches go to
-their sessions round-robin (so no client starves), which execute them or park; then every device
-runtime decides whether to flush, so work that arrives together lands in one command buffer. The
-loop never waits for a GPU: a session that must wait parks on its own, and replies go out through
-per-peer outboxes that never block.
+One reader drains the messages that are ready, in slices that yield to the rest of the event loop
+(intake.py). Pings and beats are answered at once; batches go to their sessions round-robin (so no
+client starves), which execute them or park; then every device runtime decides whether to flush, so
+work that arrives together lands in one command buffer. The loop never waits for a GPU: a session
+that must wait parks on its own, and replies go out through per-peer outboxes that never block.
+Peers without a session live on a small budget of messages and reply bytes (budget.py, peers.py).
 
 As a service: `READY=1` goes to systemd once every device is open and the socket bound; a task on
 the loop sends `STATUS=` every few seconds and `WATCHDOG=1` while work makes progress (see
@@ -41,8 +42,10 @@ from gpud import __version__
 from gpud.backends import open_devices
 from gpud.runtime.cache import LruCache
 from gpud.runtime.runtime import DeviceRuntime
+from gpud.service.budget import SessionlessBudget
 from gpud.service.config import Config
 from gpud.service.health import Health, assess
+from gpud.service.intake import Intake
 from gpud.service.lifecycle import ipc_endpoint
 from gpud.service.metrics import MetricsServer
 from gpud.service.notify import Notifier, watchdog_interval
@@ -58,7 +61,6 @@ from gpud_protocol.schema import Status
 
 log = logging.getLogger(__name__)
 
-MAX_DRAIN = 256  # messages taken per drain before the devices get a say
 PEER_SEND_QUEUE = 64  # messages ZeroMQ queues per peer; more wait in the peer's outbox
 EXIT_DEVICE_LOST = 3
 STATUS_EVERY_S = 2.0  # how often systemd's STATUS= line is refreshed
@@ -79,12 +81,12 @@ class Server:
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] | None = None
         self._reader: SocketReader | None = None
+        self._intake: Intake | None = None
+        self._budget = SessionlessBudget(config.sessionless_rate, config.sessionless_total_rate)
         self._outboxes: Outboxes | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
         self._fatal: BaseException | None = None
         self._stop = anyio.Event()
-        self._drained_at = time.monotonic()
-        self._waiting = False  # the receive loop is waiting on an empty socket
         self.notifier = Notifier()
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.started_at = time.monotonic()
@@ -213,8 +215,15 @@ class Server:
                 os.chmod(address[len("ipc://") :], 0o660)
             self._sock = sock
             self._reader = SocketReader(sock)
+            self._intake = Intake(self._reader, self.config.busy_poll_us)
+            config = self.config
             self._outboxes = Outboxes(
-                sock, self._reader.poke, self._peer_stuck, self.config.session_reply_bytes, self.config.lease_s
+                sock,
+                self._reader.poke,
+                self._peer_stuck,
+                config.session_reply_bytes,
+                config.lease_s,
+                config.sessionless_reply_bytes,
             )
             try:
                 yield sock
@@ -239,7 +248,7 @@ class Server:
 
     def _send(self, identity: bytes, frames: list[Any]) -> None:
         assert self._outboxes is not None
-        self._outboxes.send(identity, frames)
+        self._outboxes.send(identity, frames, identity not in self.sessions)
 
     def _peer_stuck(self, identity: bytes, reason: str) -> None:
         self._end_session(identity, reason)
@@ -247,29 +256,29 @@ class Server:
     # ------------------------------------------------------------------ loops
 
     async def _receive_loop(self) -> None:
-        assert self._reader is not None
-        reader = self._reader
+        assert self._intake is not None
+        intake, budget = self._intake, self._budget
         limits = self.config.limits
         while True:
-            messages = [await self._next_message(reader)]
+            messages = await intake.next_slice()
             received_at = time.perf_counter()
-            while len(messages) < MAX_DRAIN:
-                if (frames := reader.try_recv()) is None:
-                    self._drained_at = time.monotonic()
-                    break
-                messages.append(frames)
             now = time.monotonic()
             self.counters["messages"] += len(messages)
             work: list[tuple[bytes, Any]] = []
-            for identity_frame, *frames in messages:
-                identity = identity_frame.bytes
+            for identity, frames in messages:
                 session = self.sessions.get(identity)
+                if session is None and not budget.peer(identity, now):
+                    self.counters["sessionless_dropped"] += 1  # over its own budget: not even decoded
+                    continue
                 try:
                     memo = session.dispatch_memo if session is not None else None
                     message = proto.decode_client_message([f.buffer for f in frames], limits, memo)
                 except ProtocolViolation as exc:
+                    if session is None and self._over_total(now):
+                        continue
                     self.counters["bad_messages"] += 1
-                    log.info("bad message from %s: %s", identity.hex(), exc.message)
+                    level = logging.INFO if session is not None else logging.DEBUG  # garbage leaves no log flood
+                    log.log(level, "bad message from %s: %s", identity.hex(), exc.message)
                     self._send(identity, [proto.encode_error(exc.code, exc.message)])
                     continue
                 except Exception as exc:  # a decoder bug must not take the daemon down for everyone
@@ -278,6 +287,8 @@ class Server:
                     continue
                 if session is not None:
                     session.last_seen = now
+                elif type(message) not in _OWN_BUDGET and self._over_total(now):
+                    continue
                 if type(message) is proto.Ping and session is not None:
                     self._send(identity, [proto.PONG])  # answered before any work of this drain
                 elif type(message) is proto.Beat:
@@ -295,19 +306,12 @@ class Server:
                     self._send(identity, [proto.encode_error(ErrorCode.INTERNAL, f"internal error: {exc}")])
             self.after_work()
 
-    async def _next_message(self, reader: SocketReader) -> list[Any]:
-        """Wait for a message; with `busy_poll_us`, poll for it first (lower latency, one busy core)."""
-        if self.config.busy_poll_us > 0:
-            deadline = time.perf_counter() + self.config.busy_poll_us / 1e6
-            while time.perf_counter() < deadline:
-                await asyncio.sleep(0)  # replies and completions run in between
-                if (frames := reader.try_recv()) is not None:
-                    return frames
-        self._waiting = True  # the socket is empty for as long as this waits
-        try:
-            return await reader.recv()
-        finally:
-            self._waiting = False
+    def _over_total(self, now: float) -> bool:
+        """Whether the budget all peers without a session share is spent (the message is dropped)."""
+        if self._budget.total(now):
+            return False
+        self.counters["sessionless_dropped"] += 1
+        return True
 
     def _handle(self, identity: bytes, message: Any, received_at: float) -> None:
         session = self.sessions.get(identity)
@@ -414,8 +418,8 @@ class Server:
             await anyio.sleep(lease / 4)
             # Judge by the last time the socket was read empty, not by the clock: while the loop
             # is busy, heartbeats wait unread in the socket and prove nothing.
-            drained = time.monotonic() if self._waiting else self._drained_at
-            deadline = drained - lease
+            assert self._intake is not None
+            deadline = self._intake.caught_up() - lease
             for identity, session in list(self.sessions.items()):
                 if session.last_seen < deadline:
                     self._end_session(identity, f"its lease expired (no message for {lease:.1f} s)")
@@ -518,7 +522,7 @@ class Server:
             await rt.close(self._close_timeout)
 
     def stats(self) -> dict[str, Any]:
-        return {"sessions": len(self.sessions), "outboxes": self._outboxes.stats() if self._outboxes else {}}
+        return {"sessions": len(self.sessions), "outboxes": self._outboxes.stats() if self._outboxes is not None else {}}
 
     # ------------------------------------------------------------------ operating it
 
@@ -577,9 +581,14 @@ class Server:
             "residents": self._residents_status(),
             "graph_count": len(self.graph_store),
             "graphs": self._graphs_status(),
-            "counters": dict(self.counters),
-            "outboxes": self._outboxes.stats() if self._outboxes else {},
+            "counters": self._counters(),
+            "outboxes": self._outboxes.stats() if self._outboxes is not None else {},
+            "sessionless_peers": len(self._budget),  # peers without a session whose budget is remembered
         }
+
+    def _counters(self) -> dict[str, int]:
+        dropped = self._outboxes.sessionless_dropped if self._outboxes is not None else 0
+        return dict(self.counters) | {"sessionless_replies_dropped": dropped}
 
     def _client_of(self, session_id: str) -> str:
         name, pid, _ = self._clients.get(session_id, ("", 0, 0.0))
@@ -679,6 +688,11 @@ def _drop_family(family: Any, residents: ResidentStore) -> None:
 
 def _describe(info: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in info.items() if k not in ("index",))
+
+
+# Beats and hellos of peers without a session skip the budget they all share (not their own): a crowd
+# of flooders must not cost sessions their leases, nor keep new clients from connecting.
+_OWN_BUDGET = (proto.Beat, proto.Hello)
 
 
 def _round_robin(messages: list[tuple[bytes, Any]]) -> Iterator[tuple[bytes, Any]]:

@@ -23,10 +23,11 @@ import math
 from typing import Any, NamedTuple
 
 import gpud_protocol as proto
-from gpud.backends.base import Buffer, CopyStep, DispatchStep, GraphStep, Var
+from gpud.backends.base import Buffer, CopyStep, DispatchStep, GraphStep, Var, memory_key
 from gpud.runtime.cache import LruCache
 from gpud.runtime.graph import Replayable
 from gpud.runtime.runtime import DeviceRuntime
+from gpud.session.graph_checks import check_copy, check_dispatch
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
@@ -73,12 +74,25 @@ class Instance:
     binds: tuple[proto.GraphTensor, ...]
     bind_writes: frozenset[int]  # bound tensors the steps may write
     scalars: tuple[proto.GraphScalar, ...]
-    steps: list[tuple[Any, ...]]  # templates: ("dispatch", program, grid, args) | ("copy", src, dst, n)
+    # templates, each ending with its step number: ("dispatch", program, grid, args, step) |
+    # ("copy", src, dst, nbytes, step), src a reference or a recorded upload's buffer
+    steps: list[tuple[Any, ...]]
     output_refs: list[proto.Arg]
     fixed: list[Tensor]  # the session tensors its steps use; a TENSOR reference is a position here
     constants: list[Buffer]  # recorded uploads, copied in at their place every replay
     # One plan per set of bound tensors (in a decode, per client): instantiated once, replayed after.
     plans: LruCache[tuple[Any, ...], Replayable] = dataclasses.field(default_factory=lambda: LruCache(32))
+
+    def name(self, ref: proto.Arg) -> str:
+        """A (non-view) reference, for an error message."""
+        kind, value = ref
+        if kind == ArgKind.TENSOR:
+            return f"session tensor {self.fixed[int(value)].describe()}"
+        if kind == ArgKind.INPUT:
+            return f"input {self.inputs[int(value)].name!r}"
+        if kind == ArgKind.BIND:
+            return f"bound tensor {self.binds[int(value)].name!r}"
+        return f"intermediate {value}"
 
 
 class Signature(NamedTuple):
@@ -123,7 +137,20 @@ class Family:
         return sum(b.nbytes for b in self.slots.values()) + constants
 
     def add(self, instance: Instance) -> list[Buffer]:
-        """Add (or replace) an instance; grows the slots it needs. Returns buffers to release."""
+        """Add (or replace) an instance; grows the slots it needs. Returns buffers to release. If an
+        allocation fails, it raises with the family unchanged."""
+        needs: dict[Any, int] = {"in": instance.input_bytes, "out": instance.output_bytes}
+        needs.update((index, part.nbytes) for index, part in enumerate(instance.temps))
+        grown: dict[Any, Buffer] = {}
+        try:
+            for slot, size in needs.items():
+                current = self.slots.get(slot)
+                if current is None or current.nbytes < size:
+                    grown[slot] = self.runtime.alloc(max(ALIGN, size))
+        except BaseException:
+            for buffer in grown.values():
+                self.runtime.release(buffer)
+            raise
         released: list[Buffer] = []
         old = self.instances.pop(instance.key, None)
         if old is not None:
@@ -131,16 +158,13 @@ class Family:
         while len(self.instances) >= self.max_instances:  # the least recently built goes
             released += self.instances.pop(next(iter(self.instances))).constants
         self.instances[instance.key] = instance
-        needs: dict[Any, int] = {"in": instance.input_bytes, "out": instance.output_bytes}
-        needs.update((index, part.nbytes) for index, part in enumerate(instance.temps))
-        for slot, size in needs.items():
-            current = self.slots.get(slot)
-            if current is None or current.nbytes < size:
-                if current is not None:
-                    current.last_use = max(current.last_use, self.last_use)
-                    released.append(current)
-                self.slots[slot] = self.runtime.alloc(max(ALIGN, size))
-                self.generation += 1
+        for slot, buffer in grown.items():
+            if (current := self.slots.get(slot)) is not None:
+                current.last_use = max(current.last_use, self.last_use)
+                released.append(current)
+            self.slots[slot] = buffer
+        if grown:
+            self.generation += 1
         return released
 
     def release_all(self) -> list[Buffer]:
@@ -170,23 +194,31 @@ class Family:
                 return binds[int(value)]
             return temps[int(value)]
 
+        # The bound tensors are known now: each step is checked again with them (graph_checks).
         steps: list[GraphStep] = []
         for template in instance.steps:
             if template[0] == "dispatch":
-                _, program, grid, args = template
+                _, program, grid, args, number = template
                 resolved: list[Any] = []
+                refs: list[proto.Arg] = []
                 for kind, value in args:
                     if kind == ArgKind.SCALAR:
                         resolved.append(Var(int(value), instance.scalars[int(value)].kind))
                     elif kind in proto.GRAPH_TENSOR_KINDS:
                         resolved.append(tensor((kind, value)))
+                        refs.append((kind, value))
                     else:
                         resolved.append((kind, value))
+                keys = [memory_key(tensor(ref)) for ref in refs]
+                check_dispatch(number, program, keys, [instance.name(ref) for ref in refs])
                 steps.append(DispatchStep(program, grid, tuple(resolved)))
             else:
-                _, src, dst, nbytes = template
-                source = src if isinstance(src, Buffer) else tensor(src)
-                steps.append(CopyStep(source, 0, tensor(dst), 0, nbytes))
+                _, src, dst, nbytes, number = template
+                source, target = src if isinstance(src, Buffer) else tensor(src), tensor(dst)
+                if not isinstance(src, Buffer):  # a recorded upload's buffer is the instance's own
+                    names = (instance.name(src), instance.name(dst))
+                    check_copy(number, memory_key(source), memory_key(target), names)
+                steps.append(CopyStep(source, 0, target, 0, nbytes))
         for ref, part in zip(instance.output_refs, instance.outputs, strict=True):
             steps.append(CopyStep(tensor(ref), 0, slots["out"], part.offset, part.nbytes))
         plan = rt.instantiate(steps)

@@ -36,6 +36,20 @@ class KernelRef:
         except (OpError, ValueError) as exc:
             raise InvalidArgument(f"{self.builtin.op} ({self.builtin.name}): {exc}") from None
 
+    def writes_read_only(self, position: int, resident: str | None, scalars: list[int | float]) -> str:
+        """Why a dispatch may not pass read-only resident `resident` as tensor argument `position`."""
+        what = f"read-only resident {resident!r}" if resident else "a read-only resident"
+        if self.builtin is not None:  # the op library's: name the op the user called and the argument
+            spec = self.builtin
+            return (
+                f"{spec.op_name(scalars)} ({spec.name}) writes its {spec.tensors[position]} argument, and that "
+                f"is {what}: write into a tensor of your own"
+            )
+        return (
+            f"tensor argument {position} is {what} and kernel {self.entry} may write it "
+            "(declare writes=[...] when registering a kernel that only reads it)"
+        )
+
     def check_arguments(self, program: Program, tensors: int, scalars: tuple[str, ...]) -> None:
         """The dispatch's arguments against what the backend knows of the kernel's parameters."""
         if self.builtin is not None:

@@ -29,9 +29,10 @@ from gpud.session import graph_ops
 from gpud.session.failures import Failure, Failures
 from gpud.session.graphs import Family, GraphStore
 from gpud.session.kernels import KernelRef, KernelTable
+from gpud.session.prepared import PreparedDispatches
 from gpud.session.residents import ResidentStore
-from gpud.session.tensors import Handle, Tensor
-from gpud_protocol import ErrorCode
+from gpud.session.tensors import Handle, Tensor, view_of
+from gpud_protocol import ErrorCode, TensorView
 from gpud_protocol.errors import (
     Busy,
     GpudError,
@@ -128,9 +129,8 @@ class Session:
         self.reply_bytes_reserved = 0
         self._backlog: deque[tuple[proto.Batch, int, float]] = deque()
         self._parked = False
-        self._prepared: dict[tuple[Any, ...], Any] = {}
-        self._prepared_by_handle: dict[int, list[tuple[Any, ...]]] = {}
-        self.dispatch_memo: proto.DispatchMemo = {}  # validated dispatch ops, for the decoder
+        self._prepared = PreparedDispatches()
+        self.dispatch_memo: proto.DispatchMemo = proto.new_dispatch_memo()  # validated dispatch ops, for the decoder
         self.touched: set[int] = set()  # devices this session has encoded work on
         self.last_seen = time.monotonic()
         self.closed = False
@@ -301,8 +301,7 @@ class Session:
         handle = self.handles.pop(handle_id, None)
         if handle is None:
             raise NotFound(f"unknown tensor handle {handle_id}")
-        for key in self._prepared_by_handle.pop(handle_id, ()):
-            self._prepared.pop(key, None)
+        self._prepared.forget(handle_id)
         tensor = handle.tensor
         self._held[tensor] -= 1
         if not self._held[tensor]:
@@ -353,14 +352,17 @@ class Session:
         self.handles[handle_id] = handle
         self._held[handle.tensor] += 1
 
-    def _handle(self, handle_id: int) -> Handle:
-        handle = self.handles.get(handle_id)
+    def _handle(self, ref: int | TensorView) -> Handle:
+        """The tensor a handle names, or a view of one names (seen with the view's shape)."""
+        if isinstance(ref, TensorView):
+            return view_of(self._handle(ref.handle), ref)
+        handle = self.handles.get(ref)
         if handle is None:
-            raise NotFound(f"unknown tensor handle {handle_id}")
+            raise NotFound(f"unknown tensor handle {ref}")
         return handle
 
-    def _writable(self, handle_id: int) -> Handle:
-        handle = self._handle(handle_id)
+    def _writable(self, ref: int | TensorView) -> Handle:
+        handle = self._handle(ref)
         if not handle.writable:
             raise PermissionDenied(f"resident tensor {handle.tensor.name!r} is read-only")
         return handle
@@ -438,7 +440,7 @@ class Session:
             if type(prepared) is Wait:
                 return prepared
             entry = prepared
-        prepared, rt = entry
+        prepared, rt, _handles = entry
         if rt.saturated:
             return Wait(rt.unsaturated(), lambda: self._dispatch(op))
         rt.dispatch(prepared, self)
@@ -458,9 +460,11 @@ class Session:
         device = -1
         for kind, value in op.args:
             if kind == proto.ArgKind.TENSOR:
-                handle = handles.get(value)  # type: ignore[arg-type]
-                if handle is None:
-                    raise NotFound(f"unknown tensor handle {value}")
+                handle_id = value.handle if isinstance(value, TensorView) else int(value)
+                found = handles.get(handle_id)
+                if found is None:
+                    raise NotFound(f"unknown tensor handle {handle_id}")
+                handle = view_of(found, value) if isinstance(value, TensorView) else found
                 if device == -1:
                     device = handle.tensor.device
                 elif handle.tensor.device != device:
@@ -470,13 +474,13 @@ class Session:
                     )
                 if not handle.writable:
                     read_only.append((len(tensor_handles), handle))
-                tensor_handles.append(value)  # type: ignore[arg-type]
+                tensor_handles.append(handle_id)
                 args.append(handle.tensor.buffer)
                 infos.append(TensorInfo(handle.tensor.dtype, handle.shape))
             else:
                 scalars.append(proto.SCALAR_NAMES[proto.ArgKind(kind)])
                 args.append((kind, value))
-                values.append(value)
+                values.append(value)  # type: ignore[arg-type]  # a scalar: the codec made only tensors views
         device = self.device if device == -1 else device
         rt = self.runtimes[device]
         program = kernel.programs.get(device)
@@ -496,20 +500,12 @@ class Session:
         written = kernel.writes(program)
         for position, handle in read_only:
             if written is None or position in written or position in (op.writes or ()):
-                raise PermissionDenied(
-                    f"tensor argument {position} is read-only resident {handle.tensor.name!r} and the "
-                    "kernel may write it (declare writes=[...] when registering a kernel that only reads it)"
-                )
+                raise PermissionDenied(kernel.writes_read_only(position, handle.tensor.name, values))
         prepared = rt.prepare(program, op.grid, args)
-        key = op[1:]
-        if len(self._prepared) >= 4096:
-            self._prepared.clear()
-            self._prepared_by_handle.clear()
-        self._prepared[key] = (prepared, rt)
-        for handle_id in tensor_handles:
-            self._prepared_by_handle.setdefault(handle_id, []).append(key)
+        handle_ids = tuple(tensor_handles)
+        self._prepared.add(op[1:], prepared, rt, handle_ids)
         self.touched.add(device)
-        return (prepared, rt)
+        return (prepared, rt, handle_ids)
 
     # ------------------------------------------------------------------ requests
 

@@ -13,9 +13,12 @@ on only the resident store's daemon-wide bounds count it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Protocol
 
 from gpud.backends.base import Buffer
+from gpud_protocol.errors import InvalidArgument
+from gpud_protocol.views import TensorView, extent, is_contiguous
 
 
 class Charged(Protocol):
@@ -59,3 +62,18 @@ class Handle:
 
     def describe(self) -> str:
         return f"{self.tensor.dtype}{list(self.shape)} on device {self.tensor.device}"
+
+
+def view_of(handle: Handle, view: TensorView) -> Handle:
+    """`handle`'s memory seen as `view` (hostile input: checked against the base's size here, where it
+    is known). Only whole contiguous views (reshapes) are taken for now."""
+    tensor = handle.tensor
+    seen = f"a view {list(view.shape)} (offset {view.offset}, strides {list(view.strides)}) of {handle.describe()}"
+    elements = math.prod(tensor.shape)
+    if extent(view) > elements:
+        raise InvalidArgument(f"{seen} reaches past its {elements} elements")
+    if not is_contiguous(view.shape, view.strides):
+        raise InvalidArgument(f"{seen} is not contiguous: only reshapes are supported (no strided views yet)")
+    if view.offset or math.prod(view.shape) != elements:
+        raise InvalidArgument(f"{seen} is part of the tensor: only whole-tensor views (reshapes) are supported")
+    return Handle(tensor, handle.writable, view.shape)

@@ -108,15 +108,15 @@ def daemon(
     extra_args: tuple[str, ...] = (),
     startup_timeout: float = 60.0,
     server_public_key: bytes | None = None,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     notify: NotifyListener | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Run `python -m gpud serve` on `address` (default: a fresh ipc socket in a temp dir).
 
     It reads no config file (`--no-config`) unless `extra_args` names one. Pass `notify` to keep
     listening to what the daemon tells systemd after it is ready (the caller closes it); `env` adds
-    to the daemon's environment. For a tcp:// daemon with CURVE, pass its public key so that the
-    readiness probe can talk to it.
+    to the daemon's environment (a value of None removes that variable). For a tcp:// daemon with
+    CURVE, pass its public key so that the readiness probe can talk to it.
     """
     with tempfile.TemporaryDirectory(prefix="gpud-") as tmp:
         address = address or f"ipc://{tmp}/gpud.sock"
@@ -132,7 +132,11 @@ def daemon(
             child_env = {**os.environ, "GPUD_CACHE_DIR": os.environ.get("GPUD_CACHE_DIR", f"{tmp}/cache")}
             for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM", "INVOCATION_ID"):
                 child_env.pop(key, None)  # ours, not those of a systemd unit the caller may run under
-            child_env.update(env or {})
+            for key, value in (env or {}).items():
+                if value is None:
+                    child_env.pop(key, None)
+                else:
+                    child_env[key] = value
             if listener is not None:
                 child_env["NOTIFY_SOCKET"] = str(listener.path)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env)

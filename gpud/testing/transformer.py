@@ -183,17 +183,19 @@ class Decoder:
         }
         work = {name: make(shape, "float32") for name, shape in shapes.items()}
         work["next"] = make((b,), "int32")
+        # The views the heads need, made once: the same views every step (stable to every cache).
+        work["q3"] = work["q"].reshape(b, c.heads, c.head_dim)
+        work["q4"] = work["q"].reshape(b, 1, c.heads, c.head_dim)
+        work["k4"] = work["k"].reshape(b, 1, c.kv_heads, c.head_dim)
+        work["v4"] = work["v"].reshape(b, 1, c.kv_heads, c.head_dim)
+        work["attn2"] = work["attn"].reshape(b, c.heads * c.head_dim)
         return work
 
     def _ops(self, ids: Any, pos: Any, ks: list[Any], vs: list[Any], t: dict[str, Any], g: Any) -> Iterator[None]:
         """Queue (or record, into graph `g`) one decode step, yielding after each op."""
-        ops, c, w, b = self.gpu.ops, self.c, self.w, self.batch
+        ops, c, w = self.gpu.ops, self.c, self.w
         x, x2, normed, attn = t["x"], t["x2"], t["normed"], t["attn"]
-        q3 = t["q"].reshape(b, c.heads, c.head_dim)
-        q4 = t["q"].reshape(b, 1, c.heads, c.head_dim)
-        k4 = t["k"].reshape(b, 1, c.kv_heads, c.head_dim)
-        v4 = t["v"].reshape(b, 1, c.kv_heads, c.head_dim)
-        attn2 = attn.reshape(b, c.heads * c.head_dim)
+        q3, q4, k4, v4, attn2 = t["q3"], t["q4"], t["k4"], t["v4"], t["attn2"]
 
         def linear(src: Any, name: str, out: Any, bias: str | None = None) -> None:
             ops.matmul(src, w[name], transpose_w=True, bias=None if bias is None else w[bias], out=out, graph=g)

@@ -26,10 +26,12 @@ from gpud_protocol.codec import (
     encode_receipt,
     encode_reply,
     f32_fits,
+    new_dispatch_memo,
     pack,
 )
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
 from gpud_protocol.limits import DEFAULT_LIMITS, DTYPE_SIZES, Limits
+from gpud_protocol.lru import LruCache
 from gpud_protocol.schema import (
     GRAPH_TENSOR_KINDS,
     OPS,
@@ -47,6 +49,7 @@ from gpud_protocol.schema import (
     ClientMessage,
     Copy,
     Dispatch,
+    DispatchArg,
     FlushOp,
     Free,
     FreeGraph,
@@ -80,6 +83,7 @@ from gpud_protocol.schema import (
     Upload,
     op_name,
 )
+from gpud_protocol.views import TensorRef, TensorView, contiguous_strides, extent, is_contiguous, view_of_shape
 
 __version__ = "0.1.0"
 
@@ -121,6 +125,15 @@ __all__ = [
     "Dispatch",
     "DispatchEncoder",
     "DispatchMemo",
+    "DispatchArg",
+    "LruCache",
+    "TensorRef",
+    "TensorView",
+    "contiguous_strides",
+    "extent",
+    "is_contiguous",
+    "new_dispatch_memo",
+    "view_of_shape",
     "ErrorCode",
     "FlushOp",
     "Free",

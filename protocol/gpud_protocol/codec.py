@@ -18,6 +18,7 @@ import msgpack
 from gpud_protocol import schema
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
 from gpud_protocol.limits import DTYPE_SIZES, Limits
+from gpud_protocol.lru import LruCache
 from gpud_protocol.schema import (
     Alloc,
     ArgKind,
@@ -35,6 +36,7 @@ from gpud_protocol.schema import (
     Ping,
     Upload,
 )
+from gpud_protocol.views import TensorView, extent
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
 _OPTION_KEYS = frozenset(KernelOptions._fields)
@@ -181,10 +183,41 @@ def _mode(value: Any, _limits: Limits, _payloads: Sequence[Any]) -> str:
     return value
 
 
-def _args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[schema.Arg, ...]:
+def _view(value: tuple[Any, ...], limits: Limits) -> TensorView:
+    """[handle, offset, shape, strides] (see `views`): bounded here; the daemon, which knows the base's
+    size, checks that the view lies inside it."""
+    if len(value) != 4:
+        raise _bad(f"a tensor view must be [handle, offset, shape, strides], got {describe(value)}")
+    handle, offset, shape, strides = value
+    handle = _handle(handle, limits, ())
+    if not _is_int(offset) or not 0 <= offset <= limits.max_tensor_bytes:
+        raise _bad(f"view offset {describe(offset)} out of range")
+    shape = _shape(shape, limits, ())
+    strides = _int_list(strides, len(shape), 0, limits.max_tensor_bytes, "view strides")
+    view = TensorView(handle, offset, shape, strides)
+    elements, reach = math.prod(shape), extent(view)
+    if elements > limits.max_tensor_bytes or reach > limits.max_tensor_bytes:
+        raise _bad(f"a view of {describe(elements)} elements reaching element {describe(reach)}: larger than a tensor")
+    return view
+
+
+def _operand(value: Any, limits: Limits, _payloads: Sequence[Any]) -> int | TensorView:
+    """A tensor: its handle, or a view of it."""
+    if type(value) is tuple:
+        return _view(value, limits)
+    return _handle(value, limits, ())
+
+
+def _operands(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[int | TensorView, ...]:
+    if type(value) is not tuple or len(value) > limits.max_graph_tensors:
+        raise _bad(f"tensors must be a list of at most {limits.max_graph_tensors}")
+    return tuple(_operand(v, limits, ()) for v in value)
+
+
+def _args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[schema.DispatchArg, ...]:
     if type(value) is not tuple or len(value) > limits.max_args:
         raise _bad(f"args must be a list of at most {limits.max_args}, got {describe(value)}")
-    decoded: list[schema.Arg] = []
+    decoded: list[schema.DispatchArg] = []
     max_handle = limits.max_handle
     for item in value:
         if type(item) is not tuple or len(item) != 2 or type(item[0]) is not int:  # True == 1, 1.0 == 1
@@ -202,8 +235,10 @@ def _args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[schema.
             or (kind == ArgKind.U32 and 0 <= v < (1 << 32))
         ):
             decoded.append(item)
+        elif kind == ArgKind.TENSOR and t is tuple:
+            decoded.append((kind, _view(v, limits)))
         else:
-            raise _bad(f"bad arg [{describe(kind)}, {describe(v)}]: kind 0 tensor handle, 1 f32, 2 i32, 3 u32")
+            raise _bad(f"bad arg [{describe(kind)}, {describe(v)}]: kind 0 tensor handle or view, 1 f32, 2 i32, 3 u32")
     return tuple(decoded)
 
 
@@ -228,7 +263,7 @@ def _graph_ref(value: Any, counts: dict[int, int], limits: Limits, scalars: bool
             raise _bad(f"graph reference [{kind}, {describe(v)}]: the graph has {counts[kind]} of that kind")
         return (kind, v)
     if scalars:
-        return _args((value,), limits, ())[0]
+        return _args((value,), limits, ())[0]  # type: ignore[return-value]  # not a TENSOR: handled above
     raise _bad(f"bad graph tensor kind {describe(kind)}")
 
 
@@ -316,12 +351,6 @@ def _values(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[int |
     return value
 
 
-def _handles(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[int, ...]:
-    if type(value) is not tuple or len(value) > limits.max_graph_tensors:
-        raise _bad(f"handles must be a list of at most {limits.max_graph_tensors}")
-    return tuple(_handle(v, limits, ()) for v in value)
-
-
 _VALIDATORS: dict[Field, Validator] = {
     Field.HANDLE: _handle,
     Field.DTYPE: _dtype,
@@ -341,7 +370,8 @@ _VALIDATORS: dict[Field, Validator] = {
     Field.FRAME_OR_NONE: _frame_or_none,
     Field.SHAPES: _shapes,
     Field.VALUES: _values,
-    Field.HANDLES: _handles,
+    Field.TENSOR: _operand,
+    Field.TENSORS: _operands,
 }
 
 
@@ -385,8 +415,13 @@ def unpack_header(frame: Any, limits: Limits) -> dict[str, Any]:
     return header
 
 
-DispatchMemo = dict[tuple[Any, ...], tuple[Any, ...]]
+DispatchMemo = LruCache[tuple[Any, ...], tuple[Any, ...]]
 DISPATCH_MEMO_SIZE = 4096
+
+
+def new_dispatch_memo(capacity: int = DISPATCH_MEMO_SIZE) -> DispatchMemo:
+    """A session's memo of validated dispatches, for `decode_client_message` (bounded LRU)."""
+    return LruCache(capacity)
 
 
 def decode_client_message(
@@ -467,9 +502,7 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
         try:
             op = decode_op(raw, payloads, limits)
             if memo is not None and type(op) is Dispatch:
-                if len(memo) >= DISPATCH_MEMO_SIZE:
-                    memo.clear()
-                memo[raw[2:]] = op[1:]
+                memo.put(raw[2:], op[1:])
             frames = _frames_of(op)
             if frames:
                 if used_frames.intersection(frames) or len(set(frames)) != len(frames):
@@ -578,16 +611,14 @@ class DispatchEncoder:
     PREFIX = bytes([0x96]) + pack(int(Opcode.DISPATCH))  # a msgpack array of 6, then the opcode
 
     def __init__(self, capacity: int = 4096) -> None:
-        self._bodies: dict[tuple[Any, ...], bytes] = {}
-        self._capacity = capacity
+        self._bodies: LruCache[tuple[Any, ...], bytes] = LruCache(capacity)
 
     def encode(self, seq: int, kernel: int, grid: tuple[int, ...], args: tuple[Any, ...], writes: Any) -> bytes:
         key = (kernel, grid, args, writes)
         body = self._bodies.get(key)
         if body is None:
-            if len(self._bodies) >= self._capacity:
-                self._bodies.clear()
-            body = self._bodies[key] = b"".join([pack(field) for field in key])
+            body = b"".join([pack(field) for field in key])
+            self._bodies.put(key, body)
         return self.PREFIX + pack(seq) + body
 
 

@@ -30,12 +30,13 @@ class ProtocolViolation(Exception):
 
 
 class GpudError(Exception):
-    """Base class. `seq` and `op` name the op that failed, when known."""
+    """Base class. `seq` and `op` name the op that failed, when known (`op` alone: a call the client
+    refused before anything was sent)."""
 
     code: ErrorCode = ErrorCode.INTERNAL
 
     def __init__(self, message: str, *, seq: int | None = None, op: str | None = None) -> None:
-        where = f"{op} (op #{seq}) failed: " if op is not None else ""
+        where = "" if op is None else f"{op}: " if seq is None else f"{op} (op #{seq}) failed: "
         super().__init__(where + message)
         self.message = message
         self.seq = seq

@@ -13,6 +13,8 @@ Client -> daemon headers:
     {"t": "status"}                                no session needed: answered with the daemon's state
 
 An op is a list ``[opcode, seq, *fields]``; its fields are those of the NamedTuple below, in order.
+A tensor operand (`Operand`, a dispatch's tensor argument) is a handle or a view of one,
+``[handle, offset, [shape...], [strides...]]`` (`gpud_protocol.views`): a view needs no handle.
 Daemon -> client headers:
     {"t": "welcome", ...}                          answer to hello (see `Welcome`)
     {"t": "reply", "seq": s, "ok": True, ...}      a request op done; its fields per `REPLY_FIELDS`;
@@ -35,6 +37,7 @@ import enum
 from typing import Annotated, Any, NamedTuple
 
 from gpud_protocol.limits import DTYPE_SIZES
+from gpud_protocol.views import TensorView
 
 PROTOCOL_VERSION = 2
 
@@ -64,7 +67,7 @@ class Opcode(enum.IntEnum):
 
 
 class ArgKind(enum.IntEnum):
-    TENSOR = 0  # a session tensor: the value is its handle
+    TENSOR = 0  # a session tensor: the value is its handle (in a dispatch, a handle or a `TensorView`)
     F32 = 1
     I32 = 2
     U32 = 3
@@ -104,6 +107,8 @@ class Field(enum.Enum):
     SHAPES = "shapes"
     VALUES = "values"
     HANDLES = "handles"
+    TENSOR = "tensor"
+    TENSORS = "tensors"
 
 
 Handle = Annotated[int, Field.HANDLE]  # 1 .. max_handle, chosen by the client
@@ -116,7 +121,10 @@ Source = Annotated[str, Field.SOURCE]
 Entry = Annotated[str, Field.ENTRY]
 Grid = Annotated[tuple[int, int, int], Field.GRID]
 Arg = tuple[int, int | float]  # (ArgKind, value); a TENSOR's value is its handle
-Args = Annotated[tuple[Arg, ...], Field.ARGS]
+DispatchArg = tuple[int, "int | float | TensorView"]  # (ArgKind, value); a TENSOR's value a handle or a view
+Args = Annotated[tuple[DispatchArg, ...], Field.ARGS]
+Operand = Annotated["int | TensorView", Field.TENSOR]  # a tensor: its handle, or a view of it (`views`)
+Operands = Annotated["tuple[int | TensorView, ...]", Field.TENSORS]
 Writes = Annotated["tuple[int, ...] | None", Field.WRITES]  # tensor-argument positions; None: the kernel's own
 Name = Annotated[str, Field.NAME]  # 1..max_name_len of [A-Za-z0-9_.:/-]
 Mode = Annotated[str, Field.MODE]  # "ro" | "rw"
@@ -210,7 +218,7 @@ class Upload(NamedTuple):
     """Copy payload frame `frame` (exactly the tensor's bytes) into the tensor, in op order."""
 
     seq: int
-    handle: Handle
+    handle: Operand
     frame: FrameIndex
     nbytes: NBytes
 
@@ -229,7 +237,7 @@ class Readback(NamedTuple):
     """Request: the tensor's bytes, in reply parts of at most `reply_part_bytes`."""
 
     seq: int
-    handle: Handle
+    handle: Operand
 
 
 class Free(NamedTuple):
@@ -257,8 +265,8 @@ class Copy(NamedTuple):
     """Copy `src` into `dst` (same dtype and shape; they may live on different devices)."""
 
     seq: int
-    src: Handle
-    dst: Handle
+    src: Operand
+    dst: Operand
 
 
 class Stats(NamedTuple):
@@ -312,7 +320,7 @@ class Replay(NamedTuple):
     frame: FrameOrNone
     shapes: Shapes
     scalars: Values
-    binds: Handles
+    binds: Operands
 
 
 class Launch(NamedTuple):
@@ -323,11 +331,12 @@ class Launch(NamedTuple):
     frame: FrameOrNone
     shapes: Shapes
     scalars: Values
-    binds: Handles
+    binds: Operands
 
 
 class Reshape(NamedTuple):
-    """A new handle on `src`'s memory with another shape of as many elements (a view: no copy)."""
+    """A new handle on `src`'s memory with another shape of as many elements. Kept for clients from
+    before views: `Tensor.reshape` now makes a `TensorView`, which needs no handle."""
 
     seq: int
     handle: Handle

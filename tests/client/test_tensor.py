@@ -46,11 +46,59 @@ async def test_a_reshape_is_a_view_of_the_same_memory(gpu: gpud_client.Client) -
         gpu.ops.scale(v, 2.0, out=t)
     gpu.ops.scale(gpu.tensor(data.reshape(2, 6)), 2.0, out=v)  # written through the view, seen through the tensor
     np.testing.assert_array_equal(await t.numpy(), 2 * data.reshape(3, 4))
-    t.free()  # the memory stays while a view holds it
-    np.testing.assert_array_equal(await v.numpy(), 2 * data.reshape(2, 6))
     other = gpu.empty((2, 6))
-    gpu.copy(v, other)  # shapes are the handles'
+    gpu.copy(v, other)  # shapes are the views'
     np.testing.assert_array_equal(await other.numpy(), 2 * data.reshape(2, 6))
+    t.free()  # a view lives as long as its base
+    assert v.freed
+    with pytest.raises(gpud_client.InvalidArgument, match="freed"):
+        await v.numpy()
+    with pytest.raises(gpud_client.InvalidArgument, match="freed"):
+        v.reshape(12)
+
+
+async def test_views_of_views_uploads_copies_and_the_free_of_a_view(gpu: gpud_client.Client) -> None:
+    data = np.arange(24, dtype=np.float32)
+    t = gpu.empty((4, 6))
+    vv = t.reshape(2, 12).reshape(3, 2, 4)  # a view of a view: of t's memory
+    assert vv.base is t and vv.handle == t.handle and vv.is_view and not t.is_view
+    vv.upload(data.reshape(3, 2, 4))
+    np.testing.assert_array_equal(await t.numpy(), data.reshape(4, 6))
+    flat = gpu.empty(24)
+    gpu.copy(vv, flat.reshape(3, 2, 4))  # both ends views
+    np.testing.assert_array_equal(await flat.numpy(), data)
+    seq = gpu._last_seq
+    vv.free()  # the client's alone: no message, t and its other views stay
+    assert gpu._last_seq == seq and vv.freed and not t.freed
+    with pytest.raises(gpud_client.InvalidArgument, match="freed"):
+        gpu.copy(vv, flat.reshape(3, 2, 4))
+    np.testing.assert_array_equal(await t.reshape(24).numpy(), data)
+    stats = await gpu.stats()
+    assert stats["session"]["handles"] == 2  # t and flat
+
+
+async def test_a_view_the_daemon_cannot_take_is_refused_against_the_op(gpu: gpud_client.Client) -> None:
+    """Views come from the client; the daemon checks them as hostile input against the base's size."""
+    import gpud_protocol as proto
+
+    t, src = gpu.empty((3, 4)), gpu.tensor(np.ones(12, np.float32))
+    cases = {
+        "reaches past": proto.TensorView(t.handle, 0, (13,), (1,)),
+        "not contiguous": proto.TensorView(t.handle, 0, (4, 3), (1, 4)),
+        "part of the tensor": proto.TensorView(t.handle, 4, (8,), (1,)),
+        "unknown tensor handle": proto.TensorView(999_999, 0, (12,), (1,)),
+    }
+    for message, forged in cases.items():
+        v = t.reshape(12)
+        v.ref = forged  # past the client's check
+        v._wire = (int(ArgKind.TENSOR), forged)
+        gpu.ops.scale(src, 2.0, out=v)
+        seq = gpu._last_seq
+        with pytest.raises(gpud_client.GpudError, match=message) as info:
+            await gpu.sync()
+        assert info.value.seq == seq  # the dispatch of the op
+        with pytest.raises(gpud_client.GpudError, match=message):
+            await v.numpy()
 
 
 async def test_reshapes_are_checked_in_the_client_and_in_the_daemon(gpu: gpud_client.Client) -> None:
@@ -78,8 +126,8 @@ async def test_a_reshaped_handle_keeps_the_resident_mode_and_is_not_published(gp
     async with gpud_client.connect(gpu.address) as other:
         ro = (await other.open(name)).reshape(6)
         assert ro.mode == "ro"
-        other.ops.scale(other.empty(6), 3.0, out=ro)
-        with pytest.raises(gpud_client.PermissionDenied):
+        with pytest.raises(gpud_client.PermissionDenied):  # from the client's check, else the daemon's
+            other.ops.scale(other.empty(6), 3.0, out=ro)
             await ro.numpy()
     gpu.unpublish(name)
 
@@ -118,3 +166,32 @@ async def test_views_of_one_memory_are_the_same_memory_to_the_ops(gpu: gpud_clie
     assert not same_memory(temp, g.empty((1, 1, 2, 4)))
     with pytest.raises(gpud_client.InvalidArgument, match="in place"):
         gpu.ops.scale(temp, 2.0, out=temp.reshape(8).reshape(1, 1, 2, 4), graph=g)
+
+
+async def test_reshapes_mint_no_daemon_handles(gpu: gpud_client.Client) -> None:
+    """Regression: each reshape minted a daemon handle, never freed: 3,000 reshapes grew the session
+    from 2 handles to 3,002 (and every dispatch through a fresh view missed every cache)."""
+    data = np.arange(4, dtype=np.float32)
+    x, y = gpu.tensor(data), gpu.empty((2, 2))
+    gpu.ops.add(x.reshape(4), x.reshape(4), out=y.reshape(4))  # registers the kernel (a handle of its own)
+    before = (await gpu.stats())["session"]["handles"]
+    minted = next(gpu._handles)
+    for _ in range(3000):
+        v = x.reshape(2, 2)
+        gpu.ops.add(v, v, out=y)
+    np.testing.assert_array_equal(await y.numpy(), 2 * data.reshape(2, 2))
+    assert (await gpu.stats())["session"]["handles"] == before == 2
+    assert next(gpu._handles) == minted + 1
+
+
+async def test_a_session_view_in_a_recording_is_a_view_of_its_tensor(gpu: gpud_client.Client) -> None:
+    data = np.arange(12, dtype=np.float32)
+    t = gpu.tensor(data)
+    g = gpu.graph("session-view")
+    doubled = gpu.ops.scale(t.reshape(3, 4), 2.0, graph=g)  # a fixed tensor of the graph, seen (3, 4)
+    g.output("y", gpu.ops.add(doubled, t.reshape(3, 4), graph=g))  # the same view again: one graph view
+    assert len(g._views) == 1
+    step = await g.build()
+    np.testing.assert_array_equal((await step.replay())["y"], 3 * data.reshape(3, 4))
+    stats = await gpu.stats()
+    assert stats["session"]["handles"] == 1

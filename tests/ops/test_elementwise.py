@@ -116,6 +116,35 @@ async def test_mismatches_are_typed_errors_in_the_client_and_in_the_daemon(gpu: 
     assert info.value.op == "dispatch"
 
 
+async def test_errors_of_an_op_name_the_op_called(gpu: gpud_client.Client, address: str) -> None:
+    """Regression: `gpu.ops.add(x, y, out=ro)` with a read-only resident failed at the next await as
+    `dispatch (op #104) failed: ... (declare writes=[...] when registering a kernel ...)`."""
+    x = gpu.tensor(np.ones(8, np.float32))
+    with pytest.raises(InvalidArgument, match="dtypes differ") as checked:
+        gpu.ops.add(x, gpu.tensor(np.ones(8, np.float16)))
+    assert checked.value.op == "add"
+    name = f"ro-out-{id(gpu)}"
+    async with gpud_client.connect(address) as publisher:
+        publisher.publish(publisher.tensor(np.zeros(8, np.float32)), name, "ro")
+        await publisher.sync()
+        ro = await gpu.open(name)
+        with pytest.raises(gpud_client.PermissionDenied, match="read-only") as at_call:
+            gpu.ops.add(x, x, out=ro)  # the client knows: refused at the call, nothing sent
+        assert at_call.value.op == "add" and at_call.value.seq is None
+        np.testing.assert_array_equal(await x.numpy(), np.ones(8, np.float32))
+        # A client that did not know (its handle claims read-write): the daemon refuses it, naming the op.
+        ro.mode = "rw"
+        gpu.ops.sub(x, x, out=ro)
+        with pytest.raises(gpud_client.PermissionDenied) as later:
+            await x.numpy()
+        assert later.value.op == "sub"
+        assert f"sub (binary_f32) writes its out argument, and that is read-only resident {name!r}" in str(later.value)
+        np.testing.assert_array_equal(await ro.numpy(), np.zeros(8, np.float32))
+        ro.free()
+        publisher.unpublish(name)
+        await publisher.sync()
+
+
 async def test_ops_record_into_replay_graphs(gpu: gpud_client.Client) -> None:
     g = gpu.graph("ops")
     x = g.input("x", (300,), "float32")

@@ -31,13 +31,16 @@ class Harness:
     """A pool over fake buffers that checks the byte bound on every allocation."""
 
     def __init__(self, capacity: int, min_size: int = 4096) -> None:
+        self.now = 0.0  # the pool's clock
         self.capacity = capacity
         self.live: set[FakeBuffer] = set()
         self.made: list[FakeBuffer] = []
         self.destroyed: list[FakeBuffer] = []
         self.flushes = 0
         self.on_flush: list[FakeBuffer] = []  # buffers "completed" by the next flush
-        self.pool: StagingPool[FakeBuffer] = StagingPool(self.make, self.destroy, capacity, self.flush, min_size)
+        self.pool: StagingPool[FakeBuffer] = StagingPool(
+            self.make, self.destroy, capacity, self.flush, min_size, clock=lambda: self.now
+        )
 
     @property
     def live_bytes(self) -> int:
@@ -77,7 +80,7 @@ async def test_reuses_returned_buffers() -> None:
     again, _ = await h.pool.acquire(4000)
     assert again is first
     assert len(h.made) == 1
-    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 1, "misses": 1, "exhausted_waits": 0}
+    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 1, "misses": 1, "exhausted_waits": 0, "released": 0}
     assert h.pool.stats() == expected
 
 
@@ -151,7 +154,7 @@ async def test_discard_destroys_and_wakes_a_waiter() -> None:
     with anyio.fail_after(2):
         got, size = await waiter
     assert got is not a and size == 4096
-    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 0, "misses": 2, "exhausted_waits": 1}
+    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 0, "misses": 2, "exhausted_waits": 1, "released": 0}
     assert h.pool.stats() == expected
 
 
@@ -162,8 +165,28 @@ async def test_clear_idle_keeps_buffers_in_use() -> None:
         h.pool.give_back(*(await h.pool.acquire(size)))
     h.pool.clear_idle()
     assert h.live == {held[0]}
-    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 0, "misses": 4, "exhausted_waits": 0}
+    expected = {"bytes": 4096, "in_use": 1, "idle": 0, "hits": 0, "misses": 4, "exhausted_waits": 0, "released": 0}
     assert h.pool.stats() == expected
+
+
+async def test_buffers_idle_for_a_while_are_released_the_longest_idle_first() -> None:
+    """Regression: after a burst (a model's batch on lavapipe) the pools held 128 MiB idle for good."""
+    h = Harness(1 << 20)
+    burst = [await h.pool.acquire(size) for size in (4096, 4096, 8192, 65536)]
+    for buffer, size in burst:
+        h.pool.give_back(buffer, size)
+        h.now += 1.0  # given back at 0, 1, 2 and 3 s
+    steady = await h.pool.acquire(4096)  # a steady workload reuses the buffer returned last
+    h.now = 29.5
+    assert h.pool.release_idle(30.0, 8) == 0
+    h.now = 32.5  # two of the idle ones have been idle for 30 s (the one in use is not idle at all)
+    assert h.pool.release_idle(30.0, 1) == 1 and h.destroyed == [burst[0][0]]  # one at a time when asked
+    assert h.pool.release_idle(30.0, 8) == 1 and h.destroyed == [burst[0][0], burst[2][0]]
+    h.now = 100.0
+    assert h.pool.release_idle(30.0, 8) == 1 and h.live == {steady[0]}
+    assert h.pool.stats()["bytes"] == 4096 and h.pool.stats()["released"] == 3
+    h.pool.give_back(*steady)
+    assert (await h.pool.acquire(4096))[0] is steady[0]  # what is kept is still reused
 
 
 async def test_two_waiters_both_get_a_buffer() -> None:

@@ -20,6 +20,8 @@ from gpud_protocol.errors import DeviceLost, GpudError
 @dataclasses.dataclass(frozen=True)
 class Settings:
     max_dispatches_per_flush: int = 64
+    submission_target_s: float = 1.0
+    pool_idle_release_s: float = 0.0  # the tests that release idle memory call it themselves
     flush_deadline_ms: float = 1.0
     max_submissions_in_flight: int = 4
     staging_pool_bytes: int = 1 << 20

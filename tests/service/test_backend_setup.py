@@ -65,6 +65,18 @@ def test_auto_says_why_it_serves_webgpu(tmp_path: Path) -> None:
     assert "backend auto: using webgpu because the cuda backend cannot run: NVRTC is missing" in log, log
 
 
+def test_a_daemon_without_xdg_runtime_dir_logs_no_driver_complaint() -> None:
+    """Regression: started as root without XDG_RUNTIME_DIR, the daemon's log began with Mesa's
+    "error: XDG_RUNTIME_DIR is invalid or not set in the environment." four times."""
+    pytest.importorskip("wgpu")
+    with spawn.daemon("webgpu", env={"XDG_RUNTIME_DIR": None}) as (address, proc):
+        assert spawn.answers(address)
+        proc.terminate()
+        proc.wait(30)
+        log = Path(address.removeprefix("ipc://")).with_name("daemon.log").read_text()
+    assert "XDG_RUNTIME_DIR" not in log, log
+
+
 def _shell_function(name: str, path_prefix: Path | None = None) -> int:
     """Run one function of scripts/dev on its own (no set-up happens)."""
     script = Path(__file__).resolve().parents[2] / "scripts" / "dev"

@@ -123,6 +123,22 @@ async def test_recorded_uploads_and_copies(gpu: gpud_client.Client) -> None:
         np.testing.assert_array_equal(result["b"], np.full(8, i, np.int32))
 
 
+async def test_host_data_keeps_its_dtype_in_tensors_and_replays(gpu: gpud_client.Client) -> None:
+    """Regression: a float64 array given to a float32 input was converted silently, while
+    `gpu.tensor` of the same array keeps float64. Neither converts: a replay refuses the mismatch."""
+    step = await _chain_graph(gpu, "dtypes", 8)
+    out = gpu.empty(8)
+    x64 = np.arange(8, dtype=np.float64)
+    assert gpu.tensor(x64).dtype == np.float64
+    for wrong in (x64, x64.tolist(), np.arange(8, dtype=np.float16)):
+        with pytest.raises(InvalidArgument, match=r"input 'x' is float32, got float(64|16)") as info:
+            step.launch(x=wrong, a=1.0, out=out)  # refused at the call: nothing was sent
+        assert info.value.seq is None
+    got = await step.replay(x=x64.astype(np.float32), a=2.0, out=out)
+    np.testing.assert_array_equal(got["t"], x64.astype(np.float32) * 2 + 1)
+    step.free()
+
+
 async def test_bad_replays_are_typed_errors(gpu: gpud_client.Client) -> None:
     step = await _chain_graph(gpu, "bad")
     out = gpu.empty(N)

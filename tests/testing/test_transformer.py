@@ -6,6 +6,7 @@ within LOGIT_TOL)."""
 
 from __future__ import annotations
 
+import itertools
 import uuid
 
 import numpy as np
@@ -71,6 +72,30 @@ async def test_a_published_step_graph_serves_another_session_with_its_own_caches
     for decoder in (first, third):
         decoder.free()
     gpu.unpublish_graph(first.graph_name)
+    for name in Weights.names(CONFIG, prefix):
+        gpu.unpublish(name)
+    for tensor in params.t.values():
+        tensor.free()
+    await gpu.sync()
+
+
+@pytest.mark.parametrize("mode", ["coalesced", "dispatch"])
+async def test_decode_steps_mint_no_handles(gpu: gpud_client.Client, mode: str) -> None:
+    """Regression: every step made 5 reshape handles (never freed) and every attention a scratch tensor:
+    699 handles after 125 steps, and a long-running client hit the session's handle limit."""
+    prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
+    params = await Weights.publish(gpu, CONFIG, SEED, prefix)
+    decoder = Decoder(gpu, CONFIG, params, batch=1, graph_name=prefix + "step")
+    ids = PROMPT[:1, 0]
+    handles, minted = [], []
+    for step in range(6):
+        got = await decoder.step(ids, np.array([step], np.int32), mode)
+        ids = got.next
+        handles.append((await gpu.stats())["session"]["handles"])
+        minted.append(next(gpu._handles))
+    assert len(set(handles)) == 1, handles
+    assert [b - a for a, b in itertools.pairwise(minted)] == [1] * 5  # only these next() calls
+    decoder.free()
     for name in Weights.names(CONFIG, prefix):
         gpu.unpublish(name)
     for tensor in params.t.values():

@@ -9,11 +9,11 @@ it per token.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.base import OpsBase, dtype_name, same_memory
-from gpud_protocol import ArgKind
+from gpud_protocol import ArgKind, LruCache
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.attention import (
     DTYPES,
@@ -23,15 +23,38 @@ from gpud_protocol.ops.attention import (
     STYLES,
     TILE,
     attention_rows,
+    flash_applies,
+    flash_grid,
+    key_mask_mode,
     mask_mode,
     rotary_freq,
 )
 
+if TYPE_CHECKING:
+    from gpud_client.api import Client, Tensor
+
 SPLIT_TARGET = 1024  # workgroups an attention aims for when it splits the keys: enough for a big GPU
 MAX_AUTO_SPLITS = 64
+SCRATCH_KEPT = 8  # attention scratch tensors kept (one per shape and device); past it the least recent is freed
+
+ScratchKey = tuple[tuple[int, ...], str, int]
 
 
 class AttentionOps(OpsBase):
+    def __init__(self, client: Client) -> None:
+        super().__init__(client)
+        # Reused across calls: the daemon runs one client's ops on a device in order, so the next call's
+        # writes come after this call's reads. A fresh tensor per call would be a new handle every step.
+        self._scratches: LruCache[ScratchKey, Tensor] = LruCache(SCRATCH_KEPT, lambda _key, t: t.free())
+
+    def _scratch(self, shape: tuple[int, ...], dtype: str, device: int) -> Tensor:
+        key = (shape, dtype, device)
+        tensor = self._scratches.get(key)
+        if tensor is None or tensor.freed:
+            tensor = self._client.empty(shape, dtype, device=device)
+            self._scratches.put(key, tensor)
+        return tensor
+
     def embedding(self, ids: Any, table: Any, *, dtype: str = "float32", out: Any = None, graph: Any = None) -> Any:
         """table[ids]: ids (...) int32, table (V, D) float32 or float16 -> (..., D) in `dtype`
         (float32 or float16). An id outside 0 .. V-1 gives a row of zeros."""
@@ -131,6 +154,7 @@ class AttentionOps(OpsBase):
         *,
         causal: bool = False,
         mask: Any = None,
+        key_mask: Any = None,
         scale: float | None = None,
         splits: int | None = None,
         out: Any = None,
@@ -139,10 +163,38 @@ class AttentionOps(OpsBase):
         """Full-sequence attention: q (B, T, Hq, D), k and v (B, S, Hkv, D) (GQA as in
         attention_decode). causal: query t sees the keys s <= t + (S - T). mask: an additive float32
         mask (T, S) for every batch row (leading dims of 1 allowed), or one per batch row (B, T, S)
-        or (B, 1, T, S) (a padding mask is a (B, 1, S) row broadcast by you to (B, T, S)); a value
-        <= -1e30 (-inf, float32's minimum) hides its key. A query that sees no key gives zeros.
-        Returns (B, T, Hq, D) float32."""
-        return self._attention("attention", q, k, v, None, mask, bool(causal), scale, splits, out, graph)
+        or (B, 1, T, S); a value <= -1e30 (-inf, float32's minimum) hides its key. key_mask: a
+        padding mask (B, S) (uint8, int32, int64 or float32), nonzero where a key takes part
+        (Hugging Face's attention_mask); not together with mask. A query that sees no key gives
+        zeros. Returns (B, T, Hq, D) float32.
+        On CUDA, float16 q, k and v with D 32, 64 or 128 and no additive mask run the flash kernel
+        (tensor cores, one pass; `splits` does not apply): P is rounded to float16 as flash attention
+        does, so results are within about 1e-3 of exact, not 1e-5."""
+        if mask is not None and key_mask is not None:
+            raise InvalidArgument("attention: pass mask or key_mask, not both (fold the key mask into the mask)")
+        if mask is None and self._client.backend == "cuda" and _flash_fits(q, k, v, key_mask):
+            return self._flash(q, k, v, key_mask, bool(causal), scale, out, graph)
+        return self._attention("attention", q, k, v, None, mask, bool(causal), scale, splits, out, graph, key_mask)
+
+    def _flash(
+        self, q: Any, k: Any, v: Any, key_mask: Any, causal: bool, scale: float | None, out: Any, graph: Any
+    ) -> Any:
+        batch, steps, heads, dim = (int(n) for n in q.shape)
+        shape = (batch, steps, heads, dim)
+        mode = 0
+        if key_mask is not None:
+            try:
+                mode = key_mask_mode(_tensor_info(key_mask), batch, int(k.shape[1]))
+            except OpError as exc:
+                raise InvalidArgument(f"attention: {exc}") from None
+        if out is not None and (tuple(out.shape), dtype_name(out)) != (shape, "float32"):
+            raise InvalidArgument(f"attention: out is {dtype_name(out)}{list(out.shape)}, not float32{list(shape)}")
+        result = self._out(out, shape, "float32", q, graph)
+        sizes = [batch, steps, int(k.shape[1]), heads, int(k.shape[2]), dim, int(causal), mode]
+        scalars = [*sizes, 1.0 / math.sqrt(dim) if scale is None else scale]
+        tensors = [q, k, v, q if key_mask is None else key_mask, result]  # q stands in for no key mask: not read
+        self._run(f"attention_flash_d{dim}_f32", flash_grid(batch, steps, heads), tensors, scalars, graph)
+        return result
 
     def _attention(
         self,
@@ -157,6 +209,7 @@ class AttentionOps(OpsBase):
         splits: int | None,
         out: Any,
         graph: Any,
+        key_mask: Any = None,
     ) -> Any:
         qd, kd = dtype_name(q), dtype_name(k)
         if qd not in DTYPES or kd not in DTYPES:
@@ -170,6 +223,8 @@ class AttentionOps(OpsBase):
                 if mask is None
                 else mask_mode(TensorInfo(dtype_name(mask), tuple(mask.shape)), batch, steps, k.shape[1])
             )
+            if key_mask is not None:
+                mode, mask = key_mask_mode(_tensor_info(key_mask), batch, k.shape[1]), key_mask
         except OpError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
         keys, kv_heads = k.shape[1], k.shape[2]
@@ -190,18 +245,24 @@ class AttentionOps(OpsBase):
         if graph is not None:
             part = graph.empty(part_shape, "float32")
         else:
-            part = self._client.empty(part_shape, "float32", device=getattr(q, "device", None))
+            part = self._scratch(part_shape, "float32", int(q.device))
         result = self._out(out, shape, "float32", q, graph)
         sizes = [batch, steps, keys, heads, kv_heads, dim, splits, int(causal), mode, int(pos is not None)]
         tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]  # q stands in: not read
-        try:
-            self._run(f"attention_{SHORT[qd]}_{SHORT[kd]}", grid_1d(rows * splits, 1), tensors, [*sizes, scale], graph)
-            n = math.prod(shape)
-            self._run("attention_combine", grid_1d(n), [part, result], [n, dim, splits], graph)
-        finally:
-            if graph is None:
-                part.free()  # released once the dispatches that use it completed
+        self._run(f"attention_{SHORT[qd]}_{SHORT[kd]}", grid_1d(rows * splits, 1), tensors, [*sizes, scale], graph)
+        n = math.prod(shape)
+        self._run("attention_combine", grid_1d(n), [part, result], [n, dim, splits], graph)
         return result
+
+
+def _tensor_info(t: Any) -> TensorInfo:
+    return TensorInfo(dtype_name(t), tuple(int(n) for n in t.shape))
+
+
+def _flash_fits(q: Any, k: Any, v: Any, key_mask: Any) -> bool:
+    """Whether the flash kernel computes this attention (CUDA; checked there against its spec)."""
+    mask = None if key_mask is None else _tensor_info(key_mask)
+    return flash_applies(_tensor_info(q), _tensor_info(k), dtype_name(v), mask)
 
 
 def _graph_input(t: Any) -> bool:

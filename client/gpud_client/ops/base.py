@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import gpud_protocol as proto
-from gpud_client.errors import InvalidArgument
+from gpud_client.errors import InvalidArgument, PermissionDenied
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 
 if TYPE_CHECKING:
@@ -53,24 +53,34 @@ class OpsBase:
         scalars: Sequence[Any],
         graph: Graph | None,
     ) -> None:
-        """Check the call against the kernel's rule, then queue (or record) its dispatch."""
+        """Check the call against the kernel's rule, then queue (or record) its dispatch. Errors,
+        here or later from the daemon, name the op the user called (`exc.op`: "add", not "dispatch")."""
         spec = KERNELS[name]
+        values = [s.value if hasattr(s, "value") else s for s in scalars]
+        op = spec.op_name(values)
         for position in spec.writes:
             written = tensors[position]
+            if getattr(written, "mode", "rw") == "ro":
+                raise PermissionDenied(
+                    f"{spec.tensors[position]} is a read-only resident tensor, which {name} would write: "
+                    "write into a tensor of your own",
+                    op=op,
+                )
             if any(same_memory(t, written) for i, t in enumerate(tensors) if i != position):
-                raise InvalidArgument(f"{spec.op} ({name}): out is also an input; ops do not run in place")
+                raise InvalidArgument(f"out is also an input; ops do not run in place ({name})", op=op)
         infos = [_info(t) for t in tensors]
-        values = [s.value if hasattr(s, "value") else s for s in scalars]
         try:
             spec.check(infos, values)
         except OpError as exc:
-            raise InvalidArgument(f"{spec.op} ({name}): {exc}") from None
+            raise InvalidArgument(f"{exc} ({name})", op=op) from None
         args = [*tensors, *(_scalar(kind, v) for (_, kind), v in zip(spec.scalars, scalars, strict=True))]
         kernel = self._kernel(name)
         if graph is not None:
             graph.dispatch(kernel, grid, args)
         else:
-            self._client.dispatch(kernel, grid, args)
+            client = self._client
+            client.dispatch(kernel, grid, args)
+            client._connection.name_op(client._last_seq, op)
 
 
 def _info(tensor: Any) -> TensorInfo:

@@ -15,9 +15,11 @@ from gpud.backends.base import Arg, Buffer
 from gpud.backends.cuda.driver import E, check, cu, error
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import CompileError, InvalidArgument
+from gpud_protocol.lru import LruCache
 
 _PACK = {None: "Q", ArgKind.F32: "f4x", ArgKind.I32: "i4x", ArgKind.U32: "I4x"}  # None: a tensor
 _KIND_NAMES = {None: "a tensor", ArgKind.F32: "f32", ArgKind.I32: "i32", ArgKind.U32: "u32"}
+FORMATS_KEPT = 64  # argument-kind signatures per kernel whose struct format is kept
 
 
 @dataclasses.dataclass(eq=False)
@@ -27,7 +29,8 @@ class Launch:
     block: tuple[int, int, int]
     sizes: tuple[int, ...] | None  # parameter sizes from the driver; None: unknown
     nparams: int | None  # from the driver, else from the source; None: unknown
-    formats: dict[tuple[Any, ...], str] = dataclasses.field(default_factory=dict)  # argument kinds -> struct format
+    # argument kinds -> struct format; the least recently used goes when full
+    formats: LruCache[tuple[Any, ...], str] = dataclasses.field(default_factory=lambda: LruCache(FORMATS_KEPT))
 
 
 def parameter_sizes(function: Any, limit: int) -> tuple[int, ...] | None:
@@ -108,7 +111,6 @@ def _format(launch: Launch, entry: str, signature: tuple[Any, ...], max_args: in
                 f"argument {index} of {entry} is {_KIND_NAMES[kind]} ({want} bytes) "
                 f"but the parameter takes {launch.sizes[index]} bytes"
             )
-    if len(launch.formats) >= 64:
-        launch.formats.clear()
-    fmt = launch.formats[signature] = "<" + "".join(_PACK[kind] for kind in signature)
+    fmt = "<" + "".join(_PACK[kind] for kind in signature)
+    launch.formats.put(signature, fmt)
     return fmt

@@ -53,7 +53,8 @@ def compile_wgsl(
     writes = None if written is None else frozenset(written | set(options.writes or ()))
     if writes is None:
         unchecked.append("which bindings it writes: every tensor argument counts as written")
-    return Program(key, entry, Pipeline(pipeline, layout, pid, access), tensors, scalars, writes, tuple(unchecked))
+    native = Pipeline(pipeline, layout, pid, access)
+    return Program(key, entry, native, tensors, scalars, writes, tuple(unchecked), access)
 
 
 def interface(reflection: Reflection) -> tuple[int | None, tuple[str, ...] | None, tuple[str, ...] | None, list[str]]:

@@ -49,6 +49,16 @@ class KernelSpec:
     scalars: tuple[tuple[str, str], ...]  # (name, "f32" | "i32" | "u32"), after the tensors
     check: Check
     block: int = BLOCK  # CUDA threads per block
+    op_codes: tuple[str, ...] = ()  # a kernel of several ops: the op of each value of its scalar "op"
+
+    def op_name(self, scalars: Sequence[int | float]) -> str:
+        """The op a user called to run this kernel with `scalars` ("add" for binary_f32 with op 0)."""
+        names = [name for name, _kind in self.scalars]
+        if self.op_codes and "op" in names and names.index("op") < len(scalars):
+            code = scalars[names.index("op")]
+            if isinstance(code, int) and 0 <= code < len(self.op_codes):
+                return self.op_codes[code]
+        return self.op
 
 
 def grid_1d(threads: int, block: int = BLOCK) -> tuple[int, int, int]:

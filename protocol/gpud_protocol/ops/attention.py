@@ -21,8 +21,17 @@ attention_<q>_<kv>(q, k, v, pos, mask, part; b, t, s, hq, hkv, d, splits, causal
     and adds mask[b or 0, t, s] to the score (mask_mode 2 or 1). A mask value <= -1e30 (-inf,
     float32's minimum) hides its key. pos and mask are read only when use_pos / mask_mode say so:
     otherwise any tensor may stand in for them.
+    mask_mode 3 to 6: `mask` is a key mask (B, S) instead (`key_mask_mode`: uint8, int32, float32, int64),
+    nonzero where a key takes part (Hugging Face's attention_mask).
 attention_combine(part, out; n, d, splits): out[..., c] = the splits merged and normalised, float32;
     a row that sees no key gives zeros.
+attention_flash_d<D>_<out>(q, k, v, key_mask, out; b, t, s, hq, hkv, d, causal, mask_mode, scale): full
+    attention in one pass on CUDA's tensor cores (no WGSL twin): q (B, T, Hq, D), k and v (B, S, Hkv, D),
+    all float16, D in FLASH_HEAD_DIMS; out (B, T, Hq, D) float16 or float32. causal and the key mask
+    (mask_mode 0, or 3 to 6 with key_mask (B, S); at most FLASH_MASKED_KEYS keys) as above; a query
+    that sees no key gives zeros. P is rounded to float16 before P V, as flash attention does: results
+    within about 1e-3 of float64. Grid `flash_grid` (one block of FLASH_BLOCK threads per 64 query rows
+    of a (batch, head)); tensors 16-byte aligned (gpud's allocations and graph arenas are).
 
 Float16 is read into float32 and rounded once when stored; attention accumulates in float32.
 """
@@ -45,6 +54,11 @@ MAX_SPLITS = 1024
 FREQ_BITS = 12  # significant bits of freq_hi: j * freq_hi is exact for j < 2^12 (D <= 8192)
 MAX_ROTARY_DIM = 8192
 HIDDEN = -1e30  # a mask value at or below this hides its key
+KEY_MASK_MODES = {"uint8": 3, "int32": 4, "float32": 5, "int64": 6}  # mask_mode of a key mask (B, S), by dtype
+FLASH_HEAD_DIMS = (32, 64, 128)
+FLASH_ROWS = 64  # query rows per block of the flash kernel
+FLASH_BLOCK = 128  # its threads per block
+FLASH_MASKED_KEYS = 16_384  # the most keys of a flash attention with a key mask (one bit each in shared memory)
 MAX_LOOP = 65_535  # iterations of one shader loop (lavapipe cuts longer loops there)
 
 
@@ -164,6 +178,20 @@ def mask_mode(mask: TensorInfo, batch: int, steps: int, keys: int) -> int:
     return 2
 
 
+def key_mask_mode(mask: TensorInfo, batch: int, keys: int) -> int:
+    """The mask_mode of a key mask (B, S): nonzero where key s of batch row b takes part."""
+    need(mask.dtype in KEY_MASK_MODES, f"the key mask is {mask.dtype}, not one of {list(KEY_MASK_MODES)}")
+    need(mask.shape == (batch, keys), f"the key mask is {list(mask.shape)}, not [{batch}, {keys}] (B, S)")
+    return KEY_MASK_MODES[mask.dtype]
+
+
+def _any_mask(mask: TensorInfo, mode: int, batch: int, steps: int, keys: int) -> None:
+    if mode in KEY_MASK_MODES.values():
+        need(key_mask_mode(mask, batch, keys) == mode, "the mask mode passed does not match the key mask")
+    elif mode:
+        need(mask_mode(mask, batch, steps, keys) == mode, "the mask mode passed does not match the mask")
+
+
 ATTENTION_SCALARS = (
     *_u32s("b", "t", "s", "hq", "hkv", "d", "splits", "causal", "mask_mode", "use_pos"),
     ("scale", "f32"),
@@ -202,9 +230,8 @@ def _attention(q_dtype: str, kv_dtype: str) -> KernelSpec:
         need(causal in (0, 1) and use_pos in (0, 1), "causal and use_pos are 0 or 1")
         if use_pos:
             _positions(pos, batch)
-        need(mode in (0, 1, 2), f"unknown mask mode {mode}")
-        if mode:
-            need(mask_mode(mask, batch, steps, k.shape[1]) == mode, "the mask mode passed does not match the mask")
+        need(mode in (0, 1, 2, *KEY_MASK_MODES.values()), f"unknown mask mode {mode}")
+        _any_mask(mask, int(mode), batch, steps, k.shape[1])
         need(math.isfinite(scale), "the scale is not finite")
 
     name = f"attention_{SHORT[q_dtype]}_{SHORT[kv_dtype]}"
@@ -227,6 +254,56 @@ def _combine() -> KernelSpec:
     return KernelSpec("attention_combine", FAMILY, "attention", ("part", "out"), (1,), _u32s("n", "d", "splits"), check)
 
 
+def flash_grid(batch: int, steps: int, heads: int) -> tuple[int, int, int]:
+    """The flash kernel's grid: (64-row tiles of the queries, Hq, B)."""
+    return (-(-steps // FLASH_ROWS), heads, batch)
+
+
+def flash_applies(q: TensorInfo, k: TensorInfo, v_dtype: str, key_mask: TensorInfo | None) -> bool:
+    """Whether attention_flash computes attention of these (CUDA only; no additive mask, no pos)."""
+    return (
+        q.dtype == k.dtype == v_dtype == "float16"
+        and len(q.shape) == len(k.shape) == 4
+        and q.shape[-1] in FLASH_HEAD_DIMS
+        and (key_mask is None or k.shape[1] <= FLASH_MASKED_KEYS)
+    )
+
+
+def _flash(dim: int, out_dtype: str) -> KernelSpec:
+    def check(tensors: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        q, k, v, key_mask, out = tensors
+        b, t, keys, hq, hkv, d, causal, mode, scale = s
+        need(q.dtype == k.dtype == v.dtype == "float16", f"q, k and v are {q.dtype}, {k.dtype}, {v.dtype}: not float16")
+        need(len(q.shape) == 4 and len(k.shape) == 4, f"q {list(q.shape)} and k {list(k.shape)} are not 4-D")
+        need(k.shape == v.shape, f"k {list(k.shape)} and v {list(v.shape)} differ")
+        batch, steps, heads, qdim = q.shape
+        need(min(*q.shape, *k.shape) >= 1, "an empty dimension")
+        need(
+            (k.shape[0], k.shape[3]) == (batch, dim) and qdim == dim,
+            f"q {list(q.shape)}, k {list(k.shape)}: D != {dim}",
+        )
+        need(heads % k.shape[2] == 0, f"{heads} query heads do not divide into {k.shape[2]} KV heads")
+        need(
+            (b, t, keys, hq, hkv, d) == (batch, steps, k.shape[1], heads, k.shape[2], dim),
+            "the sizes passed do not match the tensors",
+        )
+        need(
+            out.dtype == out_dtype and out.shape == q.shape,
+            f"out is {out.dtype}{list(out.shape)}, not {out_dtype}{list(q.shape)}",
+        )
+        need(causal in (0, 1), "causal is 0 or 1")
+        need(mode in (0, *KEY_MASK_MODES.values()), f"mask mode {mode}: the flash kernel takes a key mask only")
+        if mode:
+            need(keys <= FLASH_MASKED_KEYS, f"{keys} keys with a key mask: past {FLASH_MASKED_KEYS}")
+        _any_mask(key_mask, int(mode), batch, steps, k.shape[1])
+        need(math.isfinite(scale), "the scale is not finite")
+
+    name = f"attention_flash_d{dim}_{SHORT[out_dtype]}"
+    scalars = (*_u32s("b", "t", "s", "hq", "hkv", "d", "causal", "mask_mode"), ("scale", "f32"))
+    tensors = ("q", "k", "v", "key_mask", "out")
+    return KernelSpec(name, FAMILY, "attention", tensors, (4,), scalars, check, block=FLASH_BLOCK)
+
+
 SPECS = [
     *(_embedding(a, b) for a in DTYPES for b in DTYPES),
     *(_rotary(d) for d in DTYPES),
@@ -234,4 +311,5 @@ SPECS = [
     *(_kv_append(a, b) for a in DTYPES for b in DTYPES),
     *(_attention(a, b) for a in DTYPES for b in DTYPES),
     _combine(),
+    *(_flash(d, o) for d in FLASH_HEAD_DIMS for o in DTYPES),
 ]

@@ -29,7 +29,8 @@ def _binary(dtype: str) -> KernelSpec:
         need(op in BINARY_OPS.values(), f"unknown binary op {op}")
 
     name = f"binary_{SHORT[dtype]}"
-    return KernelSpec(name, "elementwise", "binary", ("x", "y", "out"), (2,), _U32S("n", "nx", "ny", "op"), check)
+    scalars, codes = _U32S("n", "nx", "ny", "op"), _codes(BINARY_OPS)
+    return KernelSpec(name, "elementwise", "binary", ("x", "y", "out"), (2,), scalars, check, op_codes=codes)
 
 
 def _unary(dtype: str) -> KernelSpec:
@@ -42,7 +43,9 @@ def _unary(dtype: str) -> KernelSpec:
         need(op in UNARY_OPS.values(), f"unknown unary op {op}")
 
     scalars = (("n", "u32"), ("op", "u32"), ("a", "f32"))
-    return KernelSpec(f"unary_{SHORT[dtype]}", "elementwise", "unary", ("x", "out"), (1,), scalars, check)
+    codes = tuple(name.removesuffix("_tanh") for name in _codes(UNARY_OPS))  # gelu(approximate="tanh") is gelu
+    name = f"unary_{SHORT[dtype]}"
+    return KernelSpec(name, "elementwise", "unary", ("x", "out"), (1,), scalars, check, op_codes=codes)
 
 
 def _cast(src: str, dst: str) -> KernelSpec:
@@ -58,6 +61,11 @@ def _cast(src: str, dst: str) -> KernelSpec:
 
 def _U32S(*names: str) -> tuple[tuple[str, str], ...]:
     return tuple((n, "u32") for n in names)
+
+
+def _codes(ops: dict[str, int]) -> tuple[str, ...]:
+    """The op names of a table of op codes, by code."""
+    return tuple(sorted(ops, key=ops.__getitem__))
 
 
 SPECS = [

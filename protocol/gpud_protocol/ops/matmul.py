@@ -19,6 +19,14 @@ w_stride 0) is accepted too.
 Grids: matvec with wt: one workgroup of 256 threads per 256 / threads_per_row(k) rows of out; without
 wt: one per MATVEC_COLS columns; either count is folded into y past 65,535 (the kernel's group is
 gid.x + gid.y * groups.x); z is the batch. matmul: (ceil(n / TILE), ceil(m / TILE), batch).
+
+CUDA only: `matmul_tc<BM>x<BN>_f16_f16`, float16 x and w on the tensor cores (float32 accumulators,
+out rounded to float16 once), the same tensors, scalars and rule as matmul_f16_f16; a block of
+TC_TILES[name][2] threads computes a BM x BN tile of out. Grid: tc_grid, one block per tile, their
+count folded into y past 65,535 (the block's tile is blockIdx.x + blockIdx.y * gridDim.x; blocks past
+the last tile do nothing), z the batch. tc_kernel picks the tile for a product; the client uses these
+on the cuda backend only (the WebGPU sources have none of them) and keeps matmul_<x>_<w> for float32
+operands (float32 products, which float16 operands would round).
 """
 
 from __future__ import annotations
@@ -107,7 +115,40 @@ def matmul_grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
     return grid
 
 
-def _spec(kind: str, x_dtype: str, w_dtype: str) -> KernelSpec:
+# matmul_tc kernels: name -> (rows, columns of out per block, threads per block); see gpud/ops/matmul.cu
+TC_TILES: dict[str, tuple[int, int, int]] = {
+    "matmul_tc16x32_f16_f16": (16, 32, 128),
+    "matmul_tc32x64_f16_f16": (32, 64, 128),
+    "matmul_tc64x64_f16_f16": (64, 64, 128),
+    "matmul_tc128x64_f16_f16": (128, 64, 128),
+    "matmul_tc128x128_f16_f16": (128, 128, 128),
+}
+SMS = 132  # tile choice: the multiprocessors of the GPU the tiles were tuned on (an H100)
+
+
+def _tiles(name: str, m: int, n: int) -> int:
+    bm, bn, _threads = TC_TILES[name]
+    return -(-m // bm) * -(-n // bn)
+
+
+def tc_kernel(m: int, n: int, k: int) -> str:
+    """The matmul_tc kernel for an (m, k) @ (k, n) product: narrow tiles for few rows (more blocks
+    along N), the largest tile that still gives every multiprocessor a couple of blocks past that."""
+    if m <= 16:
+        return "matmul_tc16x32_f16_f16"
+    if m <= 32:
+        return "matmul_tc32x64_f16_f16"
+    for name in ("matmul_tc128x128_f16_f16", "matmul_tc128x64_f16_f16"):
+        if _tiles(name, m, n) >= 2 * SMS:
+            return name
+    return "matmul_tc64x64_f16_f16"
+
+
+def tc_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
+    return _fold(_tiles(name, m, n), batch)
+
+
+def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK) -> KernelSpec:
     result = out_dtype(x_dtype, w_dtype)
 
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
@@ -136,7 +177,10 @@ def _spec(kind: str, x_dtype: str, w_dtype: str) -> KernelSpec:
             need(s[1] <= MATVEC_ROWS, f"matvec takes at most {MATVEC_ROWS} rows of x per weight matrix, not {s[1]}")
 
     name = f"{kind}_{SHORT[x_dtype]}_{SHORT[w_dtype]}"
-    return KernelSpec(name, "matmul", "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, BLOCK)
+    return KernelSpec(name, "matmul", "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, block)
 
 
-SPECS = [_spec(kind, xd, wd) for kind in ("matvec", "matmul") for xd in DTYPES for wd in DTYPES]
+SPECS = [_spec(kind, xd, wd) for kind in ("matvec", "matmul") for xd in DTYPES for wd in DTYPES] + [
+    _spec(name.removesuffix("_f16_f16"), "float16", "float16", threads)
+    for name, (_bm, _bn, threads) in TC_TILES.items()
+]

@@ -75,7 +75,8 @@ def _reduce(dtype: str) -> KernelSpec:
         need(op in REDUCE_OPS.values(), f"unknown reduction {op}")
 
     name = f"reduce_{SHORT[dtype]}"
-    return KernelSpec(name, FAMILY, "reduce", ("x", "out"), (1,), _U32S("rows", "length", "op"), check)
+    codes = tuple(sorted(REDUCE_OPS, key=REDUCE_OPS.__getitem__))
+    return KernelSpec(name, FAMILY, "reduce", ("x", "out"), (1,), _U32S("rows", "length", "op"), check, op_codes=codes)
 
 
 def _argmax(dtype: str) -> KernelSpec:

@@ -66,6 +66,8 @@ class Settings:
 
     cache_dir: Path
     max_dispatches_per_flush: int = 4096  # tests flush explicitly: a run of launches stays one run
+    submission_target_s: float = 0.0  # nor is it paced by time
+    pool_idle_release_s: float = 0.0
     flush_deadline_ms: float = 2.0
     max_submissions_in_flight: int = 16
     staging_pool_bytes: int = 256 << 20

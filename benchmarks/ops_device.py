@@ -1,0 +1,143 @@
+"""`gpud bench ops`'s device side: device 0 through gpud's DeviceRuntime (NVRTC, the disk cache) for
+compiling the op library's kernels, raw driver calls for memory, launches and CUDA graphs."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+COPY_BYTES = 1 << 30
+
+
+def check(result: Any) -> Any:
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA error {err}")
+    return rest[0] if len(rest) == 1 else (rest or None)
+
+
+def times(run: Callable[[], None], sync: Callable[[], None], reps: int) -> list[float]:
+    run()
+    sync()  # warm-up
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def verify(what: str, got: np.ndarray, x: np.ndarray, w: np.ndarray, rows: int, tol: float = 1e-5) -> None:
+    """The first `rows` rows against float64, with the tests' tolerance: 1e-5 (tol) of sum |x||w|, plus
+    2e-3 |ref| for a float16 output."""
+    x64, w64 = x[:rows].astype(np.float64), np.asarray(w, dtype=np.float64)
+    ref, scale = x64 @ w64.T, np.abs(x64) @ np.abs(w64).T
+    g = got[:rows].astype(np.float64)
+    bound = tol * scale + (2e-3 if got.dtype == np.float16 else 0.0) * np.abs(ref)
+    if np.isnan(g).any() or not np.all(np.abs(g - ref) <= bound):
+        raise AssertionError(
+            f"{what} computed a wrong result (worst error / bound {np.nanmax(np.abs(g - ref) / bound)})"
+        )
+
+
+class Device:
+    """Device 0: gpud's DeviceRuntime compiles the kernels; raw driver calls do the rest."""
+
+    def __init__(self, rt: Any, cu: Any) -> None:
+        self.rt, self.cu = rt, cu
+        device = rt.device
+        self.context = device._context
+        check(cu.cuCtxSetCurrent(self.context))
+        self.name = device.info()["name"]
+        attribute = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE
+        self.l2 = int(check(cu.cuDeviceGetAttribute(attribute, device._device)))
+        self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        self.functions: dict[str, Any] = {}
+        self.blocks: dict[str, int] = {}  # threads per block, by kernel
+        self.buffers: list[Any] = []
+        self.graphs: list[tuple[Any, Any]] = []  # (graph, executable)
+
+    async def compile(self, name: str) -> None:
+        from gpud.ops import source
+        from gpud_protocol import KernelOptions
+        from gpud_protocol.ops import KERNELS
+
+        block = KERNELS[name].block
+        got = self.rt.program(source("matmul", "cuda"), name, KernelOptions((block, 1, 1)))
+        program = await got if isinstance(got, asyncio.Future) else got
+        self.functions[name] = program.native.function
+        self.blocks[name] = block
+
+    def alloc(self, nbytes: int) -> int:
+        pointer = check(self.cu.cuMemAlloc(nbytes))
+        self.buffers.append(pointer)
+        return int(pointer)
+
+    def free_all(self) -> None:
+        self.sync()
+        for graph, executable in self.graphs:
+            self.cu.cuGraphExecDestroy(executable)
+            self.cu.cuGraphDestroy(graph)
+        self.graphs.clear()
+        for pointer in self.buffers:
+            self.cu.cuMemFree(pointer)
+        self.buffers.clear()
+
+    def upload(self, dst: int, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array)
+        check(self.cu.cuMemcpyHtoD(dst, data.ctypes.data, data.nbytes))
+
+    def download(self, src: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        check(self.cu.cuMemcpyDtoH(out.ctypes.data, src, out.nbytes))
+        return out
+
+    def sync(self) -> None:
+        check(self.cu.cuStreamSynchronize(self.stream))
+
+    def copy_bandwidth(self, reps: int) -> float:
+        """Bytes read plus written per second by a cuMemcpyDtoD of COPY_BYTES."""
+        a, b = self.alloc(COPY_BYTES), self.alloc(COPY_BYTES)
+        count = 5
+
+        def run() -> None:
+            for _ in range(count):
+                check(self.cu.cuMemcpyDtoDAsync(b, a, COPY_BYTES, self.stream))
+
+        best = min(times(run, self.sync, reps))
+        for pointer in self.buffers[-2:]:
+            self.cu.cuMemFree(pointer)
+        del self.buffers[-2:]
+        return 2 * COPY_BYTES * count / best
+
+    def launch(self, name: str, grid: tuple[int, int, int], pointers: list[int], scalars: list[int]) -> None:
+        slots = (ctypes.c_uint64 * (len(pointers) + len(scalars)))(*pointers, *scalars)
+        address = ctypes.addressof(slots)
+        params = (ctypes.c_void_p * len(slots))(*(address + 8 * i for i in range(len(slots))))
+        check(
+            self.cu.cuLaunchKernel(
+                self.functions[name], *grid, self.blocks[name], 1, 1, 0, self.stream, ctypes.addressof(params), 0
+            )
+        )
+
+    def graph(self, calls: Callable[[], None]) -> Callable[[], None]:
+        """`calls` (launches on self.stream) captured into a CUDA graph; returns its replay."""
+        cu = self.cu
+        check(cu.cuStreamBeginCapture(self.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        try:
+            calls()
+        finally:
+            graph = check(cu.cuStreamEndCapture(self.stream))
+        executable = check(cu.cuGraphInstantiate(graph, 0))
+        self.graphs.append((graph, executable))
+
+        def replay() -> None:
+            check(cu.cuGraphLaunch(executable, self.stream))
+
+        return replay

@@ -1,0 +1,134 @@
+"""The float16 matmul on the tensor cores (matmul_tc<BM>x<BN>_f16_f16, CUDA only) against numpy in
+float64: every tile at sizes off its tile and off 16-byte rows (K not a multiple of 8, N odd), both
+layouts of w, batches, biases, a long K, the decoder's prefill shapes through the op; the tile
+choice and grids as pure functions; and on WebGPU, which has no such kernels, a typed refusal.
+Tolerances as in test_matmul.py (1e-5 of the row's magnitude plus 2e-3 of |ref| for the float16 out):
+the products of float16 are exact and the tensor cores sum them in float32."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import gpud_client
+from gpud_client import InvalidArgument, u32
+from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+from gpud_protocol.ops.matmul import MAX_GROUPS, TC_TILES, plan, tc_grid, tc_kernel
+from ops.test_matmul import DECODE, close, poisoned, rand
+
+# (batch, M, N, K, wt, bias dtype, batched w)
+EDGES = [
+    (1, 17, 33, 70, True, None, False),
+    (1, 33, 31, 64, False, "float32", False),
+    (1, 130, 136, 200, False, "float16", False),
+    (2, 40, 72, 136, True, "float32", True),
+    (3, 20, 48, 96, False, None, True),
+    (3, 7, 40, 24, True, "float16", False),  # a shared w: the batches fold into 21 rows
+    (1, 9, 8, 16, True, "float16", False),
+    (1, 1, 5, 3, False, None, False),
+    (1, 150, 40, 1000, True, None, False),
+]
+
+
+async def tc_product(
+    gpu: gpud_client.Client, name: str, case: tuple[object, ...], rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool, np.ndarray | None]:
+    """Kernel `name` dispatched directly (not through the op's tile choice) into a poisoned output."""
+    batch, m, n, k, wt, bias_dtype, batched = case
+    assert isinstance(batch, int) and isinstance(m, int) and isinstance(n, int) and isinstance(k, int)
+    x = rand(rng, (batch, m, k), "float16")
+    shape = (n, k) if wt else (k, n)
+    w = rand(rng, (batch, *shape) if batched else shape, "float16")
+    bias = None if bias_dtype is None else rand(rng, (n,), str(bias_dtype)) * 4
+    p = plan(x.shape, w.shape, bool(wt))
+    out = poisoned(gpu, p.out_shape, "float16")
+    tx, tw = gpu.tensor(x), gpu.tensor(w)
+    tb = tx if bias is None else gpu.tensor(bias)
+    bias_kind = 0 if bias is None else (1 if bias.dtype == np.float32 else 2)
+    gpu.ops._run(name, tc_grid(name, p.batch, p.m, p.n), [tx, tw, tb, out], [*p.sizes, int(bool(wt)), bias_kind], None)
+    return await out.numpy(), x, w, bool(wt), bias
+
+
+@pytest.mark.parametrize("name", list(TC_TILES))
+async def test_every_tile_at_edges(gpu: gpud_client.Client, name: str) -> None:
+    rng = np.random.default_rng()
+    if gpu.backend != "cuda":  # the WebGPU sources have no tensor-core kernels: typed errors, then on
+        x, w = gpu.tensor(rand(rng, (20, 16), "float16")), gpu.tensor(rand(rng, (16, 8), "float16"))
+        out = gpu.empty((20, 8), "float16")
+        gpu.ops._run(name, tc_grid(name, 1, 20, 8), [x, w, x, out], [1, 20, 8, 16, 0, 0, 0, 0], None)
+        with pytest.raises(gpud_client.GpudError):
+            await out.numpy()
+        with contextlib.suppress(gpud_client.GpudError):  # the failed registration, where reported apart
+            await out.numpy()
+        np.testing.assert_array_equal(await out.numpy(), np.zeros((20, 8), np.float16))
+        return
+    for case in EDGES:
+        got, x, w, wt, bias = await tc_product(gpu, name, case, rng)
+        close(got, x, w, wt, bias)
+
+
+async def test_long_k_and_the_decoders_prefill(gpu: gpud_client.Client) -> None:
+    """Through the op: a Linear's (N, K) float16 weight at prefill sizes, a float16 bias, and K = 70,000."""
+    rng = np.random.default_rng()
+    cases = [(m, n, k) for n, k in DECODE for m in (64, 300)] + [(9, 3, 70_000), (40, 5, 70_000)]
+    if gpu.backend != "cuda":
+        cases = cases[:1]  # the float32 tiles on lavapipe: one is enough here (test_matmul.py has the rest)
+    for m, n, k in cases:
+        x, w, bias = rand(rng, (m, k), "float16"), rand(rng, (n, k), "float16"), rand(rng, (n,), "float16")
+        out = poisoned(gpu, (m, n), "float16")
+        gpu.ops.matmul(gpu.tensor(x), gpu.tensor(w), transpose_w=True, bias=gpu.tensor(bias), out=out)
+        close(await out.numpy(), x, w, True, bias)
+    if gpu.backend == "cuda":
+        assert any(name.startswith("matmul_tc") for name in gpu.ops._kernels)
+
+
+async def test_a_tensor_core_product_in_a_replay_graph(gpu: gpud_client.Client) -> None:
+    rng = np.random.default_rng()
+    w = rand(rng, (48, 40), "float16")
+    g = gpu.graph("linear-f16")
+    x = g.input("x", (24, 40), "float16")
+    g.output("y", gpu.ops.matmul(x, gpu.tensor(w), transpose_w=True, graph=g))
+    step = await g.build()
+    for _ in range(2):
+        a = rand(rng, (24, 40), "float16")
+        close((await step.replay(x=a))["y"], a, w, True)
+
+
+async def test_the_daemon_checks_tensor_core_dispatches(gpu: gpud_client.Client) -> None:
+    if gpu.backend != "cuda":
+        pytest.skip("the tensor-core kernels are CUDA's")
+    x32, w16 = gpu.tensor(np.ones((20, 16), np.float32)), gpu.tensor(np.ones((8, 16), np.float16))
+    name = "matmul_tc16x32_f16_f16"
+    gpu.dispatch(
+        gpu.ops._kernel(name), (1, 1, 1), [x32, w16, x32, gpu.empty((20, 8)), *map(u32, [1, 20, 8, 16, 0, 0, 1, 0])]
+    )
+    with pytest.raises(InvalidArgument, match="takes x float16") as info:
+        await gpu.empty((1,)).numpy()
+    assert "matmul" in str(info.value)
+
+
+def test_tile_choice_and_grids() -> None:
+    """Narrow tiles for few rows, large ones for many; one block per tile, folded into y past 65,535."""
+    assert TC_TILES[tc_kernel(16, 896, 896)][0] == 16
+    assert TC_TILES[tc_kernel(4096, 151936, 896)][:2] == (128, 128)
+    for name, (bm, bn, threads) in TC_TILES.items():
+        assert KERNELS[name].block == threads and name == f"matmul_tc{bm}x{bn}_f16_f16"
+        assert tc_grid(name, 3, bm, bn) == (1, 1, 3)
+        tiles = -(-4096 // bm) * -(-151936 // bn)
+        gx, gy, gz = tc_grid(name, 1, 4096, 151936)
+        assert gz == 1 and gx <= MAX_GROUPS and gx * gy >= tiles and gx * (gy - 1) < tiles
+    for m in (9, 16, 33, 64, 256, 1024, 4096, 100_000):
+        for n in (1, 128, 896, 4864, 151936):
+            assert tc_kernel(m, n, 896) in TC_TILES
+
+
+def test_the_rule_of_the_tensor_core_kernels() -> None:
+    check = KERNELS["matmul_tc64x64_f16_f16"].check
+    x, w, out = TensorInfo("float16", (3, 4, 5)), TensorInfo("float16", (6, 5)), TensorInfo("float16", (3, 4, 6))
+    check([x, w, x, out], [1, 12, 6, 5, 0, 0, 1, 0])
+    with pytest.raises(OpError, match="takes x float16"):
+        check([TensorInfo("float32", (3, 4, 5)), w, x, TensorInfo("float32", (3, 4, 6))], [1, 12, 6, 5, 0, 0, 1, 0])
+    with pytest.raises(OpError, match="out is"):
+        check([x, w, x, TensorInfo("float32", (3, 4, 6))], [1, 12, 6, 5, 0, 0, 1, 0])
