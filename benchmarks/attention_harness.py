@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+# run as a script, this folder comes first on sys.path, and its cuda.py would hide cuda-python's `cuda`
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 SOURCE = ROOT / "gpud" / "ops" / "attention.cu"
 TOL = 2e-3  # of max(1, |ref|): P is rounded to float16 (2^-11), and a float16 output once more
 ENCODER = [(256, 62), (64, 128), (16, 512)]  # (B, S): 12 heads x 32, a padding mask
@@ -80,6 +82,9 @@ class Kernels:
         except Exception as exc:  # another engineer's half-done edit: run without the rule
             print(f"spec checks skipped: {exc!r}")
             self.specs = None
+
+    def has(self, name: str) -> bool:
+        return int(self.cu.cuModuleGetFunction(self.module, name.encode())[0]) == 0
 
     def function(self, name: str) -> Any:
         if name not in self.functions:
@@ -204,7 +209,7 @@ def check_cases(kern: Kernels, rng: np.random.Generator) -> list[dict[str, Any]]
             mode = {"uint8": 3, "int32": 4, "float32": 5, "int64": 6}[mdtype]
         errors: dict[str, float] = {}
         zeros = True
-        for way in ("flash f16", "flash f32", "two-pass"):
+        for way in (*(["flash f16"] if kern.has("attention_flash_d32_f16") else []), "flash f32", "two-pass"):
             out_dtype = torch.float16 if way == "flash f16" else torch.float32
             out = torch.full(qt.shape, float("nan"), dtype=out_dtype, device="cuda")
             if way == "two-pass":  # today's kernel, with the key mask too
@@ -218,7 +223,7 @@ def check_cases(kern: Kernels, rng: np.random.Generator) -> list[dict[str, Any]]
             errors[way] = math.inf if nan else float(np.max(np.abs(got - ref) / np.maximum(1.0, np.abs(ref))))
             if keep is not None and not keep[0].any():
                 zeros = zeros and bool(np.all(got[0] == 0))
-        ok = zeros and max(errors["flash f16"], errors["flash f32"]) <= TOL and errors["two-pass"] <= 1e-4
+        ok = zeros and errors["flash f32"] <= TOL and errors.get("flash f16", 0.0) <= TOL and errors["two-pass"] <= 1e-4
         shape = [b, t, s, hq, hkv, d]
         results.append({"case": name, "shape": shape, "causal": causal, "mask": mdtype, "errors": errors, "ok": ok})
         text = ", ".join(f"{w} {e:.1e}" for w, e in errors.items())
@@ -282,9 +287,10 @@ def bench_shape(kern: Kernels, rng: np.random.Generator, kind: str, b: int, s: i
         q, k, v, keep = inputs[i % sets]
         return q, k, v, keep, masks[i % sets]
 
-    ways["gpud flash, f16 out"] = [
-        (lambda i=i: flash(kern, *pick(i)[:3], out16, causal, pick(i)[4], mode)) for i in range(calls)
-    ]
+    if kern.has(f"attention_flash_d{d}_f16"):  # no entry point for it today (see attention.cu)
+        ways["gpud flash, f16 out"] = [
+            (lambda i=i: flash(kern, *pick(i)[:3], out16, causal, pick(i)[4], mode)) for i in range(calls)
+        ]
     ways["gpud flash, f32 out"] = [
         (lambda i=i: flash(kern, *pick(i)[:3], out32, causal, pick(i)[4], mode)) for i in range(calls)
     ]
@@ -309,9 +315,9 @@ def bench_shape(kern: Kernels, rng: np.random.Generator, kind: str, b: int, s: i
         ways["torch SDPA, no mask (flash)"] = [(lambda i=i: sdpa(i, False)) for i in range(calls)]
     us = {way: timed(torch, fns, reps) for way, fns in ways.items()}
     # the flash output against SDPA's on one input set (a sanity check of the timed path)
-    flash(kern, *pick(0)[:3], out16, causal, pick(0)[4], mode)
+    flash(kern, *pick(0)[:3], out32, causal, pick(0)[4], mode)
     want = sdpa(0, True).transpose(1, 2)
-    diff = (out16.float() - want.float()).abs()
+    diff = (out32 - want.float()).abs()
     flops = 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
     base = us[label]
     row = {
@@ -341,11 +347,8 @@ def main() -> int:
     kern = Kernels(torch)
     name = torch.cuda.get_device_name()
     print(f"device: {name}; torch {torch.__version__}; NVRTC compile of attention.cu {kern.compile_s:.2f} s")
-    attrs = {
-        f"attention_flash_d{d}_{o}": kern.attributes(f"attention_flash_d{d}_{o}")
-        for d in (32, 64, 128)
-        for o in ("f16", "f32")
-    }
+    entries = [f"attention_flash_d{d}_{o}" for d in (32, 64, 128) for o in ("f16", "f32")]
+    attrs = {entry: kern.attributes(entry) for entry in entries if kern.has(entry)}
     for entry, a in attrs.items():
         print(f"  {entry}: {a}")
     rng = np.random.default_rng()

@@ -24,12 +24,13 @@ def benchmark(name: str) -> ModuleType:
 
 
 def test_a_short_soak_kills_clients_checks_everything_and_leaves_nothing_held(tmp_path: Path) -> None:
-    """Two clients for 9 s (a kill every 1.5 to 4.5 s), the tiny model: every check passes, the killed
+    """Two clients for 6 s (a kill every 1.5 to 4.5 s), the tiny model: every check passes, the killed
     clients' replacements connect, and once the run's names are unpublished the daemon holds nothing."""
     out, plot = tmp_path / "soak.json", tmp_path / "soak.svg"
     cmd = [sys.executable, "-m", "gpud", "bench", "soak", "--backend", "webgpu", "--clients", "2", "--config", "tiny"]
-    cmd += ["--minutes", "0.15", "--sample-s", "2", "--json", str(out), "--plot", str(plot)]
-    env = {**os.environ, "GPUD_CACHE_DIR": str(tmp_path / "cache")}
+    cmd += ["--minutes", "0.1", "--sample-s", "1.5", "--json", str(out), "--plot", str(plot)]
+    # A short lease: the killed clients' sessions end sooner, and the run with them.
+    env = {**os.environ, "GPUD_CACHE_DIR": str(tmp_path / "cache"), "GPUD_DAEMON_ARGS": "--lease 2"}
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     results = json.loads(out.read_text())

@@ -42,7 +42,13 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from gpud_protocol import ArgKind, KernelOptions
-from gpud_protocol.errors import DeviceLost, InvalidArgument
+from gpud_protocol.errors import DeviceLost, InternalError, InvalidArgument
+
+
+class SubmissionFailed(InternalError):
+    """A submission was refused without losing the device (a validation error the daemon did not
+    catch before encoding). Its ops failed; the device goes on."""
+
 
 Done = Callable[[BaseException | None], None]
 Scalar = tuple[int, int | float]  # (ArgKind, value)

@@ -18,16 +18,13 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 
-from gpud_protocol.errors import DeviceLost, GpudError, InternalError
+from gpud.backends.base import SubmissionFailed
+from gpud_protocol.errors import DeviceLost, GpudError
 
 log = logging.getLogger(__name__)
 
 Done = Callable[[BaseException | None], None]
 
-
-class SubmissionFailed(InternalError):
-    """A submission was refused without losing the device (a validation error the daemon did not
-    catch before encoding). Its ops failed; the device goes on."""
 
 
 class CompletionLedger:

@@ -22,13 +22,13 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from gpud.backends.base import Arg, Buffer, Device, DispatchStep, GraphStep, Program, same_memory
+from gpud.backends.base import Arg, Buffer, Device, DispatchStep, GraphStep, Program, SubmissionFailed, same_memory
 from gpud.runtime.cache import LruCache
 from gpud.runtime.flush import FlushPolicy
 from gpud.runtime.freed import FreedMemory
 from gpud.runtime.graph import Piece, Replayable, buffers_of, split
 from gpud.runtime.idle import IdleRelease
-from gpud.runtime.ledger import CompletionLedger, Done, SubmissionFailed
+from gpud.runtime.ledger import CompletionLedger, Done
 from gpud.runtime.pacing import Pacer
 from gpud.runtime.pools import StagingPool
 from gpud.runtime.submitter import Worker

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import gpud_protocol as proto
+
 MAX_PEERS = 4096
+OWN_BUDGET_ONLY = (proto.Beat, proto.Hello)  # messages that skip the shared budget
 
 
 class TokenBucket:
@@ -50,6 +53,7 @@ class SessionlessBudget:
         self.max_peers = max_peers
         self.shared = TokenBucket(total_rate, max(1.0, total_rate), 0.0)
         self._peers: OrderedDict[bytes, TokenBucket] = OrderedDict()  # least recently seen first
+        self.dropped = 0  # messages over either budget
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -69,8 +73,12 @@ class SessionlessBudget:
                 peers.popitem(last=False)
         else:
             peers.move_to_end(identity)
-        return bucket.take(now)
+        return self._count(bucket.take(now))
 
     def total(self, now: float) -> bool:
         """Spend one token of the budget all peers without a session share; False: drop the message."""
-        return self.shared.take(now)
+        return self._count(self.shared.take(now))
+
+    def _count(self, taken: bool) -> bool:
+        self.dropped += not taken
+        return taken

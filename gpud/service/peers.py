@@ -113,7 +113,8 @@ class Outboxes:
             return ""
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone
             return f"unreachable ({exc})"
-        self._on_sent()
+        finally:  # a send that fails processes the socket's commands too, and may take the reader's edge
+            self._on_sent()
         return None
 
     def stats(self) -> dict[str, int]:

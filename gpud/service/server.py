@@ -42,7 +42,7 @@ from gpud import __version__
 from gpud.backends import open_devices
 from gpud.runtime.cache import LruCache
 from gpud.runtime.runtime import DeviceRuntime
-from gpud.service.budget import SessionlessBudget
+from gpud.service.budget import OWN_BUDGET_ONLY, SessionlessBudget
 from gpud.service.config import Config
 from gpud.service.health import Health, assess
 from gpud.service.intake import Intake
@@ -268,13 +268,12 @@ class Server:
             for identity, frames in messages:
                 session = self.sessions.get(identity)
                 if session is None and not budget.peer(identity, now):
-                    self.counters["sessionless_dropped"] += 1  # over its own budget: not even decoded
-                    continue
+                    continue  # over its own budget: dropped, not even decoded
                 try:
                     memo = session.dispatch_memo if session is not None else None
                     message = proto.decode_client_message([f.buffer for f in frames], limits, memo)
                 except ProtocolViolation as exc:
-                    if session is None and self._over_total(now):
+                    if session is None and not budget.total(now):
                         continue
                     self.counters["bad_messages"] += 1
                     level = logging.INFO if session is not None else logging.DEBUG  # garbage leaves no log flood
@@ -282,12 +281,14 @@ class Server:
                     self._send(identity, [proto.encode_error(exc.code, exc.message)])
                     continue
                 except Exception as exc:  # a decoder bug must not take the daemon down for everyone
+                    if session is None and not budget.total(now):
+                        continue
                     log.exception("internal error decoding a message from %s", identity.hex())
                     self._send(identity, [proto.encode_error(ErrorCode.INTERNAL, f"internal error decoding: {exc}")])
                     continue
                 if session is not None:
                     session.last_seen = now
-                elif type(message) not in _OWN_BUDGET and self._over_total(now):
+                elif type(message) not in OWN_BUDGET_ONLY and not budget.total(now):
                     continue
                 if type(message) is proto.Ping and session is not None:
                     self._send(identity, [proto.PONG])  # answered before any work of this drain
@@ -305,13 +306,6 @@ class Server:
                     log.exception("internal error handling a message from %s", identity.hex())
                     self._send(identity, [proto.encode_error(ErrorCode.INTERNAL, f"internal error: {exc}")])
             self.after_work()
-
-    def _over_total(self, now: float) -> bool:
-        """Whether the budget all peers without a session share is spent (the message is dropped)."""
-        if self._budget.total(now):
-            return False
-        self.counters["sessionless_dropped"] += 1
-        return True
 
     def _handle(self, identity: bytes, message: Any, received_at: float) -> None:
         session = self.sessions.get(identity)
@@ -416,8 +410,8 @@ class Server:
         lease = self.config.lease_s
         while True:
             await anyio.sleep(lease / 4)
-            # Judge by the last time the socket was read empty, not by the clock: while the loop
-            # is busy, heartbeats wait unread in the socket and prove nothing.
+            # Judge by the last time every waiting message had been read, not by the clock: while
+            # the loop is behind, heartbeats wait unread in the socket and prove nothing.
             assert self._intake is not None
             deadline = self._intake.caught_up() - lease
             for identity, session in list(self.sessions.items()):
@@ -521,9 +515,6 @@ class Server:
         for rt in self.runtimes:
             await rt.close(self._close_timeout)
 
-    def stats(self) -> dict[str, Any]:
-        return {"sessions": len(self.sessions), "outboxes": self._outboxes.stats() if self._outboxes is not None else {}}
-
     # ------------------------------------------------------------------ operating it
 
     def status_line(self) -> str:
@@ -587,8 +578,8 @@ class Server:
         }
 
     def _counters(self) -> dict[str, int]:
-        dropped = self._outboxes.sessionless_dropped if self._outboxes is not None else 0
-        return dict(self.counters) | {"sessionless_replies_dropped": dropped}
+        replies = self._outboxes.sessionless_dropped if self._outboxes is not None else 0
+        return {**self.counters, "sessionless_dropped": self._budget.dropped, "sessionless_replies_dropped": replies}
 
     def _client_of(self, session_id: str) -> str:
         name, pid, _ = self._clients.get(session_id, ("", 0, 0.0))
@@ -688,11 +679,6 @@ def _drop_family(family: Any, residents: ResidentStore) -> None:
 
 def _describe(info: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in info.items() if k not in ("index",))
-
-
-# Beats and hellos of peers without a session skip the budget they all share (not their own): a crowd
-# of flooders must not cost sessions their leases, nor keep new clients from connecting.
-_OWN_BUDGET = (proto.Beat, proto.Hello)
 
 
 def _round_robin(messages: list[tuple[bytes, Any]]) -> Iterator[tuple[bytes, Any]]:

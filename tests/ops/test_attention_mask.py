@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gpud_client
-from gpud_client import InvalidArgument
+from gpud_client import InvalidArgument, u32
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 from gpud_protocol.ops.attention import FLASH_HEAD_DIMS, KEY_MASK_MODES
 from ops.test_attention import TOL, attention_ref, close, poisoned
@@ -70,8 +70,9 @@ async def test_attention_key_mask_of_every_dtype(gpu: gpud_client.Client, mask_d
         b, t, s, hq, _hkv, d = shape
         q, k, v = inputs(rng, shape, dtype)
         keep = padding(rng, b, s)
-        k[~keep], v[~keep] = np.nan, np.nan  # hidden keys are never read
         for causal in (False, True):
+            # hidden keys: large (they would dominate if not hidden), then NaN (they are never read)
+            k[~keep], v[~keep] = (np.nan, np.nan) if causal else (8.0, 1000.0)
             out = poisoned(gpu, (b, t, hq, d), "float32")
             key_mask = gpu.tensor(keep.astype(mask_dtype))
             got = gpu.ops.attention(
@@ -82,6 +83,12 @@ async def test_attention_key_mask_of_every_dtype(gpu: gpud_client.Client, mask_d
             np.testing.assert_array_equal(result[0], 0)  # a batch row that sees no key: zeros, not NaN
             ref = attention_ref(q, np.nan_to_num(k), np.nan_to_num(v), visible(b, t, s, causal, keep))
             close(result, ref, tolerance(gpu, dtype, d))
+    flash = {name for name in gpu.ops._kernels if name.startswith("attention_flash")}
+    assert flash == (
+        {"attention_flash_d32_f32", "attention_flash_d64_f32", "attention_flash_d128_f32"}
+        if gpu.backend == "cuda"
+        else set()
+    )
 
 
 @pytest.mark.parametrize("dim", FLASH_HEAD_DIMS)
@@ -134,6 +141,23 @@ async def test_key_mask_mistakes_are_typed_errors(gpu: gpud_client.Client) -> No
     x32 = gpu.tensor(np.ones((2, 3, 4, 8), np.float32))  # the two-pass kernel checks the key mask too
     with pytest.raises(InvalidArgument, match="key mask"):
         gpu.ops.attention(x32, x32, x32, key_mask=gpu.tensor(np.ones((3, 2), np.uint8)))
+
+
+async def test_the_daemon_checks_a_flash_dispatch_too(gpu: gpud_client.Client) -> None:
+    """A client that skips the library's checks: the daemon applies the flash kernel's rule."""
+    if gpu.backend != "cuda":
+        pytest.skip("the flash kernel is CUDA's")
+    x = gpu.tensor(np.ones((2, 3, 4, 32), np.float16))
+    out = gpu.empty((2, 3, 4, 32), "float32")
+    kernel = gpu.ops._kernel("attention_flash_d32_f32")
+    sizes = [u32(n) for n in (2, 3, 3, 4, 3, 32, 0, 0)]  # 3 KV heads claimed
+    gpu.dispatch(kernel, (1, 4, 2), [x, x, x, x, out, *sizes, 0.5])
+    with pytest.raises(InvalidArgument, match="attention_flash_d32_f32"):
+        await out.numpy()
+    sizes = [u32(n) for n in (2, 3, 3, 4, 4, 32, 0, 4)]  # an int32 key mask claimed, x passed
+    gpu.dispatch(kernel, (1, 4, 2), [x, x, x, x, out, *sizes, 0.5])
+    with pytest.raises(InvalidArgument, match="key mask"):
+        await out.numpy()
 
 
 def test_the_flash_rule_itself() -> None:

@@ -14,8 +14,8 @@ import pytest
 
 import gpud_client
 from gpud_client import InvalidArgument, u32
-from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.matmul import MAX_GROUPS, TC_TILES, plan, tc_grid, tc_kernel
+from gpud_protocol.ops import KERNELS, MAX_GROUPS, OpError, TensorInfo
+from gpud_protocol.ops.matmul import TC_TILES, plan, tc_grid, tc_kernel
 from ops.test_matmul import DECODE, close, poisoned, rand
 
 # (batch, M, N, K, wt, bias dtype, batched w)
@@ -55,9 +55,9 @@ async def tc_product(
 async def test_every_tile_at_edges(gpu: gpud_client.Client, name: str) -> None:
     rng = np.random.default_rng()
     if gpu.backend != "cuda":  # the WebGPU sources have no tensor-core kernels: typed errors, then on
-        x, w = gpu.tensor(rand(rng, (20, 16), "float16")), gpu.tensor(rand(rng, (16, 8), "float16"))
+        tx, tw = gpu.tensor(rand(rng, (20, 16), "float16")), gpu.tensor(rand(rng, (16, 8), "float16"))
         out = gpu.empty((20, 8), "float16")
-        gpu.ops._run(name, tc_grid(name, 1, 20, 8), [x, w, x, out], [1, 20, 8, 16, 0, 0, 0, 0], None)
+        gpu.ops._run(name, tc_grid(name, 1, 20, 8), [tx, tw, tx, out], [1, 20, 8, 16, 0, 0, 0, 0], None)
         with pytest.raises(gpud_client.GpudError):
             await out.numpy()
         with contextlib.suppress(gpud_client.GpudError):  # the failed registration, where reported apart
@@ -111,14 +111,15 @@ async def test_the_daemon_checks_tensor_core_dispatches(gpu: gpud_client.Client)
 
 def test_tile_choice_and_grids() -> None:
     """Narrow tiles for few rows, large ones for many; one block per tile, folded into y past 65,535."""
-    assert TC_TILES[tc_kernel(16, 896, 896)][0] == 16
-    assert TC_TILES[tc_kernel(4096, 151936, 896)][:2] == (128, 128)
-    for name, (bm, bn, threads) in TC_TILES.items():
-        assert KERNELS[name].block == threads and name == f"matmul_tc{bm}x{bn}_f16_f16"
-        assert tc_grid(name, 3, bm, bn) == (1, 1, 3)
-        tiles = -(-4096 // bm) * -(-151936 // bn)
+    assert TC_TILES[tc_kernel(16, 896, 896)].bm == 16
+    assert TC_TILES[tc_kernel(4096, 151936, 896)].bm >= 128
+    for name, (bm, bn, threads, split) in TC_TILES.items():
+        assert KERNELS[name].block == threads and name.startswith(f"matmul_tc{bm}x{bn}")
+        assert tc_grid(name, 3, bm, bn) == (split, 1, 3)
+        blocks = -(-4096 // bm) * -(-151936 // bn) * split
         gx, gy, gz = tc_grid(name, 1, 4096, 151936)
-        assert gz == 1 and gx <= MAX_GROUPS and gx * gy >= tiles and gx * (gy - 1) < tiles
+        assert gz == 1 and gx <= MAX_GROUPS and gx % split == 0  # whole clusters on each row of the grid
+        assert gx * gy >= blocks and gx * (gy - 1) < blocks
     for m in (9, 16, 33, 64, 256, 1024, 4096, 100_000):
         for n in (1, 128, 896, 4864, 151936):
             assert tc_kernel(m, n, 896) in TC_TILES

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.runtime.ledger import CompletionLedger, SubmissionFailed
+from gpud.backends.base import SubmissionFailed
+from gpud.runtime.ledger import CompletionLedger
 from gpud_protocol.errors import DeviceLost
 
 

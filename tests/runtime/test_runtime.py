@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpud.backends.base import Buffer
+from gpud.backends.base import Buffer, SubmissionFailed
 from gpud.backends.fake import FakeDevice
-from gpud.runtime.ledger import SubmissionFailed
 from gpud.runtime.runtime import DeviceRuntime, Wait
 from gpud_protocol import ArgKind, KernelOptions
 from gpud_protocol.errors import DeviceLost, GpudError

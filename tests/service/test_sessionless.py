@@ -30,12 +30,13 @@ def test_each_peer_has_its_own_budget() -> None:
     assert [budget.peer(b"flooder", 0.0) for _ in range(7)] == [True] * 5 + [False] * 2
     assert budget.peer(b"other", 0.0)  # the flooder spent only its own
     assert budget.peer(b"flooder", 0.2) and not budget.peer(b"flooder", 0.2)
+    assert budget.dropped == 3  # counted, for `gpud stats` and the metrics
 
 
 def test_the_shared_budget_bounds_all_peers_together() -> None:
     budget = SessionlessBudget(rate=100.0, total_rate=3.0)
     assert [budget.total(0.0) for _ in range(4)] == [True, True, True, False]
-    assert budget.total(1 / 3 + 1e-9)
+    assert budget.total(0.5) and budget.dropped == 1
 
 
 def test_garbage_leaves_no_state_behind() -> None:
@@ -138,5 +139,37 @@ async def test_a_slice_is_bounded_and_yields_to_the_loop_when_the_socket_stays_f
         assert len(rest) == 101  # what is left, then the socket ran dry
     finally:
         for sock in (router, flooder, other):
+            sock.close(linger=0)
+        ctx.term()
+
+
+async def test_a_failed_send_does_not_hide_a_waiting_message_from_the_reader() -> None:
+    """A send that fails (the peer's queue is full) processes the socket's commands, which can take
+    the edge that announced an incoming message: the outbox must poke the reader after every send,
+    or the receive loop sleeps while a message waits (a flooder that does not read stalled others)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router, stuck, other = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.SNDHWM, 1)
+        stuck.setsockopt(zmq.RCVHWM, 1)
+        stuck.setsockopt(zmq.ROUTING_ID, b"stuck")
+        router.bind("inproc://edge")
+        stuck.connect("inproc://edge")
+        other.connect("inproc://edge")
+        stuck.send(b"hello")
+        reader = SocketReader(router)
+        outboxes = Outboxes(router, reader.poke, lambda i, why: None, 1 << 30, 60.0)
+        assert (await reader.recv())[0].bytes == b"stuck"
+        while not outboxes:  # the stuck peer's queues are full: its replies wait in the outbox
+            outboxes.send(b"stuck", [b"reply"])
+        waiting = asyncio.ensure_future(reader.recv())
+        await asyncio.sleep(0.05)  # the socket is empty: the reader waits for its descriptor
+        other.send(b"ping")
+        outboxes.retry()  # fails (EAGAIN), after the message's arrival was signalled
+        frames = await asyncio.wait_for(waiting, 5)
+        assert frames[-1].bytes == b"ping"
+    finally:
+        for sock in (router, stuck, other):
             sock.close(linger=0)
         ctx.term()

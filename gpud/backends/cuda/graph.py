@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpud.backends.cuda.driver import check, cu, error
-from gpud.runtime.cache import LruCache
+from gpud_protocol.lru import LruCache
 
 log = logging.getLogger(__name__)
 

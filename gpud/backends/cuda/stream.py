@@ -20,10 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from gpud.backends.base import Done
+from gpud.backends.base import Done, SubmissionFailed
 from gpud.backends.cuda.driver import E, check, cu, error
 from gpud.backends.cuda.graph import GraphRunner
-from gpud.runtime.ledger import SubmissionFailed
 from gpud_protocol.errors import DeviceLost
 
 log = logging.getLogger(__name__)

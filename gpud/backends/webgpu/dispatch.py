@@ -17,9 +17,9 @@ from typing import Any
 
 from gpud.backends.base import Arg, Buffer, Program
 from gpud.backends.webgpu.compiler import Pipeline
-from gpud.runtime.cache import LruCache
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import InvalidArgument
+from gpud_protocol.lru import LruCache
 
 SLOT_BYTES = 256  # uniform slot per dispatch; >= every adapter's minUniformBufferOffsetAlignment
 _FORMAT = {ArgKind.F32: "f", ArgKind.I32: "i", ArgKind.U32: "I"}

@@ -53,8 +53,10 @@ class KernelSpec:
 
     def op_name(self, scalars: Sequence[int | float]) -> str:
         """The op a user called to run this kernel with `scalars` ("add" for binary_f32 with op 0)."""
+        if not self.op_codes:
+            return self.op
         names = [name for name, _kind in self.scalars]
-        if self.op_codes and "op" in names and names.index("op") < len(scalars):
+        if "op" in names and names.index("op") < len(scalars):
             code = scalars[names.index("op")]
             if isinstance(code, int) and 0 <= code < len(self.op_codes):
                 return self.op_codes[code]

@@ -27,7 +27,7 @@ attention_combine(part, out; n, d, splits): out[..., c] = the splits merged and 
     a row that sees no key gives zeros.
 attention_flash_d<D>_<out>(q, k, v, key_mask, out; b, t, s, hq, hkv, d, causal, mask_mode, scale): full
     attention in one pass on CUDA's tensor cores (no WGSL twin): q (B, T, Hq, D), k and v (B, S, Hkv, D),
-    all float16, D in FLASH_HEAD_DIMS; out (B, T, Hq, D) float16 or float32. causal and the key mask
+    all float16, D in FLASH_HEAD_DIMS; out (B, T, Hq, D) float32 (<out> f32). causal and the key mask
     (mask_mode 0, or 3 to 6 with key_mask (B, S); at most FLASH_MASKED_KEYS keys) as above; a query
     that sees no key gives zeros. P is rounded to float16 before P V, as flash attention does: results
     within about 1e-3 of float64. Grid `flash_grid` (one block of FLASH_BLOCK threads per 64 query rows
@@ -311,5 +311,5 @@ SPECS = [
     *(_kv_append(a, b) for a in DTYPES for b in DTYPES),
     *(_attention(a, b) for a in DTYPES for b in DTYPES),
     _combine(),
-    *(_flash(d, o) for d in FLASH_HEAD_DIMS for o in DTYPES),
+    *(_flash(d, "float32") for d in FLASH_HEAD_DIMS),  # float16 out: the kernel has it, no entry point yet
 ]

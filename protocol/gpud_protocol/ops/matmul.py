@@ -22,11 +22,12 @@ gid.x + gid.y * groups.x); z is the batch. matmul: (ceil(n / TILE), ceil(m / TIL
 
 CUDA only: `matmul_tc<BM>x<BN>_f16_f16`, float16 x and w on the tensor cores (float32 accumulators,
 out rounded to float16 once), the same tensors, scalars and rule as matmul_f16_f16; a block of
-TC_TILES[name][2] threads computes a BM x BN tile of out. Grid: tc_grid, one block per tile, their
-count folded into y past 65,535 (the block's tile is blockIdx.x + blockIdx.y * gridDim.x; blocks past
-the last tile do nothing), z the batch. tc_kernel picks the tile for a product; the client uses these
-on the cuda backend only (the WebGPU sources have none of them) and keeps matmul_<x>_<w> for float32
-operands (float32 products, which float16 operands would round).
+TC_TILES[name].threads threads computes a BM x BN tile of out, or with TC_TILES[name].split > 1 a
+cluster of that many blocks does, each over a share of K. Grid: tc_grid, split blocks per tile, their
+count folded into y past 65,535 in whole clusters (the block's tile is (blockIdx.x + blockIdx.y *
+gridDim.x) / split; blocks past the last tile do nothing), z the batch. tc_kernel picks the tile for
+a product; the client uses these on the cuda backend only (the WebGPU sources have none of them) and
+keeps matmul_<x>_<w> for float32 operands (float32 products, which float16 operands would round).
 """
 
 from __future__ import annotations
@@ -115,20 +116,29 @@ def matmul_grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
     return grid
 
 
-# matmul_tc kernels: name -> (rows, columns of out per block, threads per block); see gpud/ops/matmul.cu
-TC_TILES: dict[str, tuple[int, int, int]] = {
-    "matmul_tc16x32_f16_f16": (16, 32, 128),
-    "matmul_tc32x64_f16_f16": (32, 64, 128),
-    "matmul_tc64x64_f16_f16": (64, 64, 128),
-    "matmul_tc128x64_f16_f16": (128, 64, 128),
-    "matmul_tc128x128_f16_f16": (128, 128, 128),
+class TcTile(NamedTuple):
+    """A matmul_tc kernel's tile: rows and columns of out, threads per block, and blocks per tile
+    (split > 1: a cluster of that many blocks splits K, see gpud/ops/matmul.cu)."""
+
+    bm: int
+    bn: int
+    threads: int
+    split: int = 1
+
+
+TC_TILES: dict[str, TcTile] = {
+    "matmul_tc16x32_f16_f16": TcTile(16, 32, 128),
+    "matmul_tc32x64_f16_f16": TcTile(32, 64, 128),
+    "matmul_tc64x64_f16_f16": TcTile(64, 64, 128),
+    "matmul_tc128x64_f16_f16": TcTile(128, 64, 128),
+    "matmul_tc128x128_f16_f16": TcTile(128, 128, 128),
 }
 SMS = 132  # tile choice: the multiprocessors of the GPU the tiles were tuned on (an H100)
 
 
 def _tiles(name: str, m: int, n: int) -> int:
-    bm, bn, _threads = TC_TILES[name]
-    return -(-m // bm) * -(-n // bn)
+    t = TC_TILES[name]
+    return -(-m // t.bm) * -(-n // t.bn)
 
 
 def tc_kernel(m: int, n: int, k: int) -> str:
@@ -145,7 +155,13 @@ def tc_kernel(m: int, n: int, k: int) -> str:
 
 
 def tc_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
-    return _fold(_tiles(name, m, n), batch)
+    """split blocks per tile (a cluster: consecutive in x), folded into y past 65,535 in whole clusters."""
+    split = TC_TILES[name].split
+    blocks = _tiles(name, m, n) * split
+    if blocks <= MAX_GROUPS:
+        return (blocks, 1, batch)
+    x = MAX_GROUPS - MAX_GROUPS % split
+    return (x, -(-blocks // x), batch)
 
 
 def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK) -> KernelSpec:
@@ -181,6 +197,5 @@ def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK) -> KernelSp
 
 
 SPECS = [_spec(kind, xd, wd) for kind in ("matvec", "matmul") for xd in DTYPES for wd in DTYPES] + [
-    _spec(name.removesuffix("_f16_f16"), "float16", "float16", threads)
-    for name, (_bm, _bn, threads) in TC_TILES.items()
+    _spec(name.removesuffix("_f16_f16"), "float16", "float16", tile.threads) for name, tile in TC_TILES.items()
 ]

@@ -23,9 +23,8 @@ import numpy as np
 import pytest
 
 from gpud.backends import cuda_problem
-from gpud.backends.base import Buffer, Program
+from gpud.backends.base import Buffer, Program, SubmissionFailed
 from gpud.backends.cuda import open_device
-from gpud.runtime.ledger import SubmissionFailed
 from gpud.runtime.runtime import DeviceRuntime, Prepared, Wait
 from gpud_protocol import DEFAULT_LIMITS, ArgKind, KernelOptions, Limits
 from gpud_protocol.errors import CompileError, DeviceLost, GpudError, InvalidArgument
