@@ -304,9 +304,9 @@ __device__ __forceinline__ void store_pair(unsigned short* out, unsigned long lo
 
 template <int D, typename O>
 __device__ __forceinline__ void flash(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                                      const unsigned char* key_mask, O* out, unsigned int nb, unsigned int nt, unsigned int ns,
-                                      unsigned int hq, unsigned int hkv, unsigned int causal, unsigned int mode,
-                                      float scale) {
+                                      const unsigned char* key_mask, O* out, unsigned int nb, unsigned int nt,
+                                      unsigned int ns, unsigned int hq, unsigned int hkv, unsigned int causal,
+                                      unsigned int mode, float scale) {
     constexpr unsigned int BN = D == 128 ? 32u : 64u;  // keys per tile
     constexpr unsigned int TILE_BYTES = BN * D * 2u;
     constexpr unsigned int STAGE_BYTES = 2u * TILE_BYTES;  // K then V
@@ -376,7 +376,8 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
     unsigned int qf[D / 16][4];
 #pragma unroll
     for (unsigned int kc = 0; kc < D / 16u; ++kc) {
-        ldsm_x4(qf[kc], base + STAGE_BYTES + swz<D>(warp * 16u + (lane & 7u) + ((lane >> 3) & 1u) * 8u, kc * 2u + (lane >> 4)));
+        const unsigned int row = warp * 16u + (lane & 7u) + ((lane >> 3) & 1u) * 8u;
+        ldsm_x4(qf[kc], base + STAGE_BYTES + swz<D>(row, kc * 2u + (lane >> 4)));
     }
 
     float o[D / 8][4];
@@ -414,7 +415,8 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
         }
 
         const unsigned int key0 = tile * BN;
-        const bool whole = mode == 0u && key0 + BN <= (unsigned int)kend && (!causal || (int)(key0 + BN - 1u) <= (int)q0 + shift);
+        const bool whole = mode == 0u && key0 + BN <= (unsigned int)kend &&
+                           (!causal || (int)(key0 + BN - 1u) <= (int)q0 + shift);  // no key to hide
         float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
         for (unsigned int j = 0; j < BN / 8u; ++j) {
@@ -463,9 +465,9 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
         }
 #pragma unroll
         for (unsigned int kc = 0; kc < BN / 16u; ++kc) {
-            const unsigned int pa[4] = {pack_half2(s[2u * kc][0], s[2u * kc][1]), pack_half2(s[2u * kc][2], s[2u * kc][3]),
-                                        pack_half2(s[2u * kc + 1u][0], s[2u * kc + 1u][1]),
-                                        pack_half2(s[2u * kc + 1u][2], s[2u * kc + 1u][3])};
+            const unsigned int pa[4] = {
+                pack_half2(s[2u * kc][0], s[2u * kc][1]), pack_half2(s[2u * kc][2], s[2u * kc][3]),
+                pack_half2(s[2u * kc + 1u][0], s[2u * kc + 1u][1]), pack_half2(s[2u * kc + 1u][2], s[2u * kc + 1u][3])};
 #pragma unroll
             for (unsigned int dp = 0; dp < D / 16u; ++dp) {
                 unsigned int vf[4];
@@ -495,7 +497,7 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
         NAME(const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned char* key_mask, \
              O* out, unsigned int nb, unsigned int nt, unsigned int ns, unsigned int hq, unsigned int hkv,        \
              unsigned int d, unsigned int causal, unsigned int mask_mode, float scale) {                          \
-        flash<D, O>(q, k, v, key_mask, out, nb, nt, ns, hq, hkv, causal, mask_mode, scale);                               \
+        flash<D, O>(q, k, v, key_mask, out, nb, nt, ns, hq, hkv, causal, mask_mode, scale);                       \
     }
 
 // float32 out, as the client's attention returns; a float16 out is one line each (O = unsigned short)

@@ -423,70 +423,11 @@ __device__ __forceinline__ void tc_load(unsigned short* s, unsigned int sa, cons
     }
 }
 
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned int cluster_rank() {
-    unsigned int r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ float ld_cluster(unsigned int local, unsigned int rank) {
-    unsigned int remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-
-// split K over the KSPLIT blocks of a cluster: each block puts its partial BM x BN tile (float32) in
-// its shared memory, then each sums 1 / KSPLIT of the tile's elements over the cluster's blocks
-// (distributed shared memory, ranks in order: deterministic) and writes them out, coalesced
-template <int BM, int BN, int WM, int WN, int WK, int MI, int NJ, int TM, int TN, int KSPLIT>
-__device__ __forceinline__ void tc_cluster_out(unsigned short* smem, float (&acc)[MI][2 * NJ][4], half_t* out,
-                                               const void* bias, unsigned int m, unsigned int n, unsigned int bias_kind,
-                                               unsigned int m0, unsigned int n0, unsigned int rank) {
-    constexpr int NT = WM * WN * WK * 32;
-    float* part = reinterpret_cast<float*>(smem);
-    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const unsigned int wmn = warp % (WM * WN), wm = wmn / WN, wn = wmn % WN;
-    __syncthreads();  // every warp is done with the pipeline's buffers
-    if (WK > 1) {
-        for (unsigned int e = threadIdx.x; e < BM * BN; e += NT) part[e] = 0.0f;
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < MI; i++) {
-#pragma unroll
-        for (int j = 0; j < 2 * NJ; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const unsigned int r = wm * TM + i * 16 + (lane >> 2) + (e >> 1) * 8;
-                const unsigned int c = wn * TN + j * 8 + 2 * (lane & 3u) + (e & 1);
-                if (WK > 1) atomicAdd(part + r * BN + c, acc[i][j][e]);
-                else part[r * BN + c] = acc[i][j][e];
-            }
-        }
-    }
-    __syncthreads();
-    cluster_sync();  // every block's partial tile is complete
-    const unsigned int local = smem_u32(part);
-    for (unsigned int e = rank * NT + threadIdx.x; e < BM * BN; e += KSPLIT * NT) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int q = 0; q < KSPLIT; q++) sum += ld_cluster(local + e * 4, q);
-        const unsigned int r = m0 + e / BN, c = n0 + e % BN;
-        if (r < m && c < n) out[(u64)r * n + c] = f2h(sum + bias_at(bias, bias_kind, c));
-    }
-    cluster_sync();  // no block leaves while another may still read its shared memory
-}
-
-template <int BM, int BN, int BK, int WM, int WN, int WK, int S, int KSPLIT, bool WT>
+template <int BM, int BN, int BK, int WM, int WN, int WK, int S, bool WT>
 __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_t* __restrict__ x,
                                                const half_t* __restrict__ w, const void* __restrict__ bias,
                                                half_t* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
-                                               unsigned int bias_kind, unsigned int m0, unsigned int n0,
-                                               unsigned int rank) {
+                                               unsigned int bias_kind, unsigned int m0, unsigned int n0) {
     constexpr int NT = WM * WN * WK * 32;
     constexpr int TM = BM / WM, TN = BN / WN;  // a warp's part of the tile
     constexpr int MI = TM / 16, NJ = TN / 16;  // its m16 blocks, and n16 blocks (two n8 mma each)
@@ -501,9 +442,7 @@ __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_
     const bool vx = k % 8 == 0 && aligned16(x);
     const bool vw = (WT ? k % 8 == 0 : n % 8 == 0) && aligned16(w);
     const unsigned int base = smem_u32(smem);
-    // this block's K tiles: all of them, or its cluster rank's share
-    const unsigned int all_tiles = (k + BK - 1) / BK, share = (all_tiles + KSPLIT - 1) / KSPLIT;
-    const unsigned int kt0 = min(rank * share, all_tiles), ktiles = min(kt0 + share, all_tiles) - kt0;
+    const unsigned int ktiles = (k + BK - 1) / BK;
 
     float acc[MI][2 * NJ][4];
 #pragma unroll
@@ -517,7 +456,7 @@ __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_
 
     auto load_stage = [&](unsigned int slot, unsigned int kt) {
         unsigned short* sa = smem + slot * STAGE;
-        const unsigned int k0 = (kt0 + kt) * BK;
+        const unsigned int k0 = kt * BK;
         tc_load<BM, RA, NT>(sa, base + slot * STAGE * 2, x, k, m0, m, k0, k, vx);
         if (WT) {
             tc_load<BN, RB, NT>(sa + A_ELEMS, base + (slot * STAGE + A_ELEMS) * 2, w, k, n0, n, k0, k, vw);
@@ -570,11 +509,6 @@ __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_
         }
     }
     cp_async_wait<0>();
-
-    if (KSPLIT > 1) {
-        tc_cluster_out<BM, BN, WM, WN, WK, MI, NJ, TM, TN, KSPLIT>(smem, acc, out, bias, m, n, bias_kind, m0, n0, rank);
-        return;
-    }
     cp_async_wait<0>();
 
     if (WK > 1) {  // the K-split warps add their partial sums into those of the warps with wk == 0
@@ -635,22 +569,18 @@ __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_
     }
 }
 
-// the block's tile from the grid (see tc_grid in gpud_protocol/ops/matmul.py), then the body for w's layout;
-// with KSPLIT > 1 (the entry's __cluster_dims__(KSPLIT, 1, 1)) the KSPLIT blocks of a cluster share a tile
-template <int BM, int BN, int BK, int WM, int WN, int WK, int S, int KSPLIT>
+// the block's tile from the grid (see tc_grid in gpud_protocol/ops/matmul.py), then the body for w's layout
+template <int BM, int BN, int BK, int WM, int WN, int WK, int S>
 __device__ __forceinline__ void matmul_tc(const half_t* x, const half_t* w, const void* bias, half_t* out,
                                           unsigned int batch, unsigned int m, unsigned int n, unsigned int k,
                                           unsigned int x_stride, unsigned int w_stride, unsigned int wt,
                                           unsigned int bias_kind) {
-    constexpr int PIPE = S * (BM + BN) * BK * 2, RED = (WK - 1) * BM * BN * 4, PART = KSPLIT > 1 ? BM * BN * 4 : 0;
-    constexpr int BYTES = PIPE > RED ? (PIPE > PART ? PIPE : PART) : (RED > PART ? RED : PART);
-    __shared__ __align__(128) unsigned short smem[BYTES / 2];
+    constexpr int PIPE = S * (BM + BN) * BK * 2, RED = (WK - 1) * BM * BN * 4;
+    __shared__ __align__(128) unsigned short smem[(PIPE > RED ? PIPE : RED) / 2];
     const unsigned int tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
-    const unsigned int id = (blockIdx.x + blockIdx.y * gridDim.x) / KSPLIT;  // a cluster's blocks: one tile
+    const unsigned int id = blockIdx.x + blockIdx.y * gridDim.x;
     const unsigned int b = blockIdx.z;
-    // uniform over the block, and over its cluster (the same tile and batch): no block waits alone
-    if (b >= batch || m == 0 || n == 0 || k == 0 || id >= tiles_m * tiles_n) return;
-    const unsigned int rank = KSPLIT > 1 ? cluster_rank() : 0u;
+    if (b >= batch || m == 0 || n == 0 || k == 0 || id >= tiles_m * tiles_n) return;  // uniform over the block
     const unsigned int per_group = TC_GROUP_M * tiles_n, first = id / per_group * TC_GROUP_M;
     const unsigned int rows = min(tiles_m - first, (unsigned int)TC_GROUP_M), local = id % per_group;
     const unsigned int m0 = (first + local % rows) * BM, n0 = local / rows * BN;
@@ -658,9 +588,9 @@ __device__ __forceinline__ void matmul_tc(const half_t* x, const half_t* w, cons
     w += (u64)b * w_stride;
     out += (u64)b * m * n;
     if (wt) {
-        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, KSPLIT, true>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0, rank);
+        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, true>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0);
     } else {
-        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, KSPLIT, false>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0, rank);
+        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, false>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0);
     }
 }
 
@@ -714,34 +644,35 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f16(const half_t*
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
-// matmul_tc<BM>x<BN>_f16_f16: <BM, BN, BK, WM, WN, WK, S> (threads: 32 WM WN WK, as TC_TILES in gpud_protocol/ops/matmul.py)
+// matmul_tc<BM>x<BN>_f16_f16 as matmul_tc<BM, BN, BK, WM, WN, WK, S>: 32 WM WN WK threads (TC_TILES in
+// gpud_protocol/ops/matmul.py), chosen by a sweep of tile variants on an H100 (benchmarks/gemm_harness.py)
+
+extern "C" __global__ void __launch_bounds__(256) matmul_tc16x16_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul_tc<16, 16, 128, 1, 1, 8, 5>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc16x32_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<16, 32, 64, 1, 1, 4, 4, 1>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<16, 32, 128, 1, 1, 4, 3>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(128) matmul_tc32x64_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+extern "C" __global__ void __launch_bounds__(128) matmul_tc32x32_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<32, 64, 64, 1, 2, 2, 4, 1>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<32, 32, 128, 1, 1, 4, 3>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc64x64_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<64, 64, 64, 2, 2, 1, 3, 1>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<64, 64, 64, 2, 2, 1, 3>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(128) matmul_tc128x64_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+extern "C" __global__ void __launch_bounds__(256) matmul_tc128x128_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<128, 64, 32, 2, 2, 1, 4, 1>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
-}
-
-extern "C" __global__ void __launch_bounds__(128) matmul_tc128x128_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<128, 128, 32, 2, 2, 1, 3, 1>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<128, 128, 32, 2, 4, 1, 3>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
