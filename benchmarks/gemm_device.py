@@ -22,27 +22,23 @@ SOURCE = ROOT / "gpud" / "ops" / "matmul.cu"
 PROTOCOL = ROOT / "protocol" / "gpud_protocol" / "ops" / "matmul.py"
 MAX_GROUPS = 65535
 
-# tile variants for --sweep: (BM, BN, BK, WM, WN, WK, S, KSPLIT), as matmul_tc's template parameters
+# tile variants for --sweep: (BM, BN, BK, WM, WN, WK, S), as matmul_tc's template parameters
 SWEEP = [
-    (16, 16, 128, 1, 1, 8, 3, 1),
-    (16, 16, 128, 1, 1, 8, 5, 1),
-    (16, 16, 256, 1, 1, 8, 3, 1),
-    (16, 16, 128, 1, 1, 8, 3, 2),
-    (16, 16, 128, 1, 1, 8, 3, 4),
-    (16, 16, 256, 1, 1, 8, 3, 4),
-    (16, 32, 128, 1, 1, 4, 3, 1),
-    (16, 32, 128, 1, 1, 4, 3, 4),
-    (16, 64, 64, 1, 2, 2, 4, 1),
-    (32, 32, 64, 1, 1, 4, 4, 1),
-    (32, 32, 128, 1, 1, 4, 3, 1),
-    (32, 32, 128, 1, 1, 4, 3, 2),
-    (32, 64, 64, 1, 2, 2, 4, 2),
-    (64, 64, 64, 2, 2, 2, 3, 1),
-    (64, 64, 64, 2, 2, 2, 3, 2),
-    (128, 128, 32, 2, 4, 1, 3, 1),
-    (128, 128, 16, 2, 4, 1, 6, 1),
-    (128, 256, 16, 2, 4, 1, 4, 1),
-    (256, 128, 16, 4, 2, 1, 4, 1),
+    (16, 16, 128, 1, 1, 8, 3),
+    (16, 16, 256, 1, 1, 8, 3),
+    (16, 32, 64, 1, 1, 4, 4),
+    (16, 64, 64, 1, 2, 2, 4),
+    (32, 32, 64, 1, 1, 4, 4),
+    (32, 64, 64, 1, 2, 2, 4),
+    (64, 32, 64, 2, 1, 2, 4),
+    (64, 64, 64, 2, 2, 2, 3),
+    (64, 64, 32, 2, 2, 1, 6),
+    (64, 128, 32, 2, 2, 1, 4),
+    (128, 64, 32, 2, 2, 1, 4),
+    (128, 128, 32, 2, 2, 1, 3),
+    (128, 128, 16, 2, 4, 1, 6),
+    (128, 256, 16, 2, 4, 1, 4),
+    (256, 128, 16, 4, 2, 1, 4),
 ]
 MARKS = ("// " + "-" * 64 + " matvec, w as (N, K)", "// " + "-" * 64 + " matmul_tc", "// " + "-" * 64 + " entry points")
 
@@ -52,19 +48,17 @@ class Tile(NamedTuple):
     bm: int
     bn: int
     threads: int
-    split: int  # blocks of a cluster that share a tile, splitting K
 
 
 def sweep_tile(config: tuple[int, ...]) -> Tile:
-    bm, bn, bk, wm, wn, wk, s, split = config
-    return Tile(f"sweep_{bm}x{bn}x{bk}_w{wm}{wn}{wk}_s{s}_k{split}", bm, bn, 32 * wm * wn * wk, split)
+    bm, bn, bk, wm, wn, wk, s = config
+    return Tile(f"sweep_{bm}x{bn}x{bk}_w{wm}{wn}{wk}_s{s}", bm, bn, 32 * wm * wn * wk)
 
 
 def sweep_entry(config: tuple[int, ...]) -> str:
     tile = sweep_tile(config)
-    cluster = f" __cluster_dims__({tile.split}, 1, 1)" if tile.split > 1 else ""
     return (
-        f'\nextern "C" __global__ void __launch_bounds__({tile.threads}){cluster} {tile.name}(const half_t* x, '
+        f'\nextern "C" __global__ void __launch_bounds__({tile.threads}) {tile.name}(const half_t* x, '
         "const half_t* w, const void* bias, half_t* out, unsigned int batch, unsigned int m, unsigned int n, "
         "unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {\n"
         f"    matmul_tc<{', '.join(map(str, config))}>"
@@ -82,13 +76,10 @@ def sweep_source(base: str, config: tuple[int, ...]) -> str:
     return head + templates + sweep_entry(config)
 
 
-def grid(bm: int, bn: int, batch: int, m: int, n: int, split: int = 1) -> tuple[int, int, int]:
-    """`split` blocks per tile, folded into y past 65,535 in whole clusters (tc_grid's rule)."""
-    blocks = -(-m // bm) * -(-n // bn) * split
-    if blocks <= MAX_GROUPS:
-        return (blocks, 1, batch)
-    x = MAX_GROUPS - MAX_GROUPS % split
-    return (x, -(-blocks // x), batch)
+def grid(bm: int, bn: int, batch: int, m: int, n: int) -> tuple[int, int, int]:
+    """One block per tile, folded into y past 65,535 (tc_grid's rule)."""
+    tiles = -(-m // bm) * -(-n // bn)
+    return (tiles, 1, batch) if tiles <= MAX_GROUPS else (MAX_GROUPS, -(-tiles // MAX_GROUPS), batch)
 
 
 def load_protocol() -> Any:
@@ -181,7 +172,6 @@ class Kernel:
     bm: int
     bn: int
     threads: int
-    split: int
     function: Any
     regs: int = 0
     local: int = 0
@@ -251,7 +241,7 @@ class Device:
         return int(buf.data_ptr()) + offset * int(flat.element_size())
 
     def launch(self, fn: Kernel, batch: int, m: int, n: int, pointers: list[int], scalars: list[int]) -> None:
-        self.launch_grid(fn, grid(fn.bm, fn.bn, batch, m, n, fn.split), pointers, scalars)
+        self.launch_grid(fn, grid(fn.bm, fn.bn, batch, m, n), pointers, scalars)
 
     def launch_grid(self, fn: Kernel, g: tuple[int, int, int], pointers: list[int], scalars: list[int]) -> None:
         slots = (ctypes.c_uint64 * (len(pointers) + len(scalars)))(*pointers, *scalars)

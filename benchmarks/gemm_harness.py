@@ -145,7 +145,7 @@ def measure_point(dev: Device, kernels: list[Kernel], plan: str, n: int, k: int,
     point["kernels"] = {}
     for fn in kernels:
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        grid = gd.grid(fn.bm, fn.bn, 1, m, n, fn.split)
+        grid = gd.grid(fn.bm, fn.bn, 1, m, n)
         w_ptrs = [int(ws[i].data_ptr()) for i in range(copies)]
 
         def call(i: int, fn: Kernel = fn, out: Any = out, grid: Any = grid, w_ptrs: list[int] = w_ptrs) -> None:
@@ -189,7 +189,7 @@ def main() -> int:
     production = [gd.Tile(name, *mm.TC_TILES[name]) for name in mm.TC_TILES]
     for tile in production:  # the harness launches with gd.grid: the protocol's grid must be the same
         for m, n in ((16, 896), (4096, 151936), (1000, 70000), (65536, 65536)):
-            assert mm.tc_grid(tile.name, 2, m, n) == gd.grid(tile.bm, tile.bn, 2, m, n, tile.split), tile
+            assert mm.tc_grid(tile.name, 2, m, n) == gd.grid(tile.bm, tile.bn, 2, m, n), tile
     kernels = dev.build(production, gd.SWEEP if args.sweep else [])
     print(f"compiled {len(kernels)} kernels in {time.time() - started:.1f} s")
     for fn in kernels:

@@ -70,6 +70,9 @@ main() {
             ;;
         launch) section python3 -m benchmarks.cuda_launch --json "$OUT/launch-cuda.json" || status=1 ;;
         ops) section python3 -m gpud bench ops --json "$OUT/bench-ops.json" || status=1 ;;
+        wgsl-matmul) # the WGSL matmul before and after, through the NVIDIA Vulkan driver
+            section python3 -m benchmarks.wgsl_matmul --dtypes all --json "$OUT/bench-wgsl-matmul-vulkan.json" || status=1
+            ;;
         decode) section python3 -m gpud bench decode --backend cuda --clients 1,4,8 --json "$OUT/bench-decode-cuda.json" || status=1 ;;
         decode-quick) section python3 -m gpud bench decode --backend cuda --quick --clients 1 --json "$OUT/bench-decode-quick.json" || status=1 ;;
         decode-webgpu)

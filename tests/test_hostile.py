@@ -1733,7 +1733,8 @@ class Tenant(Peer):
         elif kind == 1:
             dtype = rng.choice(list(DTYPE_SIZES))
             too_many = LIMITS.max_tensor_bytes // DTYPE_SIZES[dtype] + 1
-            shape = rng.choice([[too_many], [2**20, 2**20], [2**16] * 4, [65536, 65536, 65536], [2**30 + 1]])
+            huge = [LIMITS.max_tensor_bytes + 1]
+            shape = rng.choice([[too_many], [2**20, 2**20], [2**16] * 4, [65536, 65536, 65536], huge])
             b.op(
                 Opcode.ALLOC,
                 [self.new_handle(), dtype, shape, 0],

@@ -18,6 +18,8 @@ from gpud_client.errors import (
     SessionLost,
 )
 from gpud_client.graphs import Graph, GraphScalar, GraphTensor, Step
+from gpud_client.residents import Resident
+from gpud_client.scope import Scope
 
 __version__ = "0.1.0"
 
@@ -39,7 +41,9 @@ __all__ = [
     "OutOfMemory",
     "PermissionDenied",
     "ProtocolError",
+    "Resident",
     "Scalar",
+    "Scope",
     "SessionLost",
     "Step",
     "Tensor",

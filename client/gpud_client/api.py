@@ -15,16 +15,25 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 import gpud_protocol as proto
+from gpud_client import residents as resident_calls
+from gpud_client.batch import frame_budget
 from gpud_client.connection import HANDSHAKE_TIMEOUT_S, Connection, Trace, default_address, open_connection
 from gpud_client.errors import GpudError, InvalidArgument
 from gpud_client.graphs import Graph, Step
+from gpud_client.loaders import load as loader
 from gpud_client.ops import Ops
+from gpud_client.residents import Resident
+from gpud_client.scope import Scope
+from gpud_client.scope import made as scope_made
+from gpud_client.uploads import part_bytes, upload_in_parts
+from gpud_client.views import TensorViews, dense_range, picked
 from gpud_protocol import ArgKind, KernelOptions
 
 
@@ -55,11 +64,12 @@ class Kernel(NamedTuple):
     unchecked: tuple[str, ...] = ()  # what the daemon could not check about this kernel
 
 
-class Tensor:
+class Tensor(TensorViews):
     """A device tensor owned by a session (or opened from a resident name). Zero-filled when made.
 
-    A view (`reshape`) is a Tensor too: its `base` is the tensor whose memory it is, `handle` is the
-    base's, and it travels as a `TensorView` (the base's handle with its own shape)."""
+    A view (`reshape`, `transpose`, `permute`, `narrow`: gpud_client.views) is a Tensor too: its `base`
+    is the tensor whose memory it is, `handle` is the base's, and it travels as a `TensorView` (the
+    base's handle with its own offset, shape and strides)."""
 
     def __init__(
         self,
@@ -70,6 +80,8 @@ class Tensor:
         device: int,
         mode: str = "rw",
         base: Tensor | None = None,
+        offset: int = 0,
+        strides: tuple[int, ...] | None = None,
     ) -> None:
         self._client = client
         self.handle = handle
@@ -79,9 +91,15 @@ class Tensor:
         self.mode = mode
         self._freed = False
         self.base: Tensor = self if base is None else base  # the tensor whose memory this is
-        # how the daemon is told which tensor: the handle, or the base's handle with this view's shape
-        self.ref: int | proto.TensorView = handle if base is None else proto.view_of_shape(handle, shape)
+        self.offset = offset  # in elements, into the base's memory
+        self.strides = proto.contiguous_strides(shape) if strides is None else strides  # in elements
+        # how the daemon is told which tensor: the handle, or the base's handle with this view's geometry
+        self.ref: int | proto.TensorView = (
+            handle if base is None else proto.TensorView(handle, offset, shape, self.strides)
+        )
         self._wire = (_TENSOR, self.ref)  # as a dispatch argument
+        if client._scopes:  # a scope is open: the tensor is its
+            scope_made(client, self)
 
     @property
     def freed(self) -> bool:
@@ -108,6 +126,8 @@ class Tensor:
         _header, data = await client._connection.request(seq)
         if data is None:
             return np.zeros(self.shape, self.dtype)
+        if self.base is not self and not self._whole:  # the bytes of the span it reaches over
+            return picked(data, self)
         if isinstance(data, np.ndarray):  # assembled from several parts: already a private copy
             return data.view(self.dtype).reshape(self.shape)
         return np.frombuffer(data, self.dtype).reshape(self.shape).copy()
@@ -116,16 +136,16 @@ class Tensor:
         """Queue a host-to-device copy of `array` (same dtype and shape) into this tensor."""
         self._client.upload(self, array)
 
-    def reshape(self, *shape: int | Sequence[int]) -> Tensor:
-        """This tensor's memory with another shape: a view, made in the client (no copy, no message,
-        no daemon handle: it travels as its base's handle and its shape).
-
-        One dimension may be -1 (inferred). Writes through either are seen by the other. A view lives
-        as long as its base: freeing the base ends its views; freeing a view ends only that view."""
-        dims = reshaped(self.shape, shape)
+    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
+        """A view of this tensor's memory (no copy, no message, no daemon handle)."""
         self._client._ref_of(self)  # refuse a view of a freed tensor now, not at its first use
         base = self.base
-        return Tensor(self._client, base.handle, self.dtype, dims, self.device, self.mode, base)
+        return Tensor(self._client, base.handle, self.dtype, shape, self.device, self.mode, base, offset, strides)
+
+    @property
+    def _whole(self) -> bool:
+        """All of its base's memory, in order (the tensor itself, or a reshape of it)."""
+        return not self.offset and self.is_contiguous and math.prod(self.shape) == math.prod(self.base.shape)
 
     def free(self) -> None:
         """Queue the free; the daemon releases the memory once work using it has completed. A view's
@@ -153,6 +173,7 @@ class Client:
         self._dispatches = proto.DispatchEncoder()
         self._kernels: dict[tuple[str, str, KernelOptions], Kernel] = {}
         self.ops = Ops(self)  # the built-in op library
+        self._scopes: dict[Any, list[Scope]] = {}  # the open scopes of each task, innermost last
 
     # ------------------------------------------------------------------ info
 
@@ -225,7 +246,11 @@ class Client:
         host = np.asarray(array, order="C")
         if host.dtype != tensor.dtype or host.shape != tensor.shape:
             raise InvalidArgument(f"array {host.dtype}{list(host.shape)} does not match {tensor!r}")
+        dense_range(tensor, "upload")
         payload = host.tobytes()  # a snapshot: the caller may change `array` before the batch goes
+        if len(payload) > frame_budget(self.limits):  # larger than a message: in parts
+            upload_in_parts(self, tensor, payload, part_bytes(self.limits))
+            return
         queue = self._connection.queue
         index = queue.add_frame(payload)
         if index is None:  # this payload goes with the next batch
@@ -235,7 +260,10 @@ class Client:
         self._queue(proto.Upload(self._next_seq(), self._ref_of(tensor), index, len(payload)))
 
     def copy(self, src: Tensor, dst: Tensor) -> None:
-        """Queue a copy (same dtype and shape); the tensors may live on different devices."""
+        """Queue a copy (same dtype and shape); the tensors may live on different devices. Views are
+        copied where they are contiguous (call gpu.ops.contiguous on another first)."""
+        dense_range(src, "copy")
+        dense_range(dst, "copy")
         self._queue(proto.Copy(self._next_seq(), self._ref_of(src), self._ref_of(dst)))
 
     # ------------------------------------------------------------------ kernels
@@ -336,7 +364,9 @@ class Client:
         A view is refused: publish its base (those who open it reshape it as they need)."""
         handle = self._handle_of(tensor)
         if tensor.base is not tensor:
-            raise InvalidArgument(f"publish {name!r}: {tensor!r} is a reshaped view; publish its base tensor")
+            raise InvalidArgument(
+                f"publish {name!r}: {tensor!r} is a view (reshaped, transposed or narrowed); publish its base tensor"
+            )
         self._queue(proto.Publish(self._next_seq(), handle, name, mode))
 
     async def open(self, name: str) -> Tensor:
@@ -351,6 +381,41 @@ class Client:
 
     def unpublish(self, name: str) -> None:
         self._queue(proto.Unpublish(self._next_seq(), name))
+
+    async def open_prefix(self, prefix: str) -> dict[str, Tensor]:
+        """A handle to every resident tensor whose name starts with `prefix`, in one round trip:
+        {name without the prefix: Tensor}, each in the mode its publisher chose, as `open` gives it.
+        All or none: at most 1,024 (`gpud_protocol.RESIDENTS_PER_REPLY`) may match."""
+        return await resident_calls.open_prefix(self, prefix)
+
+    async def residents(self, prefix: str = "", *, after: str = "") -> list[Resident]:
+        """The published tensors whose names start with `prefix` (name, dtype, shape, mode, nbytes,
+        device), in name order, in one round trip: at most 1,024 of them, those after `after`
+        if given (a full list may have more: ask again with `after=` its last name)."""
+        return await resident_calls.residents(self, prefix, after)
+
+    async def load_safetensors(
+        self,
+        path: str | os.PathLike[str],
+        prefix: str = "",
+        dtype: Any = None,
+        mode: str = "ro",
+        *,
+        device: int | None = None,
+        chunk_bytes: int = 16 << 20,
+    ) -> dict[str, Tensor]:
+        """Load a safetensors file into resident tensors named `prefix + name`, published in `mode`:
+        {name: Tensor} (this session's handles). The file is memory-mapped and streamed in chunks of
+        about `chunk_bytes`; it is checked as hostile input first. `dtype` ("float16", "float32",
+        "float64") converts the floating-point tensors; integer tensors keep their dtype. BF16 tensors
+        load as float32 (exactly), or as `dtype`: gpud has no bfloat16 dtype yet. On any failure
+        nothing stays published or allocated, and the error names the tensor."""
+        return await loader.load_safetensors(self, path, prefix, dtype, mode, device=device, chunk_bytes=chunk_bytes)
+
+    def scope(self) -> Scope:
+        """`async with gpu.scope() as scope:` frees, at exit, every tensor and view this client made
+        inside, in this task, except those passed to `scope.keep(t)` (see gpud_client.scope)."""
+        return Scope(self)
 
     # ------------------------------------------------------------------ replay graphs
 

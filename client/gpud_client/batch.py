@@ -43,13 +43,13 @@ class OpQueue:
             self._count >= limits.max_ops_per_batch
             or len(self._frames) >= limits.max_frames
             or len(self._packed) >= limits.max_header_bytes // 2
-            or self._frame_bytes >= limits.max_tensor_bytes
+            or self._frame_bytes >= frame_budget(limits)
         )
 
     def add_frame(self, payload: Any) -> int | None:
         """The index of `payload` in this batch, or None if it must go in the next batch (size limit)."""
         size = len(payload)
-        if self._frames and self._frame_bytes + size > self.limits.max_message_bytes - self.limits.max_header_bytes:
+        if self._frames and self._frame_bytes + size > frame_budget(self.limits):
             return None
         self._frames.append(payload)
         self._frame_bytes += size
@@ -84,3 +84,8 @@ class OpQueue:
     def receipt(self, number: int) -> None:
         if number > self.confirmed:
             self.confirmed = min(number, self.number)
+
+
+def frame_budget(limits: proto.Limits) -> int:
+    """Payload bytes one batch message may carry (a larger upload travels in parts)."""
+    return limits.max_message_bytes - limits.max_header_bytes

@@ -55,6 +55,22 @@ class GraphTensor:
         """The same memory with another shape (-1: inferred), as in `Tensor.reshape`."""
         return self.graph.view(self, shape)
 
+    def transpose(self, *_args: Any) -> GraphTensor:
+        raise self._no_strides("transpose")
+
+    def permute(self, *_args: Any) -> GraphTensor:
+        raise self._no_strides("permute")
+
+    def narrow(self, *_args: Any) -> GraphTensor:
+        raise self._no_strides("narrow")
+
+    def _no_strides(self, op: str) -> InvalidArgument:
+        return InvalidArgument(
+            f"graph {self.graph.name!r}: a recording's tensors take reshapes only ({op} views are not "
+            "recorded: graph views carry no strides)",
+            op=op,
+        )
+
     def __repr__(self) -> str:
         what = _KIND_WORDS[ArgKind(self.kind)]
         return f"<graph {self.graph.name!r} {what} #{self.index} {self.dtype}{list(self.shape)}>"
@@ -158,6 +174,7 @@ class Graph:
             return (value.kind, value.index)
         ref = self._client._ref_of(value)
         if isinstance(ref, proto.TensorView):  # a session view: recorded as a view of its base
+            _whole_view(f"graph {self.name!r}", value)
             view = self._session_views.get(ref)
             if view is None:
                 view = self._session_views[ref] = self.view(value.base, value.shape)
@@ -269,6 +286,10 @@ class Step:
         if missing := known - set(values):
             raise InvalidArgument(f"graph {self.name!r} needs {sorted(missing)}")
         arrays = [_host_input(self.name, name, dtype, values[name]) for name, dtype in self.inputs]
+        binds = tuple(self._client._ref_of(values[name]) for name, _ in self.binds)  # checked before a frame is queued
+        for (name, _), ref in zip(self.binds, binds, strict=True):
+            if isinstance(ref, proto.TensorView):
+                _whole_view(f"graph {self.name!r} bound tensor {name!r}", values[name])
         frame = -1
         if arrays:
             total, offsets = 0, []
@@ -285,7 +306,6 @@ class Step:
                 index = queue.add_frame(bytes(packed))
             frame = int(index or 0)
         scalars = tuple(float(values[name]) if kind == "f32" else int(values[name]) for name, kind in self.scalars)
-        binds = tuple(self._client._ref_of(values[name]) for name, _ in self.binds)
         shapes = tuple(tuple(a.shape) for a in arrays)
         return kind(seq, self.handle, frame, shapes, scalars, binds)
 
@@ -297,6 +317,15 @@ class Step:
 
     def __repr__(self) -> str:
         return f"<gpud graph {self.name!r} #{self.handle} device {self.device}>"
+
+
+def _whole_view(what: str, tensor: Any) -> None:
+    """Graphs name buffers: they take a session view only where it is its whole tensor (a reshape)."""
+    if not tensor._whole:
+        raise InvalidArgument(
+            f"{what}: {tensor!r} is a transposed or narrowed view; graphs take whole tensors and their "
+            "reshapes: call gpu.ops.contiguous() on it first (outside the recording)"
+        )
 
 
 def _host_input(graph: str, name: str, dtype: str, value: Any) -> np.ndarray[Any, Any]:

@@ -66,6 +66,7 @@ class Buffer:
     device: int  # index of the runtime that owns it
     last_use: int = 0  # number of the last submission that uses it; 0: never used
     offset: int = 0
+    base: Buffer | None = None  # a view's allocation, marked used with it (its release waits for the view's uses)
 
 
 Arg = Buffer | Scalar

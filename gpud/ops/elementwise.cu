@@ -1,5 +1,22 @@
-// Elementwise ops (see gpud_protocol/ops/elementwise.py for the interface). One thread per element;
-// the grid may fold into y past 65,535 blocks. Float16 is unsigned short storage, computed in float32.
+// Elementwise ops (see gpud_protocol/ops/elementwise.py for the interface, gpud_protocol/ops/dtypes.py
+// for the dtype codes, gpud_protocol/ops/broadcast.py for the broadcast layout). Each tensor's dtype is
+// a scalar: one kernel per kind serves every dtype and mix. A thread writes the elements of one 4-byte
+// word of the output (4 int8, 2 float16, 1 float32; one 8-byte element), as the WGSL kernels do, so one
+// grid serves both. The grid may fold into y past 65,535 blocks. Arithmetic is float32.
+//
+// Adding a dtype: its code below, a case in `dtype_bytes`, `is_float`, `load_f`, `load_i` and `store_f`.
+
+#define F32 0u
+#define F16 1u
+#define I32 2u
+#define U32 3u
+#define I8 4u
+#define U8 5u
+#define I16 6u
+#define U16 7u
+#define I64 8u
+#define U64 9u
+#define MAX_RANK 6
 
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -8,17 +25,89 @@ __device__ __forceinline__ unsigned int linear_index() {
     return blockIdx.x * blockDim.x + threadIdx.x + blockIdx.y * gridDim.x * blockDim.x;
 }
 
+__device__ __forceinline__ unsigned int dtype_bytes(unsigned int c) {
+    switch (c) {
+        case I8: case U8: return 1u;
+        case F16: case I16: case U16: return 2u;
+        case I64: case U64: return 8u;
+        default: return 4u;
+    }
+}
+
+__device__ __forceinline__ bool is_float(unsigned int c) { return c == F32 || c == F16; }
+
+__device__ __forceinline__ float load_f(const unsigned char* p, unsigned int c, size_t i) {
+    switch (c) {
+        case F32: return reinterpret_cast<const float*>(p)[i];
+        case F16: return h2f(reinterpret_cast<const unsigned short*>(p)[i]);
+        case I32: return (float)reinterpret_cast<const int*>(p)[i];
+        case U32: return (float)reinterpret_cast<const unsigned int*>(p)[i];
+        case I8: return (float)reinterpret_cast<const signed char*>(p)[i];
+        case U8: return (float)p[i];
+        case I16: return (float)reinterpret_cast<const short*>(p)[i];
+        case U16: return (float)reinterpret_cast<const unsigned short*>(p)[i];
+        case I64: return (float)reinterpret_cast<const long long*>(p)[i];
+        default: return (float)reinterpret_cast<const unsigned long long*>(p)[i];
+    }
+}
+
+// An integer element, sign- or zero-extended to 64 bits.
+__device__ __forceinline__ unsigned long long load_i(const unsigned char* p, unsigned int c, size_t i) {
+    switch (c) {
+        case I32: return (unsigned long long)(long long)reinterpret_cast<const int*>(p)[i];
+        case U32: return reinterpret_cast<const unsigned int*>(p)[i];
+        case I8: return (unsigned long long)(long long)reinterpret_cast<const signed char*>(p)[i];
+        case U8: return p[i];
+        case I16: return (unsigned long long)(long long)reinterpret_cast<const short*>(p)[i];
+        case U16: return reinterpret_cast<const unsigned short*>(p)[i];
+        default: return reinterpret_cast<const unsigned long long*>(p)[i];  // int64, uint64
+    }
+}
+
+// The low bytes of an integer (integer to integer casts wrap, as numpy's astype).
+__device__ __forceinline__ void store_i(unsigned char* p, unsigned int c, size_t i, unsigned long long v) {
+    switch (dtype_bytes(c)) {
+        case 1u: p[i] = (unsigned char)v; break;
+        case 2u: reinterpret_cast<unsigned short*>(p)[i] = (unsigned short)v; break;
+        case 4u: reinterpret_cast<unsigned int*>(p)[i] = (unsigned int)v; break;
+        default: reinterpret_cast<unsigned long long*>(p)[i] = v;
+    }
+}
+
+__device__ __forceinline__ int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Floats rounded to nearest even; to integers truncated toward zero and saturated (cvt.rzi saturates,
+// NaN gives 0).
+__device__ __forceinline__ void store_f(unsigned char* p, unsigned int c, size_t i, float v) {
+    switch (c) {
+        case F32: reinterpret_cast<float*>(p)[i] = v; break;
+        case F16: reinterpret_cast<unsigned short*>(p)[i] = f2h(v); break;
+        case I32: reinterpret_cast<int*>(p)[i] = __float2int_rz(v); break;
+        case U32: reinterpret_cast<unsigned int*>(p)[i] = __float2uint_rz(v); break;
+        case I8: reinterpret_cast<signed char*>(p)[i] = (signed char)clamp_int(__float2int_rz(v), -128, 127); break;
+        case U8: p[i] = (unsigned char)clamp_int(__float2int_rz(v), 0, 255); break;
+        case I16: reinterpret_cast<short*>(p)[i] = (short)clamp_int(__float2int_rz(v), -32768, 32767); break;
+        case U16: reinterpret_cast<unsigned short*>(p)[i] = (unsigned short)clamp_int(__float2int_rz(v), 0, 65535); break;
+        case I64: reinterpret_cast<long long*>(p)[i] = __float2ll_rz(v); break;
+        default: reinterpret_cast<unsigned long long*>(p)[i] = __float2ull_rz(v);
+    }
+}
+
+__device__ __forceinline__ bool is_nan(float v) { return v != v; }
+
 __device__ __forceinline__ float binary_op(float a, float b, unsigned int op) {
     switch (op) {
         case 0: return a + b;
         case 1: return a - b;
         case 2: return a * b;
         case 4: return a / (1.0f + expf(-a)) * b;
+        case 5: return is_nan(a) || is_nan(b) ? (is_nan(a) ? a : b) : fmaxf(a, b);
+        case 6: return is_nan(a) || is_nan(b) ? (is_nan(a) ? a : b) : fminf(a, b);
         default: return a / b;
     }
 }
 
-__device__ __forceinline__ float unary_op(float x, unsigned int op, float a) {
+__device__ __forceinline__ float unary_op(float x, unsigned int op, float a, float b) {
     switch (op) {
         case 0: return a * x;
         case 1: return expf(x);
@@ -26,39 +115,118 @@ __device__ __forceinline__ float unary_op(float x, unsigned int op, float a) {
         case 3: return x / (1.0f + expf(-x));
         case 4: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
         case 5: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+        case 7: return is_nan(x) ? x : fminf(fmaxf(x, a), b);
         default: return tanhf(x);
     }
 }
 
-extern "C" __global__ void binary_f32(const float* x, const float* y, float* out, unsigned int n, unsigned int nx,
-                                      unsigned int ny, unsigned int op) {
-    unsigned int i = linear_index();
-    if (i < n) out[i] = binary_op(x[i % nx], y[i % ny], op);
+struct Shape {
+    unsigned int rank;
+    unsigned int d[MAX_RANK];
+};
+
+// Each operand's element index for output element e: the output's merged axes walked from the last; an
+// operand advances along an axis unless its mask has the axis's bit (it is 1 there).
+template <int N>
+__device__ __forceinline__ void offsets(unsigned int e, const Shape& s, const unsigned int (&masks)[N],
+                                        unsigned int (&off)[N]) {
+    if (s.rank == 1u) {
+#pragma unroll
+        for (int o = 0; o < N; ++o) off[o] = (masks[o] & 1u) ? 0u : e;
+        return;
+    }
+    unsigned int stride[N];
+#pragma unroll
+    for (int o = 0; o < N; ++o) {
+        off[o] = 0u;
+        stride[o] = 1u;
+    }
+    unsigned int rem = e;
+#pragma unroll
+    for (int k = MAX_RANK - 1; k >= 0; --k) {
+        if ((unsigned int)k < s.rank) {
+            const unsigned int size = s.d[k];
+            const unsigned int coord = rem % size;
+            rem /= size;
+#pragma unroll
+            for (int o = 0; o < N; ++o) {
+                if (!((masks[o] >> k) & 1u)) {
+                    off[o] += coord * stride[o];
+                    stride[o] *= size;
+                }
+            }
+        }
+    }
 }
 
-extern "C" __global__ void binary_f16(const unsigned short* x, const unsigned short* y, unsigned short* out,
-                                      unsigned int n, unsigned int nx, unsigned int ny, unsigned int op) {
-    unsigned int i = linear_index();
-    if (i < n) out[i] = f2h(binary_op(h2f(x[i % nx]), h2f(y[i % ny]), op));
+// The elements of output word t: [first, first + count).
+__device__ __forceinline__ bool word_elements(unsigned int n, unsigned int out_dtype, unsigned int& first,
+                                              unsigned int& count) {
+    const unsigned int bytes = dtype_bytes(out_dtype);
+    const unsigned int per = bytes >= 4u ? 1u : 4u / bytes;
+    first = linear_index() * per;
+    if (first >= n) return false;
+    count = min(per, n - first);
+    return true;
 }
 
-extern "C" __global__ void unary_f32(const float* x, float* out, unsigned int n, unsigned int op, float a) {
-    unsigned int i = linear_index();
-    if (i < n) out[i] = unary_op(x[i], op, a);
+extern "C" __global__ void ew_binary(const unsigned char* x, const unsigned char* y, unsigned char* out, unsigned int n,
+                                     unsigned int op, unsigned int rank, unsigned int d0, unsigned int d1,
+                                     unsigned int d2, unsigned int d3, unsigned int d4, unsigned int d5,
+                                     unsigned int x_bcast, unsigned int y_bcast, unsigned int x_dtype,
+                                     unsigned int y_dtype, unsigned int out_dtype) {
+    unsigned int first, count;
+    if (!word_elements(n, out_dtype, first, count)) return;
+    const Shape s = {rank, {d0, d1, d2, d3, d4, d5}};
+    const unsigned int masks[2] = {x_bcast, y_bcast};
+    for (unsigned int j = 0; j < count; ++j) {
+        unsigned int off[2];
+        offsets<2>(first + j, s, masks, off);
+        const float v = binary_op(load_f(x, x_dtype, off[0]), load_f(y, y_dtype, off[1]), op);
+        store_f(out, out_dtype, first + j, v);
+    }
 }
 
-extern "C" __global__ void unary_f16(const unsigned short* x, unsigned short* out, unsigned int n, unsigned int op,
-                                     float a) {
-    unsigned int i = linear_index();
-    if (i < n) out[i] = f2h(unary_op(h2f(x[i]), op, a));
+extern "C" __global__ void ew_where(const unsigned char* cond, const unsigned char* x, const unsigned char* y,
+                                    unsigned char* out, unsigned int n, unsigned int rank, unsigned int d0,
+                                    unsigned int d1, unsigned int d2, unsigned int d3, unsigned int d4,
+                                    unsigned int d5, unsigned int cond_bcast, unsigned int x_bcast,
+                                    unsigned int y_bcast, unsigned int cond_dtype, unsigned int x_dtype,
+                                    unsigned int y_dtype, unsigned int out_dtype) {
+    unsigned int first, count;
+    if (!word_elements(n, out_dtype, first, count)) return;
+    const Shape s = {rank, {d0, d1, d2, d3, d4, d5}};
+    const unsigned int masks[3] = {cond_bcast, x_bcast, y_bcast};
+    for (unsigned int j = 0; j < count; ++j) {
+        unsigned int off[3];
+        offsets<3>(first + j, s, masks, off);
+        // a float by its bits but the sign's (-0.0 is zero, NaN and subnormals are not); an integer by its bits
+        const bool take = is_float(cond_dtype) ? (__float_as_uint(load_f(cond, cond_dtype, off[0])) & 0x7fffffffu) != 0u
+                                               : load_i(cond, cond_dtype, off[0]) != 0ull;
+        const float v = take ? load_f(x, x_dtype, off[1]) : load_f(y, y_dtype, off[2]);
+        store_f(out, out_dtype, first + j, v);
+    }
 }
 
-extern "C" __global__ void cast_f32_f16(const float* x, unsigned short* out, unsigned int n) {
-    unsigned int i = linear_index();
-    if (i < n) out[i] = f2h(x[i]);
+extern "C" __global__ void ew_unary(const unsigned char* x, unsigned char* out, unsigned int n, unsigned int op,
+                                    float a, float b, unsigned int x_dtype, unsigned int out_dtype) {
+    unsigned int first, count;
+    if (!word_elements(n, out_dtype, first, count)) return;
+    for (unsigned int j = 0; j < count; ++j) {
+        store_f(out, out_dtype, first + j, unary_op(load_f(x, x_dtype, first + j), op, a, b));
+    }
 }
 
-extern "C" __global__ void cast_f16_f32(const unsigned short* x, float* out, unsigned int n) {
-    unsigned int i = linear_index();
-    if (i < n) out[i] = h2f(x[i]);
+extern "C" __global__ void ew_cast(const unsigned char* x, unsigned char* out, unsigned int n, unsigned int x_dtype,
+                                   unsigned int out_dtype) {
+    unsigned int first, count;
+    if (!word_elements(n, out_dtype, first, count)) return;
+    for (unsigned int j = 0; j < count; ++j) {
+        const unsigned int i = first + j;
+        if (is_float(x_dtype) || is_float(out_dtype)) {
+            store_f(out, out_dtype, i, load_f(x, x_dtype, i));
+        } else {
+            store_i(out, out_dtype, i, load_i(x, x_dtype, i));
+        }
+    }
 }

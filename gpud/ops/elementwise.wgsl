@@ -1,12 +1,253 @@
-// Elementwise ops (see gpud_protocol/ops/elementwise.py for the interface). One thread per element;
-// the grid may fold into y past 65,535 workgroups. Float16 is computed in float32.
-enable f16;
+// Elementwise ops (see gpud_protocol/ops/elementwise.py for the interface, gpud_protocol/ops/dtypes.py
+// for the dtype codes, gpud_protocol/ops/broadcast.py for the broadcast layout). Every tensor is bound
+// as 4-byte words whatever its dtype, and each tensor's dtype is a scalar: one kernel per kind serves
+// every dtype and mix. A thread writes one word of the output (4 int8, 2 float16, 1 float32; one 8-byte
+// element: two words), so narrow outputs need no atomics. The grid may fold into y past 65,535
+// workgroups. Arithmetic is float32; conversions are done on the bits, so they round to nearest even
+// and keep infinities, NaN and subnormals on every implementation.
+//
+// Adding a dtype: its code below, a case in `bytes`, `is_float`, `to_f32` and `encode`.
 
 const BLOCK: u32 = 256u;
+
+const F32: u32 = 0u;
+const F16: u32 = 1u;
+const I32: u32 = 2u;
+const U32: u32 = 3u;
+const I8: u32 = 4u;
+const U8: u32 = 5u;
+const I16: u32 = 6u;
+const U16: u32 = 7u;
+const I64: u32 = 8u;
+const U64: u32 = 9u;
+
+fn bytes(c: u32) -> u32 {
+    switch c {
+        case 4u, 5u: { return 1u; }
+        case 1u, 6u, 7u: { return 2u; }
+        case 8u, 9u: { return 8u; }
+        default: { return 4u; }
+    }
+}
+
+fn is_float(c: u32) -> bool {
+    return c == F32 || c == F16;
+}
+
+fn is_signed(c: u32) -> bool {
+    return c == I32 || c == I8 || c == I16 || c == I64;
+}
 
 fn index(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return gid.x + gid.y * groups.x * BLOCK;
 }
+
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// ---------------------------------------------------------------- conversions on the bits
+
+fn half_to_f32(h: u32) -> f32 {
+    let s = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        return bitcast<f32>(s | bitcast<u32>(f32(m) * 5.9604644775390625e-8));  // subnormal: m * 2^-24
+    }
+    if (e == 31u) {
+        return bitcast<f32>(s | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// Rounded to nearest even; past 65504 (by rounding) infinity; NaN stays NaN.
+fn f32_to_half(v: f32) -> u32 {
+    let x = bitcast<u32>(v);
+    let s = (x >> 16u) & 0x8000u;
+    let a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) {
+        return s | 0x7e00u | ((a >> 13u) & 0x3ffu);
+    }
+    if (a >= 0x477ff000u) {
+        return s | 0x7c00u;
+    }
+    if (a < 0x38800000u) {  // a float16 subnormal (or the smallest normal, by rounding): round() ties to even
+        return s | u32(round(bitcast<f32>(a) * 16777216.0));
+    }
+    let r = a - 0x38000000u;
+    return s | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
+}
+
+fn negate64(b: vec2<u32>) -> vec2<u32> {
+    let lo = ~b.x + 1u;
+    return vec2<u32>(lo, ~b.y + select(0u, 1u, lo == 0u));
+}
+
+fn u64_to_f32(b: vec2<u32>) -> f32 {
+    if (b.y == 0u) {
+        return f32(b.x);
+    }
+    let lz = countLeadingZeros(b.y);
+    var top = b.y;
+    var rest = b.x;
+    if (lz > 0u) {
+        top = (b.y << lz) | (b.x >> (32u - lz));
+        rest = b.x << lz;
+    }
+    // the bits below `top` only break ties: folded into its lowest bit, which f32 drops anyway
+    return ldexp(f32(top | select(0u, 1u, rest != 0u)), i32(32u - lz));
+}
+
+fn i64_to_f32(b: vec2<u32>) -> f32 {
+    if (b.y == select(0u, 0xffffffffu, (b.x >> 31u) == 1u)) {  // the high word only extends the sign
+        return f32(bitcast<i32>(b.x));
+    }
+    if ((b.y >> 31u) == 1u) {
+        return -u64_to_f32(negate64(b));
+    }
+    return u64_to_f32(b);
+}
+
+// Truncated toward zero, saturated at the range of the 64-bit integer c, NaN to 0.
+fn f32_to_64(v: f32, c: u32) -> vec2<u32> {
+    if (is_nan(v)) {
+        return vec2<u32>(0u, 0u);
+    }
+    let t = trunc(v);
+    if (c == U64) {
+        if (t <= 0.0) {
+            return vec2<u32>(0u, 0u);
+        }
+        if (t >= 18446744073709551616.0) {
+            return vec2<u32>(0xffffffffu, 0xffffffffu);
+        }
+    } else {
+        if (t >= 9223372036854775808.0) {
+            return vec2<u32>(0xffffffffu, 0x7fffffffu);
+        }
+        if (t <= -9223372036854775808.0) {
+            return vec2<u32>(0u, 0x80000000u);
+        }
+    }
+    let m = abs(t);
+    let hi = trunc(m * 2.3283064365386963e-10);  // exact: m / 2^32, then the remainder below is exact too
+    let b = vec2<u32>(u32(m - hi * 4294967296.0), u32(hi));
+    return select(b, negate64(b), t < 0.0);
+}
+
+// Truncated toward zero, saturated at the range of the integer c of 4 bytes or fewer, NaN to 0.
+fn f32_to_int(v: f32, c: u32) -> u32 {
+    if (is_nan(v)) {
+        return 0u;
+    }
+    let t = trunc(v);
+    let width = bytes(c) * 8u;
+    if (is_signed(c)) {
+        let top = exp2(f32(width - 1u));  // 2^(width-1): the first value past the range
+        let most = (1u << (width - 1u)) - 1u;
+        if (t >= top) {
+            return most;
+        }
+        if (t < -top) {
+            return ~most;
+        }
+        return bitcast<u32>(i32(t));
+    }
+    if (t <= 0.0) {
+        return 0u;
+    }
+    if (t >= exp2(f32(width))) {
+        return select((1u << (width % 32u)) - 1u, 0xffffffffu, width == 32u);
+    }
+    return u32(t);
+}
+
+// ---------------------------------------------------------------- element bits and values
+
+// The bits of element i of a tensor of dtype c, from the word holding it (and the next one, for 8-byte
+// dtypes): integers sign- or zero-extended to 64 bits, float16 in the low 16 bits.
+fn bits(c: u32, w: u32, w2: u32, i: u32) -> vec2<u32> {
+    let size = bytes(c);
+    if (size == 8u) {
+        return vec2<u32>(w, w2);
+    }
+    var lo = w;
+    if (size < 4u) {
+        let width = size * 8u;
+        let offset = (i % (4u / size)) * width;
+        lo = select(extractBits(w, offset, width), bitcast<u32>(extractBits(bitcast<i32>(w), offset, width)),
+                    is_signed(c));
+    }
+    return vec2<u32>(lo, select(0u, 0xffffffffu, is_signed(c) && (lo >> 31u) == 1u));
+}
+
+fn word_of(c: u32, i: u32) -> u32 {
+    let size = bytes(c);
+    if (size == 8u) {
+        return 2u * i;
+    }
+    return i / (4u / size);
+}
+
+fn to_f32(c: u32, b: vec2<u32>) -> f32 {
+    switch c {
+        case 0u: { return bitcast<f32>(b.x); }
+        case 1u: { return half_to_f32(b.x); }
+        case 3u, 5u, 7u: { return f32(b.x); }
+        case 8u: { return i64_to_f32(b); }
+        case 9u: { return u64_to_f32(b); }
+        default: { return f32(bitcast<i32>(b.x)); }  // int32, int8, int16: sign-extended
+    }
+}
+
+// v as dtype c: the bits to store (narrow dtypes in the low bits of x).
+fn encode(c: u32, v: f32) -> vec2<u32> {
+    switch c {
+        case 0u: { return vec2<u32>(bitcast<u32>(v), 0u); }
+        case 1u: { return vec2<u32>(f32_to_half(v), 0u); }
+        case 8u, 9u: { return f32_to_64(v, c); }
+        default: { return vec2<u32>(f32_to_int(v, c), 0u); }
+    }
+}
+
+// word with element j (of those sharing it) replaced by the low bits of b
+fn put(c: u32, word: u32, j: u32, b: u32) -> u32 {
+    let size = bytes(c);
+    if (size >= 4u) {
+        return b;
+    }
+    return insertBits(word, b, j * size * 8u, size * 8u);
+}
+
+fn per_word(c: u32) -> u32 {
+    return max(1u, 4u / bytes(c));
+}
+
+// ---------------------------------------------------------------- broadcasting
+
+// Each operand's element index for output element e: the output's merged axes walked from the last;
+// an operand advances along an axis unless its mask has the axis's bit (it is 1 there).
+fn offsets(e: u32, rank: u32, d: array<u32, 6>, masks: vec3<u32>) -> vec3<u32> {
+    if (rank == 1u) {
+        return select(vec3<u32>(e), vec3<u32>(0u), (masks & vec3<u32>(1u)) != vec3<u32>(0u));
+    }
+    var dims = d;
+    var rem = e;
+    var off = vec3<u32>(0u);
+    var stride = vec3<u32>(1u);
+    for (var k = rank; k > 0u; k--) {
+        let size = dims[k - 1u];
+        let coord = rem % size;
+        rem = rem / size;
+        let along = ((masks >> vec3<u32>(k - 1u)) & vec3<u32>(1u)) == vec3<u32>(0u);
+        off += select(vec3<u32>(0u), vec3<u32>(coord) * stride, along);
+        stride *= select(vec3<u32>(1u), vec3<u32>(size), along);
+    }
+    return off;
+}
+
+// ---------------------------------------------------------------- the ops
 
 fn binary(a: f32, b: f32, op: u32) -> f32 {
     switch op {
@@ -14,6 +255,18 @@ fn binary(a: f32, b: f32, op: u32) -> f32 {
         case 1u: { return a - b; }
         case 2u: { return a * b; }
         case 4u: { return a / (1.0 + exp(-a)) * b; }
+        case 5u: {
+            if (is_nan(a) || is_nan(b)) {
+                return select(b, a, is_nan(a));
+            }
+            return max(a, b);
+        }
+        case 6u: {
+            if (is_nan(a) || is_nan(b)) {
+                return select(b, a, is_nan(a));
+            }
+            return min(a, b);
+        }
         default: { return a / b; }
     }
 }
@@ -39,7 +292,7 @@ fn erf(x: f32) -> f32 {
     return s * y;
 }
 
-fn unary(x: f32, op: u32, a: f32) -> f32 {
+fn unary(x: f32, op: u32, a: f32, b: f32) -> f32 {
     switch op {
         case 0u: { return a * x; }
         case 1u: { return exp(x); }
@@ -47,84 +300,231 @@ fn unary(x: f32, op: u32, a: f32) -> f32 {
         case 3u: { return x / (1.0 + exp(-x)); }
         case 4u: { return 0.5 * x * (1.0 + erf(x * 0.7071067811865476)); }
         case 5u: { return gelu_tanh(x); }
+        case 7u: {
+            if (is_nan(x)) {
+                return x;
+            }
+            return min(max(x, a), b);
+        }
         default: { return safe_tanh(x); }
     }
 }
 
-struct Binary { n: u32, nx: u32, ny: u32, op: u32 }
-struct Unary { n: u32, op: u32, a: f32 }
-struct Count { n: u32 }
+// ---------------------------------------------------------------- bindings: inputs are shared
 
-@group(0) @binding(0) var<storage, read> bx32: array<f32>;
-@group(0) @binding(1) var<storage, read> by32: array<f32>;
-@group(0) @binding(2) var<storage, read_write> bo32: array<f32>;
-@group(0) @binding(3) var<uniform> bp32: Binary;
+@group(0) @binding(0) var<storage, read> in0: array<u32>;
+@group(0) @binding(1) var<storage, read> in1: array<u32>;
+@group(0) @binding(2) var<storage, read> in2: array<u32>;
 
-@compute @workgroup_size(256)
-fn binary_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = index(gid, groups);
-    if (i < bp32.n) {
-        bo32[i] = binary(bx32[i % bp32.nx], by32[i % bp32.ny], bp32.op);
+fn load0(c: u32, i: u32) -> f32 {
+    let w = word_of(c, i);
+    var hi = 0u;
+    if (bytes(c) == 8u) {
+        hi = in0[w + 1u];
     }
+    return to_f32(c, bits(c, in0[w], hi, i));
 }
 
-@group(0) @binding(0) var<storage, read> bx16: array<f16>;
-@group(0) @binding(1) var<storage, read> by16: array<f16>;
-@group(0) @binding(2) var<storage, read_write> bo16: array<f16>;
-@group(0) @binding(3) var<uniform> bp16: Binary;
-
-@compute @workgroup_size(256)
-fn binary_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = index(gid, groups);
-    if (i < bp16.n) {
-        bo16[i] = f16(binary(f32(bx16[i % bp16.nx]), f32(by16[i % bp16.ny]), bp16.op));
+fn load1(c: u32, i: u32) -> f32 {
+    let w = word_of(c, i);
+    var hi = 0u;
+    if (bytes(c) == 8u) {
+        hi = in1[w + 1u];
     }
+    return to_f32(c, bits(c, in1[w], hi, i));
 }
 
-@group(0) @binding(0) var<storage, read> ux32: array<f32>;
-@group(0) @binding(1) var<storage, read_write> uo32: array<f32>;
-@group(0) @binding(2) var<uniform> up32: Unary;
-
-@compute @workgroup_size(256)
-fn unary_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = index(gid, groups);
-    if (i < up32.n) {
-        uo32[i] = unary(ux32[i], up32.op, up32.a);
+fn load2(c: u32, i: u32) -> f32 {
+    let w = word_of(c, i);
+    var hi = 0u;
+    if (bytes(c) == 8u) {
+        hi = in2[w + 1u];
     }
+    return to_f32(c, bits(c, in2[w], hi, i));
 }
 
-@group(0) @binding(0) var<storage, read> ux16: array<f16>;
-@group(0) @binding(1) var<storage, read_write> uo16: array<f16>;
-@group(0) @binding(2) var<uniform> up16: Unary;
-
-@compute @workgroup_size(256)
-fn unary_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = index(gid, groups);
-    if (i < up16.n) {
-        uo16[i] = f16(unary(f32(ux16[i]), up16.op, up16.a));
+// Whether cond element i is nonzero (a float by its bits but the sign's: -0.0 is zero, NaN is not,
+// whatever the implementation makes of comparing NaN or subnormals).
+fn nonzero0(c: u32, i: u32) -> bool {
+    if (is_float(c)) {
+        return (bitcast<u32>(load0(c, i)) & 0x7fffffffu) != 0u;
     }
+    let w = word_of(c, i);
+    var hi = 0u;
+    if (bytes(c) == 8u) {
+        hi = in0[w + 1u];
+    }
+    let b = bits(c, in0[w], hi, i);
+    return (b.x | b.y) != 0u;
 }
 
-@group(0) @binding(0) var<storage, read> cx32: array<f32>;
-@group(0) @binding(1) var<storage, read_write> co16: array<f16>;
-@group(0) @binding(2) var<uniform> cp32: Count;
+// ---------------------------------------------------------------- ew_binary
 
-@compute @workgroup_size(256)
-fn cast_f32_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = index(gid, groups);
-    if (i < cp32.n) {
-        co16[i] = f16(cx32[i]);
-    }
+struct BinaryArgs {
+    n: u32, op: u32, rank: u32, d0: u32, d1: u32, d2: u32, d3: u32, d4: u32, d5: u32,
+    x_bcast: u32, y_bcast: u32, x_dtype: u32, y_dtype: u32, out_dtype: u32,
 }
 
-@group(0) @binding(0) var<storage, read> cx16: array<f16>;
-@group(0) @binding(1) var<storage, read_write> co32: array<f32>;
-@group(0) @binding(2) var<uniform> cp16: Count;
+@group(0) @binding(2) var<storage, read_write> binary_out: array<u32>;
+@group(0) @binding(3) var<uniform> pb: BinaryArgs;
+
+fn binary_at(e: u32) -> vec2<u32> {
+    let d = array<u32, 6>(pb.d0, pb.d1, pb.d2, pb.d3, pb.d4, pb.d5);
+    let o = offsets(e, pb.rank, d, vec3<u32>(pb.x_bcast, pb.y_bcast, 0u));
+    return encode(pb.out_dtype, binary(load0(pb.x_dtype, o.x), load1(pb.y_dtype, o.y), pb.op));
+}
 
 @compute @workgroup_size(256)
-fn cast_f16_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = index(gid, groups);
-    if (i < cp16.n) {
-        co32[i] = f32(cx16[i]);
+fn ew_binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let t = index(gid, groups);
+    let c = pb.out_dtype;
+    let per = per_word(c);
+    let first = t * per;
+    if (first >= pb.n) {
+        return;
     }
+    if (bytes(c) == 8u) {
+        let b = binary_at(first);
+        binary_out[2u * t] = b.x;
+        binary_out[2u * t + 1u] = b.y;
+        return;
+    }
+    let count = min(per, pb.n - first);
+    var word = 0u;
+    if (count < per) {
+        word = binary_out[t];  // the tensor ends inside this word: keep what follows it
+    }
+    for (var j = 0u; j < count; j++) {
+        word = put(c, word, j, binary_at(first + j).x);
+    }
+    binary_out[t] = word;
+}
+
+// ---------------------------------------------------------------- ew_where
+
+struct WhereArgs {
+    n: u32, rank: u32, d0: u32, d1: u32, d2: u32, d3: u32, d4: u32, d5: u32,
+    cond_bcast: u32, x_bcast: u32, y_bcast: u32, cond_dtype: u32, x_dtype: u32, y_dtype: u32, out_dtype: u32,
+}
+
+@group(0) @binding(3) var<storage, read_write> where_out: array<u32>;
+@group(0) @binding(4) var<uniform> pw: WhereArgs;
+
+fn where_at(e: u32) -> vec2<u32> {
+    let d = array<u32, 6>(pw.d0, pw.d1, pw.d2, pw.d3, pw.d4, pw.d5);
+    let o = offsets(e, pw.rank, d, vec3<u32>(pw.cond_bcast, pw.x_bcast, pw.y_bcast));
+    var v: f32;
+    if (nonzero0(pw.cond_dtype, o.x)) {
+        v = load1(pw.x_dtype, o.y);
+    } else {
+        v = load2(pw.y_dtype, o.z);
+    }
+    return encode(pw.out_dtype, v);
+}
+
+@compute @workgroup_size(256)
+fn ew_where(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let t = index(gid, groups);
+    let c = pw.out_dtype;
+    let per = per_word(c);
+    let first = t * per;
+    if (first >= pw.n) {
+        return;
+    }
+    if (bytes(c) == 8u) {
+        let b = where_at(first);
+        where_out[2u * t] = b.x;
+        where_out[2u * t + 1u] = b.y;
+        return;
+    }
+    let count = min(per, pw.n - first);
+    var word = 0u;
+    if (count < per) {
+        word = where_out[t];
+    }
+    for (var j = 0u; j < count; j++) {
+        word = put(c, word, j, where_at(first + j).x);
+    }
+    where_out[t] = word;
+}
+
+// ---------------------------------------------------------------- ew_unary and ew_cast
+
+struct UnaryArgs { n: u32, op: u32, a: f32, b: f32, x_dtype: u32, out_dtype: u32 }
+struct CastArgs { n: u32, x_dtype: u32, out_dtype: u32 }
+
+@group(0) @binding(1) var<storage, read_write> out1: array<u32>;
+@group(0) @binding(2) var<uniform> pu: UnaryArgs;
+@group(0) @binding(2) var<uniform> pc: CastArgs;
+
+fn unary_at(e: u32) -> vec2<u32> {
+    return encode(pu.out_dtype, unary(load0(pu.x_dtype, e), pu.op, pu.a, pu.b));
+}
+
+@compute @workgroup_size(256)
+fn ew_unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let t = index(gid, groups);
+    let c = pu.out_dtype;
+    let per = per_word(c);
+    let first = t * per;
+    if (first >= pu.n) {
+        return;
+    }
+    if (bytes(c) == 8u) {
+        let b = unary_at(first);
+        out1[2u * t] = b.x;
+        out1[2u * t + 1u] = b.y;
+        return;
+    }
+    let count = min(per, pu.n - first);
+    var word = 0u;
+    if (count < per) {
+        word = out1[t];
+    }
+    for (var j = 0u; j < count; j++) {
+        word = put(c, word, j, unary_at(first + j).x);
+    }
+    out1[t] = word;
+}
+
+// Integer to integer keeps the low bits (numpy's astype); through float32 otherwise.
+fn cast_at(e: u32) -> vec2<u32> {
+    let src = pc.x_dtype;
+    let dst = pc.out_dtype;
+    let w = word_of(src, e);
+    var hi = 0u;
+    if (bytes(src) == 8u) {
+        hi = in0[w + 1u];
+    }
+    let b = bits(src, in0[w], hi, e);
+    if (is_float(src) || is_float(dst)) {
+        return encode(dst, to_f32(src, b));
+    }
+    return b;
+}
+
+@compute @workgroup_size(256)
+fn ew_cast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let t = index(gid, groups);
+    let c = pc.out_dtype;
+    let per = per_word(c);
+    let first = t * per;
+    if (first >= pc.n) {
+        return;
+    }
+    if (bytes(c) == 8u) {
+        let b = cast_at(first);
+        out1[2u * t] = b.x;
+        out1[2u * t + 1u] = b.y;
+        return;
+    }
+    let count = min(per, pc.n - first);
+    var word = 0u;
+    if (count < per) {
+        word = out1[t];
+    }
+    for (var j = 0u; j < count; j++) {
+        word = put(c, word, j, cast_at(first + j).x);
+    }
+    out1[t] = word;
 }

@@ -10,7 +10,7 @@ enable f16;
 const BLOCK: u32 = 256u;  // threads per workgroup
 const ROWS: u32 = 8u;  // matvec: most rows of x per weight matrix
 const COLS: u32 = 64u;  // matvec without wt: columns of out per workgroup (4 slices of K each)
-const TILE: u32 = 64u;  // matmul: a TILE x TILE block of out per workgroup, 4 x 4 per thread
+const TILE: u32 = 64u;  // matmul: a TILE x TILE block of out per workgroup
 const TK: u32 = 16u;  // matmul: the K step of a tile
 
 struct Params { batch: u32, m: u32, n: u32, k: u32, x_stride: u32, w_stride: u32, wt: u32, bias_kind: u32 }
@@ -23,8 +23,6 @@ struct Params { batch: u32, m: u32, n: u32, k: u32, x_stride: u32, w_stride: u32
 @group(0) @binding(4) var<uniform> p: Params;
 
 var<workgroup> red: array<f32, 2048>;  // matvec: ROWS x BLOCK partial sums
-var<workgroup> ta: array<f32, 1024>;  // matmul: the x tile, [TK][TILE]
-var<workgroup> tb: array<f32, 1024>;  // matmul: the w tile, [TK][TILE]
 
 fn ld_x(i: u32, h16: bool) -> f32 {
     if (h16) {
@@ -165,89 +163,133 @@ fn matvec(lid: u32, wg: vec3<u32>, groups: vec3<u32>, xh: bool, wh: bool) -> Row
     return matvec_kn(lid, group, wg.z, xh, wh);
 }
 
-// What a matmul thread writes: out[row + i, col + j] = v[i][j] where in bounds.
+// ---------------------------------------------------------------- matmul: tiles
+// A TILE x TILE block of out per workgroup, K in steps of TK through workgroup memory. The 256
+// threads form four K-groups of 64: in every step group g takes the step's K offsets 4g..4g+3, and
+// each of its threads an 8 x 8 block of out: two vec4 loads of each tile per K offset for 64
+// products, half the workgroup-memory loads per product of a 4 x 4 block. That matters most on
+// lavapipe, where every workgroup-memory load is a loop over the 8 SIMD lanes (the products
+// themselves are ~10% of the time), and halves the shared-memory traffic of a GPU. The four partial
+// blocks are summed through workgroup memory at the end. The step's loads and products are written
+// out (no inner loops): K / TK iterations.
+
+// Threads staging the tiles store one vec4 each per step: 4 rows of x (or 4 columns of out from w) at
+// one K offset; a K offset's 64 rows are a row of PAD vec4s (one spare against bank conflicts).
+const PAD: u32 = 17u;
+const WTILE: u32 = 272u;  // TK * PAD: where the w tile starts in `tiles`
+var<workgroup> tiles: array<vec4<f32>, 1024>;  // x tile [0, WTILE), w tile [WTILE, 2 WTILE); then the sums
+
+// What a matmul thread writes: out[row + i, col + 4 j + c] = v[2 i + j][c] (i, j < 2) where in bounds.
 struct Block { row: u32, col: u32, v: array<vec4<f32>, 4> }
 
-// One element of the x tile: row lr of the block, K offset kk (zero outside x)
-fn tile_x(row: u32, kk: u32, xb: u32, xh: bool) -> f32 {
-    if (row < p.m && kk < p.k) {
-        return ld_x(xb + row * p.k + kk, xh);
+fn ld_xz(i: u32, ok: bool, h16: bool) -> f32 {
+    return select(0.0, ld_x(i, h16), ok);  // a load past the buffer reads 0 or some element (WGSL), never faults
+}
+
+fn ld_wz(i: u32, ok: bool, h16: bool) -> f32 {
+    return select(0.0, ld_w(i, h16), ok);
+}
+
+// acc (8 x 8: acc[2 i + j] holds row i, columns 4 j..4 j + 3) += (x tile at kk, rows 8 ty..) x (w tile
+// at kk, columns 8 tx..)
+fn mac8x8(acc: ptr<function, array<vec4<f32>, 16>>, kk: u32, tx: u32, ty: u32) {
+    let a0 = tiles[kk * PAD + ty * 2u];
+    let a1 = tiles[kk * PAD + ty * 2u + 1u];
+    let b0 = tiles[WTILE + kk * PAD + tx * 2u];
+    let b1 = tiles[WTILE + kk * PAD + tx * 2u + 1u];
+    (*acc)[0] = fma(vec4<f32>(a0.x), b0, (*acc)[0]);
+    (*acc)[1] = fma(vec4<f32>(a0.x), b1, (*acc)[1]);
+    (*acc)[2] = fma(vec4<f32>(a0.y), b0, (*acc)[2]);
+    (*acc)[3] = fma(vec4<f32>(a0.y), b1, (*acc)[3]);
+    (*acc)[4] = fma(vec4<f32>(a0.z), b0, (*acc)[4]);
+    (*acc)[5] = fma(vec4<f32>(a0.z), b1, (*acc)[5]);
+    (*acc)[6] = fma(vec4<f32>(a0.w), b0, (*acc)[6]);
+    (*acc)[7] = fma(vec4<f32>(a0.w), b1, (*acc)[7]);
+    (*acc)[8] = fma(vec4<f32>(a1.x), b0, (*acc)[8]);
+    (*acc)[9] = fma(vec4<f32>(a1.x), b1, (*acc)[9]);
+    (*acc)[10] = fma(vec4<f32>(a1.y), b0, (*acc)[10]);
+    (*acc)[11] = fma(vec4<f32>(a1.y), b1, (*acc)[11]);
+    (*acc)[12] = fma(vec4<f32>(a1.z), b0, (*acc)[12]);
+    (*acc)[13] = fma(vec4<f32>(a1.z), b1, (*acc)[13]);
+    (*acc)[14] = fma(vec4<f32>(a1.w), b0, (*acc)[14]);
+    (*acc)[15] = fma(vec4<f32>(a1.w), b1, (*acc)[15]);
+}
+
+// acc[4 q + c], q < 4, by selects: an index that varies between threads would move acc to memory
+fn quarter(acc: ptr<function, array<vec4<f32>, 16>>, q: u32, c: u32) -> vec4<f32> {
+    let lo = select((*acc)[c], (*acc)[4u + c], q == 1u);
+    let hi = select((*acc)[8u + c], (*acc)[12u + c], q == 3u);
+    return select(lo, hi, q >= 2u);
+}
+
+// The four K-groups' blocks summed: quarter q of a thread's block (rows 2q, 2q + 1) is summed by group
+// q. In round r group g hands quarter (g + r) % 4 over through `tiles` and adds what group (g - r) % 4
+// handed it; `tiles` holds one quarter of every thread (1024 vec4s) at a time.
+fn sum_groups(acc: ptr<function, array<vec4<f32>, 16>>, lid: u32) -> array<vec4<f32>, 4> {
+    let g = lid / 64u;
+    let at = lid * 4u;
+    var mine = array<vec4<f32>, 4>(quarter(acc, g, 0u), quarter(acc, g, 1u), quarter(acc, g, 2u), quarter(acc, g, 3u));
+    for (var r = 1u; r < 4u; r++) {
+        let dst = (g + r) % 4u;
+        tiles[at] = quarter(acc, dst, 0u);
+        tiles[at + 1u] = quarter(acc, dst, 1u);
+        tiles[at + 2u] = quarter(acc, dst, 2u);
+        tiles[at + 3u] = quarter(acc, dst, 3u);
+        workgroupBarrier();
+        let src = ((g + 4u - r) % 4u) * 256u + (lid % 64u) * 4u;
+        mine[0] += tiles[src];
+        mine[1] += tiles[src + 1u];
+        mine[2] += tiles[src + 2u];
+        mine[3] += tiles[src + 3u];
+        workgroupBarrier();
     }
-    return 0.0;
+    return mine;
 }
 
-// One element of the w tile: column col of out, K offset kk (zero outside w)
-fn tile_w(col: u32, kk: u32, wb: u32, wh: bool) -> f32 {
-    if (col < p.n && kk < p.k) {
-        if (p.wt != 0u) {
-            return ld_w(wb + col * p.k + kk, wh);
-        }
-        return ld_w(wb + kk * p.n + col, wh);
-    }
-    return 0.0;
-}
-
-// acc += (column kk of the x tile) x (row kk of the w tile), for this thread's 4 x 4 elements
-fn mac_tile(acc: ptr<function, array<vec4<f32>, 4>>, kk: u32, tx: u32, ty: u32) {
-    let ai = kk * TILE + ty * 4u;
-    let bi = kk * TILE + tx * 4u;
-    let bv = vec4<f32>(tb[bi], tb[bi + 1u], tb[bi + 2u], tb[bi + 3u]);
-    (*acc)[0] = fma(vec4<f32>(ta[ai]), bv, (*acc)[0]);
-    (*acc)[1] = fma(vec4<f32>(ta[ai + 1u]), bv, (*acc)[1]);
-    (*acc)[2] = fma(vec4<f32>(ta[ai + 2u]), bv, (*acc)[2]);
-    (*acc)[3] = fma(vec4<f32>(ta[ai + 3u]), bv, (*acc)[3]);
-}
-
-// A TILE x TILE block of out: tiles of x and w through workgroup memory, K in steps of TK. The step's
-// loads and products are written out (no inner loops): K / TK iterations.
 fn matmul_block(lid: u32, wg: vec3<u32>, xh: bool, wh: bool) -> Block {
+    let m = p.m;
+    let n = p.n;
+    let k = p.k;
     let row0 = wg.y * TILE;
     let col0 = wg.x * TILE;
-    let xb = wg.z * p.x_stride;
-    let wb = wg.z * p.w_stride;
-    let tx = lid % 16u;
-    let ty = lid / 16u;
-    let lr = lid / 4u;  // x (and w with wt) tile: row lr, K offsets lk..lk+3
-    let lk = (lid % 4u) * 4u;
-    let nk = lid / 16u;  // w tile without wt: K offset nk, columns nc..nc+3
-    let nc = (lid % 16u) * 4u;
-    var acc: array<vec4<f32>, 4>;
-    for (var k0 = 0u; k0 < p.k; k0 += TK) {
-        ta[lk * TILE + lr] = tile_x(row0 + lr, k0 + lk, xb, xh);
-        ta[(lk + 1u) * TILE + lr] = tile_x(row0 + lr, k0 + lk + 1u, xb, xh);
-        ta[(lk + 2u) * TILE + lr] = tile_x(row0 + lr, k0 + lk + 2u, xb, xh);
-        ta[(lk + 3u) * TILE + lr] = tile_x(row0 + lr, k0 + lk + 3u, xb, xh);
-        if (p.wt != 0u) {
-            tb[lk * TILE + lr] = tile_w(col0 + lr, k0 + lk, wb, wh);
-            tb[(lk + 1u) * TILE + lr] = tile_w(col0 + lr, k0 + lk + 1u, wb, wh);
-            tb[(lk + 2u) * TILE + lr] = tile_w(col0 + lr, k0 + lk + 2u, wb, wh);
-            tb[(lk + 3u) * TILE + lr] = tile_w(col0 + lr, k0 + lk + 3u, wb, wh);
-        } else {
-            tb[nk * TILE + nc] = tile_w(col0 + nc, k0 + nk, wb, wh);
-            tb[nk * TILE + nc + 1u] = tile_w(col0 + nc + 1u, k0 + nk, wb, wh);
-            tb[nk * TILE + nc + 2u] = tile_w(col0 + nc + 2u, k0 + nk, wb, wh);
-            tb[nk * TILE + nc + 3u] = tile_w(col0 + nc + 3u, k0 + nk, wb, wh);
-        }
+    // staging x: rows xr..xr + 3 at K offset e (consecutive threads along K, coalesced)
+    let e = lid % TK;
+    let q = lid / TK;
+    let xr = row0 + 4u * q;
+    let x_rows = vec4<bool>(xr < m, xr + 1u < m, xr + 2u < m, xr + 3u < m);
+    var xi = wg.z * p.x_stride + xr * k + e;
+    // staging w: columns wc..wc + 3 of out at K offset we; with wt along K like x, else along N
+    let wt = p.wt != 0u;
+    let we = select(lid / 16u, e, wt);
+    let wq = select(lid % 16u, q, wt);
+    let wc = col0 + 4u * wq;
+    let w_cols = vec4<bool>(wc < n, wc + 1u < n, wc + 2u < n, wc + 3u < n);
+    var wi = wg.z * p.w_stride + select(we * n + wc, wc * k + we, wt);
+    let w_next = select(1u, k, wt);  // from one of the 4 columns to the next
+    let w_step = select(TK * n, TK, wt);
+    // products: K-group g, rows 8 ty.., columns 8 tx.. of the block
+    let kk = (lid / 64u) * 4u;
+    let tx = lid % 8u;
+    let ty = (lid % 64u) / 8u;
+    var acc: array<vec4<f32>, 16>;
+    for (var k0 = 0u; k0 < k; k0 += TK) {
+        let xin = x_rows & vec4<bool>(k0 + e < k);
+        tiles[e * PAD + q] = vec4<f32>(ld_xz(xi, xin.x, xh), ld_xz(xi + k, xin.y, xh),
+                                       ld_xz(xi + 2u * k, xin.z, xh), ld_xz(xi + 3u * k, xin.w, xh));
+        let win = w_cols & vec4<bool>(k0 + we < k);
+        let w_at = WTILE + we * PAD + wq;
+        tiles[w_at] = vec4<f32>(ld_wz(wi, win.x, wh), ld_wz(wi + w_next, win.y, wh),
+                                ld_wz(wi + 2u * w_next, win.z, wh), ld_wz(wi + 3u * w_next, win.w, wh));
         workgroupBarrier();
-        mac_tile(&acc, 0u, tx, ty);
-        mac_tile(&acc, 1u, tx, ty);
-        mac_tile(&acc, 2u, tx, ty);
-        mac_tile(&acc, 3u, tx, ty);
-        mac_tile(&acc, 4u, tx, ty);
-        mac_tile(&acc, 5u, tx, ty);
-        mac_tile(&acc, 6u, tx, ty);
-        mac_tile(&acc, 7u, tx, ty);
-        mac_tile(&acc, 8u, tx, ty);
-        mac_tile(&acc, 9u, tx, ty);
-        mac_tile(&acc, 10u, tx, ty);
-        mac_tile(&acc, 11u, tx, ty);
-        mac_tile(&acc, 12u, tx, ty);
-        mac_tile(&acc, 13u, tx, ty);
-        mac_tile(&acc, 14u, tx, ty);
-        mac_tile(&acc, 15u, tx, ty);
+        mac8x8(&acc, kk, tx, ty);
+        mac8x8(&acc, kk + 1u, tx, ty);
+        mac8x8(&acc, kk + 2u, tx, ty);
+        mac8x8(&acc, kk + 3u, tx, ty);
         workgroupBarrier();
+        xi += TK;
+        wi += w_step;
     }
-    return Block(row0 + ty * 4u, col0 + tx * 4u, acc);
+    return Block(row0 + ty * 8u + (lid / 64u) * 2u, col0 + tx * 8u, sum_groups(&acc, lid));
 }
 
 // ---------------------------------------------------------------- entry points: matvec_<x>_<w>
@@ -294,58 +336,73 @@ fn matvec_f16_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_
 
 // ---------------------------------------------------------------- entry points: matmul_<x>_<w>
 
+fn bias4(j: u32) -> vec4<f32> {
+    return vec4<f32>(bias_at(j), bias_at(j + 1u), bias_at(j + 2u), bias_at(j + 3u));
+}
+
+// out[at + c] = v[c] for the columns col + c inside out
+fn put32(at: u32, col: u32, v: vec4<f32>) {
+    if (col < p.n) { out32[at] = v.x; }
+    if (col + 1u < p.n) { out32[at + 1u] = v.y; }
+    if (col + 2u < p.n) { out32[at + 2u] = v.z; }
+    if (col + 3u < p.n) { out32[at + 3u] = v.w; }
+}
+
+fn put16(at: u32, col: u32, v: vec4<f32>) {
+    if (col < p.n) { out16[at] = f16(v.x); }
+    if (col + 1u < p.n) { out16[at + 1u] = f16(v.y); }
+    if (col + 2u < p.n) { out16[at + 2u] = f16(v.z); }
+    if (col + 3u < p.n) { out16[at + 3u] = f16(v.w); }
+}
+
+fn store32(blk: Block, b: u32) {
+    let lo = bias4(blk.col);
+    let hi = bias4(blk.col + 4u);
+    let at = (b * p.m + blk.row) * p.n + blk.col;
+    if (blk.row < p.m) {
+        put32(at, blk.col, blk.v[0] + lo);
+        put32(at + 4u, blk.col + 4u, blk.v[1] + hi);
+    }
+    if (blk.row + 1u < p.m) {
+        put32(at + p.n, blk.col, blk.v[2] + lo);
+        put32(at + p.n + 4u, blk.col + 4u, blk.v[3] + hi);
+    }
+}
+
+fn store16(blk: Block, b: u32) {
+    let lo = bias4(blk.col);
+    let hi = bias4(blk.col + 4u);
+    let at = (b * p.m + blk.row) * p.n + blk.col;
+    if (blk.row < p.m) {
+        put16(at, blk.col, blk.v[0] + lo);
+        put16(at + 4u, blk.col + 4u, blk.v[1] + hi);
+    }
+    if (blk.row + 1u < p.m) {
+        put16(at + p.n, blk.col, blk.v[2] + lo);
+        put16(at + p.n + 4u, blk.col + 4u, blk.v[3] + hi);
+    }
+}
+
 @compute @workgroup_size(256)
 fn matmul_f32_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     if (wg.z >= p.batch) { return; }
-    let blk = matmul_block(lid, wg, false, false);
-    let base = wg.z * p.m * p.n;
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
-            if (blk.row + i < p.m && blk.col + j < p.n) {
-                out32[base + (blk.row + i) * p.n + blk.col + j] = blk.v[i][j] + bias_at(blk.col + j);
-            }
-        }
-    }
+    store32(matmul_block(lid, wg, false, false), wg.z);
 }
 
 @compute @workgroup_size(256)
 fn matmul_f32_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     if (wg.z >= p.batch) { return; }
-    let blk = matmul_block(lid, wg, false, true);
-    let base = wg.z * p.m * p.n;
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
-            if (blk.row + i < p.m && blk.col + j < p.n) {
-                out32[base + (blk.row + i) * p.n + blk.col + j] = blk.v[i][j] + bias_at(blk.col + j);
-            }
-        }
-    }
+    store32(matmul_block(lid, wg, false, true), wg.z);
 }
 
 @compute @workgroup_size(256)
 fn matmul_f16_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     if (wg.z >= p.batch) { return; }
-    let blk = matmul_block(lid, wg, true, false);
-    let base = wg.z * p.m * p.n;
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
-            if (blk.row + i < p.m && blk.col + j < p.n) {
-                out32[base + (blk.row + i) * p.n + blk.col + j] = blk.v[i][j] + bias_at(blk.col + j);
-            }
-        }
-    }
+    store32(matmul_block(lid, wg, true, false), wg.z);
 }
 
 @compute @workgroup_size(256)
 fn matmul_f16_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     if (wg.z >= p.batch) { return; }
-    let blk = matmul_block(lid, wg, true, true);
-    let base = wg.z * p.m * p.n;
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
-            if (blk.row + i < p.m && blk.col + j < p.n) {
-                out16[base + (blk.row + i) * p.n + blk.col + j] = f16(blk.v[i][j] + bias_at(blk.col + j));
-            }
-        }
-    }
+    store16(matmul_block(lid, wg, true, true), wg.z);
 }

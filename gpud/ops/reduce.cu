@@ -269,3 +269,28 @@ extern "C" __global__ void layernorm_f16_f16(const unsigned short* x, const unsi
                                              unsigned int length, float eps) {
     layernorm_row(x, weight, bias, out, rows, length, eps);
 }
+
+// x / max(||x||, eps) over each row (torch.nn.functional.normalize, p=2).
+template <typename X>
+__device__ void normalize_row(const X* x, X* out, unsigned int rows, unsigned int length, float eps) {
+    unsigned int row = row_index();
+    if (row >= rows) return;
+    size_t base = (size_t)row * length;
+    float acc = 0.0f;
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) {
+        float v = load(x, base + j);
+        acc += v * v;
+    }
+    float norm = fmaxf(sqrtf(block_reduce(acc, Sum())), eps);
+    for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) store(out, base + j, load(x, base + j) / norm);
+}
+
+extern "C" __global__ void normalize_f32(const float* x, float* out, unsigned int rows, unsigned int length,
+                                         float eps) {
+    normalize_row(x, out, rows, length, eps);
+}
+
+extern "C" __global__ void normalize_f16(const unsigned short* x, unsigned short* out, unsigned int rows,
+                                         unsigned int length, float eps) {
+    normalize_row(x, out, rows, length, eps);
+}

@@ -553,3 +553,52 @@ fn layernorm_f16_f16(@builtin(local_invocation_index) t: u32, @builtin(workgroup
         layernorm_f16_f16_out[base + j] = f16((f32(layernorm_f16_f16_x[base + j]) - mean) * r * f32(layernorm_f16_f16_weight[j]) + f32(layernorm_f16_f16_bias[j]));
     }
 }
+
+// x / max(||x||, eps) over each row (torch.nn.functional.normalize, p=2).
+@group(0) @binding(0) var<storage, read> normalize_f32_x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> normalize_f32_out: array<f32>;
+@group(0) @binding(2) var<uniform> normalize_f32_p: Norm;
+
+@compute @workgroup_size(256)
+fn normalize_f32(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= normalize_f32_p.rows) {
+        return;
+    }
+    let n = normalize_f32_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = normalize_f32_x[base + j];
+        acc += v * v;
+    }
+    let norm = max(sqrt(tree_sum(t, acc)), normalize_f32_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        normalize_f32_out[base + j] = normalize_f32_x[base + j] / norm;
+    }
+}
+
+@group(0) @binding(0) var<storage, read> normalize_f16_x: array<f16>;
+@group(0) @binding(1) var<storage, read_write> normalize_f16_out: array<f16>;
+@group(0) @binding(2) var<uniform> normalize_f16_p: Norm;
+
+@compute @workgroup_size(256)
+fn normalize_f16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= normalize_f16_p.rows) {
+        return;
+    }
+    let n = normalize_f16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = f32(normalize_f16_x[base + j]);
+        acc += v * v;
+    }
+    let norm = max(sqrt(tree_sum(t, acc)), normalize_f16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        normalize_f16_out[base + j] = f16(f32(normalize_f16_x[base + j]) / norm);
+    }
+}

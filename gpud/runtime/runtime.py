@@ -159,7 +159,8 @@ class DeviceRuntime:
     def view(self, base: Buffer, offset: int, nbytes: int) -> Buffer:
         """A view of `nbytes` at `offset` into `base` (never released itself: release the base)."""
         assert offset >= 0 and offset + nbytes <= base.nbytes
-        return Buffer(next(self._ids), nbytes, base.native, self.index, offset=base.offset + offset)
+        allocation = base.base or base
+        return Buffer(next(self._ids), nbytes, base.native, self.index, offset=base.offset + offset, base=allocation)
 
     def release(self, buffer: Buffer) -> None:
         """Free `buffer` once every submission that uses it has completed."""
@@ -243,6 +244,7 @@ class DeviceRuntime:
             raise InvalidArgument(f"grid {grid} exceeds the device limit {self.device.max_grid}")
         buffers = tuple([arg for arg in args if type(arg) is Buffer])
         packed = self.device.prepare(program, grid, args)
+        buffers += tuple({id(b.base): b.base for b in buffers if b.base is not None}.values())  # views' allocations
         if self.device.prepare_uses_buffers:
             self._encoded_with(*buffers)
         return Prepared(buffers, packed if gx and gy and gz else None)
@@ -359,9 +361,10 @@ class DeviceRuntime:
         self.counters["host_copy_bytes"] += src.nbytes
         return _then(self.download(src, deliver, owner), lambda: Wait(done, upload))
 
-    def upload(self, buffer: Buffer, data: memoryview, owner: Owner, start: int = 0) -> Wait | None:
-        """Encode a host-to-device copy of `data` in chunks through the staging pool; it keeps its
-        place in op order. Returns a Wait when the pool is exhausted (resume goes on from there)."""
+    def upload(self, buffer: Buffer, data: memoryview, owner: Owner, start: int = 0, at: int = 0) -> Wait | None:
+        """Encode a host-to-device copy of `data` into `buffer` from byte `at` on, in chunks through
+        the staging pool; it keeps its place in op order. Returns a Wait when the pool is exhausted
+        (resume goes on from `start`)."""
         self._check_alive()
         position = start
         while position < data.nbytes:
@@ -369,11 +372,12 @@ class DeviceRuntime:
             since = self.uploads.returns
             got = self.uploads.try_acquire(count)
             if got is None:
-                return Wait(self.uploads.returned(since), functools.partial(self.upload, buffer, data, owner, position))
+                resume = functools.partial(self.upload, buffer, data, owner, position, at)
+                return Wait(self.uploads.returned(since), resume)
             staging, size = got
             try:
                 self.device.write_staging(staging, data[position : position + count])
-                self.device.encode_upload(staging, buffer.native, buffer.offset + position, count)
+                self.device.encode_upload(staging, buffer.native, buffer.offset + at + position, count)
             except BaseException:
                 self.uploads.discard(staging, size)
                 raise
@@ -473,6 +477,8 @@ class DeviceRuntime:
         index = self.ledger.submitted + 1
         for buffer in buffers:
             buffer.last_use = index
+            if buffer.base is not None:
+                buffer.base.last_use = index
 
     def _check_alive(self) -> None:
         if self.ledger.lost is not None:

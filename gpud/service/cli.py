@@ -17,7 +17,7 @@ from gpud import __version__
 from gpud.backends import BACKENDS
 
 EXIT_CONFIG = 2
-BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay", "ops", "decode", "soak")
+BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay", "ops", "decode", "soak", "wgsl_matmul")
 MODELS = ("qwen2.5-0.5b", "small", "tiny")  # gpud.testing.transformer.CONFIGS, without importing it
 EXIT_UNHEALTHY = 1  # gpud status: the daemon answered and is unhealthy, or nothing answered
 

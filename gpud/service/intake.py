@@ -64,14 +64,16 @@ class Intake:
     async def _next_message(self) -> list[Any]:
         """Wait for a message; with `busy_poll_us`, poll for it first (lower latency, one busy core)."""
         reader = self._reader
+        frames: list[Any] | None = None
         if self._busy_poll_s > 0:
             deadline = time.perf_counter() + self._busy_poll_s
-            while time.perf_counter() < deadline:
+            while frames is None and time.perf_counter() < deadline:
                 await asyncio.sleep(0)  # replies and completions run in between
-                if (frames := reader.try_recv()) is not None:
-                    return frames
-        self._waiting = True  # the socket is empty for as long as this waits
-        try:
-            return await reader.recv()
-        finally:
-            self._waiting = False
+                frames = reader.try_recv()
+        if frames is None:
+            self._waiting = True  # the socket is empty for as long as this waits
+            try:
+                frames = await reader.recv()
+            finally:
+                self._waiting = False
+        return frames

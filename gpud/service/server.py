@@ -201,7 +201,7 @@ class Server:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.SNDHWM, PEER_SEND_QUEUE)
         sock.setsockopt(zmq.RCVHWM, 1024)
-        sock.setsockopt(zmq.MAXMSGSIZE, max(limits.max_tensor_bytes, limits.max_header_bytes) + 4096)
+        sock.setsockopt(zmq.MAXMSGSIZE, max(limits.max_message_bytes, limits.max_header_bytes) + 4096)
         sock.setsockopt(zmq.LINGER, 0)
         with contextlib.ExitStack() as stack:
             if address.startswith("ipc://"):
@@ -294,9 +294,10 @@ class Server:
                     self._send(identity, [proto.PONG])  # answered before any work of this drain
                 elif type(message) is proto.Beat:
                     self._beat(identity, message)
-                elif type(message) is Status:
-                    self.counters["status_requests"] += 1
-                    self._send(identity, [proto.pack({"t": "status", **self.status()})])
+                elif type(message) is Status:  # not an op: a session's status requests have that budget too
+                    if session is None or budget.peer(identity, now):
+                        self.counters["status_requests"] += 1
+                        self._send(identity, [proto.pack({"t": "status", **self.status()})])
                 else:
                     work.append((identity, message))
             for identity, message in _round_robin(work):

@@ -53,6 +53,11 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
             raise InvalidArgument(
                 f"bound tensor {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {handle.describe()}"
             )
+        if not handle.whole:  # a replay binds buffers: a view's offset and strides would be lost
+            raise InvalidArgument(
+                f"bound tensor {spec.name!r} is a transposed or narrowed view: a graph binds whole tensors "
+                "(or reshapes of them); call gpu.ops.contiguous() on it first"
+            )
         if tensor.device != family.device:
             where = f"device {tensor.device}, the graph on {family.device}"
             raise InvalidArgument(f"bound tensor {spec.name!r} is on {where}")

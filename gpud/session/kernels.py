@@ -32,7 +32,7 @@ class KernelRef:
         if self.builtin is None:
             return
         try:
-            self.builtin.check(tensors, scalars)
+            self.builtin.verify(tensors, scalars)
         except (OpError, ValueError) as exc:
             raise InvalidArgument(f"{self.builtin.op} ({self.builtin.name}): {exc}") from None
 

@@ -7,6 +7,7 @@ publisher is connected, so a reader cannot take shared weights away from everyon
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 from gpud.session.tensors import Tensor
@@ -72,6 +73,13 @@ class ResidentStore:
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
+
+    def matching(self, prefix: str, after: str, limit: int) -> tuple[list[tuple[str, Tensor]], int]:
+        """The published names that start with `prefix` and sort after `after` ("": from the first), in
+        name order, at most `limit` of them with their tensors; and how many start with `prefix`."""
+        names = sorted(name for name in self._by_name if name.startswith(prefix))
+        start = bisect.bisect_right(names, after) if after else 0
+        return [(name, self._by_name[name]) for name in names[start : start + limit]], len(names)
 
     def _lookup(self, name: str) -> Tensor:
         try:

@@ -22,16 +22,17 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import gpud_protocol as proto
+from gpud.backends.base import Buffer
 from gpud.ops import options_block as ops_block
 from gpud.ops import source as ops_source
 from gpud.runtime.runtime import DeviceRuntime, Wait
-from gpud.session import graph_ops
+from gpud.session import graph_ops, resident_ops
 from gpud.session.failures import Failure, Failures
 from gpud.session.graphs import Family, GraphStore
 from gpud.session.kernels import KernelRef, KernelTable
 from gpud.session.prepared import PreparedDispatches
 from gpud.session.residents import ResidentStore
-from gpud.session.tensors import Handle, Tensor, view_of
+from gpud.session.tensors import Handle, Tensor, bind_views, view_of
 from gpud_protocol import ErrorCode, TensorView
 from gpud_protocol.errors import (
     Busy,
@@ -262,37 +263,40 @@ class Session:
         self._hold(op.handle, Handle(tensor, True, op.shape))
 
     def _upload(self, op: proto.Upload, batch: proto.Batch) -> Wait | None:
-        tensor = self._writable(op.handle).tensor
-        if op.nbytes != tensor.nbytes:
-            raise InvalidArgument(f"upload of {op.nbytes} bytes into a tensor of {tensor.nbytes}")
+        handle = self._writable(op.handle)
+        tensor = handle.tensor
         rt = self.runtimes[tensor.device]
+        buffer = handle.dense_buffer(rt)
+        if op.nbytes != buffer.nbytes:
+            raise InvalidArgument(f"upload of {op.nbytes} bytes into {handle.describe()}, of {buffer.nbytes}")
         if rt.saturated:
             return Wait(rt.unsaturated(), lambda: self._upload(op, batch))
         frame = batch.frames[op.frame]
         data = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
         self.touched.add(rt.index)
-        return rt.upload(tensor.buffer, data.cast("B") if data.format != "B" else data, self)
+        return rt.upload(buffer, data.cast("B") if data.format != "B" else data, self)
 
     def _copy(self, op: proto.Copy, batch: proto.Batch) -> Wait | None:
         src_handle, dst_handle = self._handle(op.src), self._writable(op.dst)
         src, dst = src_handle.tensor, dst_handle.tensor
         if src.dtype != dst.dtype or src_handle.shape != dst_handle.shape:
             raise InvalidArgument(f"copy between {src_handle.describe()} and {dst_handle.describe()}")
+        source, target = self.runtimes[src.device], self.runtimes[dst.device]
+        src_buffer, dst_buffer = src_handle.dense_buffer(source), dst_handle.dense_buffer(target)
         if src.device != dst.device:
-            return self._copy_across(src, dst)
-        rt = self.runtimes[src.device]
-        if rt.saturated:
-            return Wait(rt.unsaturated(), lambda: self._copy(op, batch))
-        self.touched.add(rt.index)
-        rt.copy(src.buffer, dst.buffer, self)
+            return self._copy_across(src_buffer, dst_buffer)
+        if source.saturated:
+            return Wait(source.unsaturated(), lambda: self._copy(op, batch))
+        self.touched.add(source.index)
+        source.copy(src_buffer, dst_buffer, self)
         return None
 
-    def _copy_across(self, src: Tensor, dst: Tensor) -> Wait | None:
+    def _copy_across(self, src: Buffer, dst: Buffer) -> Wait | None:
         """Between devices: the session waits for the copy, so its later ops (reads of `dst`, writes
         of `src`) are encoded after it."""
         source, target = self.runtimes[src.device], self.runtimes[dst.device]
         self.touched.update((source.index, target.index))
-        return source.copy_to(src.buffer, target, dst.buffer, self)
+        return source.copy_to(src, target, dst, self)
 
     def _free(self, op: proto.Free, _batch: proto.Batch) -> None:
         self._free_handle(op.handle)
@@ -475,8 +479,8 @@ class Session:
                 if not handle.writable:
                     read_only.append((len(tensor_handles), handle))
                 tensor_handles.append(handle_id)
-                args.append(handle.tensor.buffer)
-                infos.append(TensorInfo(handle.tensor.dtype, handle.shape))
+                args.append(handle)  # its buffer once the checks passed (`bind_views`)
+                infos.append(handle.info)
             else:
                 scalars.append(proto.SCALAR_NAMES[proto.ArgKind(kind)])
                 args.append((kind, value))
@@ -501,6 +505,7 @@ class Session:
         for position, handle in read_only:
             if written is None or position in written or position in (op.writes or ()):
                 raise PermissionDenied(kernel.writes_read_only(position, handle.tensor.name, values))
+        bind_views(args, kernel, rt)
         prepared = rt.prepare(program, op.grid, args)
         handle_ids = tuple(tensor_handles)
         self._prepared.add(op[1:], prepared, rt, handle_ids)
@@ -511,19 +516,21 @@ class Session:
 
     def _readback(self, op: proto.Readback, _batch: proto.Batch) -> Wait | None:
         self._admit()
-        tensor = self._handle(op.handle).tensor
-        nbytes = tensor.nbytes
+        handle = self._handle(op.handle)
+        tensor = handle.tensor
+        rt = self.runtimes[tensor.device]
+        buffer = tensor.buffer if handle.whole else handle.span_buffer(rt)
+        nbytes = buffer.nbytes
         limit = self._settings.session_reply_bytes
         if self.reply_bytes_reserved + nbytes > limit:
             raise Busy(f"readbacks of {self.reply_bytes_reserved + nbytes} bytes would wait unsent (limit {limit})")
-        rt = self.runtimes[tensor.device]
         if rt.saturated:
             return Wait(rt.unsaturated(), lambda: self._readback(op, _batch))
         self.requests_in_flight += 1
         self.reply_bytes_reserved += nbytes
         self.touched.add(rt.index)
         reply = self._readback_reply(op.seq, nbytes, rt)
-        return rt.download(tensor.buffer, reply.deliver, self)
+        return rt.download(buffer, reply.deliver, self)
 
     def _readback_reply(self, seq: int, nbytes: int, rt: DeviceRuntime, extra: dict[str, Any] | None = None) -> Any:
         return _ReadbackReply(self, seq, nbytes, rt.parts(nbytes), rt, extra or {})
@@ -678,4 +685,7 @@ _HANDLERS: dict[type[Any], Callable[[Session, Any, proto.Batch], Wait | None]] =
     proto.PublishGraph: graph_ops.publish_graph,
     proto.OpenGraph: graph_ops.open_graph,
     proto.UnpublishGraph: graph_ops.unpublish_graph,
+    proto.UploadPart: resident_ops.upload_part,
+    proto.OpenPrefix: resident_ops.open_prefix,
+    proto.ListResidents: resident_ops.list_residents,
 }

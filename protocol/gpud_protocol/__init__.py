@@ -38,6 +38,7 @@ from gpud_protocol.schema import (
     PROTOCOL_VERSION,
     REPLY_FIELDS,
     REQUEST_OPCODES,
+    RESIDENTS_PER_REPLY,
     SCALAR_NAMES,
     Alloc,
     Arg,
@@ -63,10 +64,12 @@ from gpud_protocol.schema import (
     Hello,
     KernelOptions,
     Launch,
+    ListResidents,
     Op,
     Opcode,
     Open,
     OpenGraph,
+    OpenPrefix,
     OpError,
     OpSpec,
     Ping,
@@ -81,6 +84,7 @@ from gpud_protocol.schema import (
     Unpublish,
     UnpublishGraph,
     Upload,
+    UploadPart,
     op_name,
 )
 from gpud_protocol.views import TensorRef, TensorView, contiguous_strides, extent, is_contiguous, view_of_shape
@@ -89,6 +93,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Reshape",
+    "RESIDENTS_PER_REPLY",
+    "ListResidents",
+    "OpenPrefix",
+    "UploadPart",
     "GRAPH_TENSOR_KINDS",
     "BuildGraph",
     "Replay",

@@ -39,6 +39,7 @@ from gpud_protocol.schema import (
 from gpud_protocol.views import TensorView, extent
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:/-]*")
 _OPTION_KEYS = frozenset(KernelOptions._fields)
 _F32 = struct.Struct("<f")
 
@@ -174,6 +175,12 @@ def _writes(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[int, 
 def _name(value: Any, limits: Limits, _payloads: Sequence[Any]) -> str:
     if type(value) is not str or not 0 < len(value) <= limits.max_name_len or not _NAME_RE.fullmatch(value):
         raise _bad(f"bad name {describe(value)}: 1-{limits.max_name_len} of [A-Za-z0-9_.:/-]")
+    return value
+
+
+def _prefix(value: Any, limits: Limits, _payloads: Sequence[Any]) -> str:
+    if type(value) is not str or len(value) > limits.max_name_len or not _PREFIX_RE.fullmatch(value):
+        raise _bad(f"bad name prefix {describe(value)}: 0-{limits.max_name_len} of [A-Za-z0-9_.:/-]")
     return value
 
 
@@ -372,6 +379,7 @@ _VALIDATORS: dict[Field, Validator] = {
     Field.VALUES: _values,
     Field.TENSOR: _operand,
     Field.TENSORS: _operands,
+    Field.PREFIX: _prefix,
 }
 
 
@@ -522,7 +530,7 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
 def _frames_of(op: Op) -> list[int]:
     """The payload frames an op consumes."""
     t = type(op)
-    if t is Upload:
+    if t is Upload or t is schema.UploadPart:
         return [op.frame]  # type: ignore[union-attr]
     if t is schema.Replay or t is schema.Launch:
         return [op.frame] if op.frame >= 0 else []  # type: ignore[union-attr]
@@ -538,7 +546,7 @@ def _claimed_frames(raw: tuple[Any, ...], count: int) -> list[int]:
         return [value] if _is_int(value) and 0 <= value < count else []
 
     code = raw[0]
-    if code == Opcode.UPLOAD and len(raw) > 3:
+    if code in (Opcode.UPLOAD, Opcode.UPLOAD_PART) and len(raw) > 3:
         return index(raw[3])
     if code in (Opcode.REPLAY, Opcode.LAUNCH) and len(raw) > 3:
         return index(raw[3])
@@ -562,7 +570,7 @@ def decode_op(raw: tuple[Any, ...], payloads: Sequence[Any], limits: Limits) -> 
         nbytes = op.nbytes
         if nbytes > limits.max_tensor_bytes:
             raise _bad(f"tensor of {nbytes} bytes exceeds {limits.max_tensor_bytes}")
-    elif type(op) is Upload and len(payloads[op.frame]) != op.nbytes:
+    elif (type(op) is Upload or type(op) is schema.UploadPart) and len(payloads[op.frame]) != op.nbytes:
         raise _bad(f"frame {op.frame} holds {len(payloads[op.frame])} bytes, the op says {op.nbytes}")
     return op
 

@@ -30,7 +30,9 @@ class Limits:
     max_header_bytes: int = 4 << 20
     max_ops_per_batch: int = 4096
     max_frames: int = 1024
-    max_tensor_bytes: int = 1 << 30
+    # One allocation. Not a message bound: an upload larger than a message travels in parts
+    # (`UploadPart`), a readback in reply parts; the session quota and the device bound tensors too.
+    max_tensor_bytes: int = 1 << 36
     max_message_bytes: int = (1 << 30) + (4 << 20)  # header and payload frames together
     max_ndim: int = 8
     max_args: int = 32

@@ -64,6 +64,9 @@ class Opcode(enum.IntEnum):
     OPEN_GRAPH = 19
     UNPUBLISH_GRAPH = 20
     RESHAPE = 21
+    UPLOAD_PART = 22
+    OPEN_PREFIX = 23
+    RESIDENTS = 24
 
 
 class ArgKind(enum.IntEnum):
@@ -109,6 +112,7 @@ class Field(enum.Enum):
     HANDLES = "handles"
     TENSOR = "tensor"
     TENSORS = "tensors"
+    PREFIX = "prefix"
 
 
 Handle = Annotated[int, Field.HANDLE]  # 1 .. max_handle, chosen by the client
@@ -128,6 +132,7 @@ Operands = Annotated["tuple[int | TensorView, ...]", Field.TENSORS]
 Writes = Annotated["tuple[int, ...] | None", Field.WRITES]  # tensor-argument positions; None: the kernel's own
 Name = Annotated[str, Field.NAME]  # 1..max_name_len of [A-Za-z0-9_.:/-]
 Mode = Annotated[str, Field.MODE]  # "ro" | "rw"
+Prefix = Annotated[str, Field.PREFIX]  # 0..max_name_len of [A-Za-z0-9_.:/-]: the start of resident names
 
 
 class KernelOptions(NamedTuple):
@@ -368,6 +373,42 @@ class UnpublishGraph(NamedTuple):
     name: Name
 
 
+class UploadPart(NamedTuple):
+    """Copy payload frame `frame` (`nbytes`) into the tensor's bytes from `offset` on, in op order: an
+    upload larger than one message travels as several. `offset` is a multiple of 4, and so is `nbytes`
+    unless the part ends the tensor (WebGPU copies whole 4-byte words)."""
+
+    seq: int
+    handle: Operand
+    frame: FrameIndex
+    offset: NBytes
+    nbytes: NBytes
+
+
+# Resident tensors one `OpenPrefix` opens, and one `ListResidents` reply lists, at most.
+RESIDENTS_PER_REPLY = 1024
+
+
+class OpenPrefix(NamedTuple):
+    """Request: a handle to every resident tensor whose name starts with `prefix` (all or none; at most
+    RESIDENTS_PER_REPLY), the i-th in name order as handle `handle + i`. The reply lists
+    [name, handle, dtype, shape, mode, device] of each."""
+
+    seq: int
+    handle: Handle
+    prefix: Prefix
+
+
+class ListResidents(NamedTuple):
+    """Request: the resident tensors whose names start with `prefix` and sort after `after` (""
+    from the first), in name order, at most RESIDENTS_PER_REPLY: [name, dtype, shape, mode, nbytes,
+    device] of each, and how many match the prefix in all."""
+
+    seq: int
+    prefix: Prefix
+    after: Prefix
+
+
 Op = (
     Alloc
     | Upload
@@ -390,6 +431,9 @@ Op = (
     | OpenGraph
     | UnpublishGraph
     | Reshape
+    | UploadPart
+    | OpenPrefix
+    | ListResidents
 )
 
 
@@ -429,6 +473,9 @@ OPS: dict[Opcode, OpSpec] = {
         _spec(Opcode.OPEN_GRAPH, OpenGraph, True),
         _spec(Opcode.UNPUBLISH_GRAPH, UnpublishGraph, False),
         _spec(Opcode.RESHAPE, Reshape, False),
+        _spec(Opcode.UPLOAD_PART, UploadPart, False),
+        _spec(Opcode.OPEN_PREFIX, OpenPrefix, True),
+        _spec(Opcode.RESIDENTS, ListResidents, True),
     )
 }
 SPEC_OF_TYPE: dict[type[Any], OpSpec] = {spec.type: spec for spec in OPS.values()}
@@ -445,6 +492,8 @@ REPLY_FIELDS: dict[Opcode, tuple[str, ...]] = {
     Opcode.GRAPH: ("handle", "device"),
     Opcode.REPLAY: ("n", "parts", "outputs"),  # outputs: [[name, dtype, shape, offset], ...] in the packed data
     Opcode.OPEN_GRAPH: ("inputs", "scalars", "binds", "outputs", "device"),
+    Opcode.OPEN_PREFIX: ("tensors",),  # [[name, handle, dtype, shape, mode, device], ...]
+    Opcode.RESIDENTS: ("residents", "total"),  # [[name, dtype, shape, mode, nbytes, device], ...], matches
 }
 
 

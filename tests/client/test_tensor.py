@@ -82,23 +82,25 @@ async def test_a_view_the_daemon_cannot_take_is_refused_against_the_op(gpu: gpud
     import gpud_protocol as proto
 
     t, src = gpu.empty((3, 4)), gpu.tensor(np.ones(12, np.float32))
-    cases = {
-        "reaches past": proto.TensorView(t.handle, 0, (13,), (1,)),
-        "not contiguous": proto.TensorView(t.handle, 0, (4, 3), (1, 4)),
-        "part of the tensor": proto.TensorView(t.handle, 4, (8,), (1,)),
-        "unknown tensor handle": proto.TensorView(999_999, 0, (12,), (1,)),
+    cases = {  # message: (the view, whether a readback of it fails too)
+        "reaches past its 12 elements": (proto.TensorView(t.handle, 0, (13,), (1,)), True),
+        "reaches past its 12 elements ": (proto.TensorView(t.handle, 2, (2, 3, 2), (6, 1, 3)), True),  # by a stride
+        "out is a non-contiguous view": (proto.TensorView(t.handle, 0, (12,), (0,)), False),
+        "out is a view starting at byte 16": (proto.TensorView(t.handle, 4, (8,), (1,)), False),
+        "unknown tensor handle": (proto.TensorView(999_999, 0, (12,), (1,)), True),
     }
-    for message, forged in cases.items():
+    for message, (forged, unreadable) in cases.items():
         v = t.reshape(12)
         v.ref = forged  # past the client's check
         v._wire = (int(ArgKind.TENSOR), forged)
         gpu.ops.scale(src, 2.0, out=v)
         seq = gpu._last_seq
-        with pytest.raises(gpud_client.GpudError, match=message) as info:
+        with pytest.raises(gpud_client.GpudError, match=message.strip()) as info:
             await gpu.sync()
         assert info.value.seq == seq  # the dispatch of the op
-        with pytest.raises(gpud_client.GpudError, match=message):
-            await v.numpy()
+        if unreadable:
+            with pytest.raises(gpud_client.GpudError, match=message.strip()):
+                await v.numpy()
 
 
 async def test_reshapes_are_checked_in_the_client_and_in_the_daemon(gpu: gpud_client.Client) -> None:
@@ -195,3 +197,128 @@ async def test_a_session_view_in_a_recording_is_a_view_of_its_tensor(gpu: gpud_c
     np.testing.assert_array_equal((await step.replay())["y"], 3 * data.reshape(3, 4))
     stats = await gpu.stats()
     assert stats["session"]["handles"] == 1
+
+
+async def test_transpose_permute_and_narrow_are_views_read_back_as_numpy_sees_them(gpu: gpud_client.Client) -> None:
+    """Views made in the client (no message, no handle); a readback sends the bytes the view spans and
+    the client picks its elements, whatever the offset (float16 at odd element offsets included)."""
+    for dtype in ("float32", "float16", "uint8", "int64"):
+        a = np.arange(4 * 5 * 3).astype(dtype).reshape(4, 5, 3)
+        t = gpu.tensor(a)
+        seq = gpu._last_seq
+        views = [
+            (t.transpose(0, 2), a.transpose(2, 1, 0)),
+            (t.transpose(-1, 1), a.swapaxes(-1, 1)),
+            (t.permute(2, 0, 1), a.transpose(2, 0, 1)),
+            (t.permute((1, 2, 0)), a.transpose(1, 2, 0)),
+            (t.narrow(0, 1, 2), a[1:3]),
+            (t.narrow(1, -2, 2), a[:, -2:]),
+            (t.narrow(2, 1, 1).narrow(1, 3, 1), a[:, 3:4, 1:2]),
+            (t.transpose(0, 1).narrow(0, 1, 3).transpose(1, 2), a.swapaxes(0, 1)[1:4].swapaxes(1, 2)),
+            (t.narrow(0, 3, 1).reshape(15), a[3].reshape(15)),
+            (t.narrow(1, 0, 0), a[:, :0]),
+        ]
+        assert gpu._last_seq == seq  # nothing queued
+        for view, ref in views:
+            assert view.base is t and view.handle == t.handle and view.shape == ref.shape
+            assert view.strides == tuple(s // a.itemsize for s in ref.strides) or ref.size == 0
+            got = await view.numpy()
+            assert got.dtype == ref.dtype
+            np.testing.assert_array_equal(got, ref)
+    assert (await gpu.stats())["session"]["handles"] == 4
+
+
+async def test_a_reshape_of_a_non_contiguous_view_takes_contiguous_first(gpu: gpud_client.Client) -> None:
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    t = gpu.tensor(a)
+    tt = t.transpose(0, 1)
+    with pytest.raises(gpud_client.InvalidArgument, match=r"^reshape: .*gpu\.ops\.contiguous\(t\) first"):
+        tt.reshape(24)
+    # where the strides allow it, as torch's view: a split or a merge of dimensions that chain
+    np.testing.assert_array_equal(await tt.reshape(3, 2, 4).numpy(), a.T.reshape(3, 2, 4))
+    narrow = t.narrow(1, 1, 4)  # rows of 4 out of 6
+    np.testing.assert_array_equal(await narrow.reshape(4, 2, 2).numpy(), a[:, 1:5].reshape(4, 2, 2))
+    with pytest.raises(gpud_client.InvalidArgument, match="without a copy"):
+        narrow.reshape(16)
+    np.testing.assert_array_equal(await gpu.ops.contiguous(narrow).reshape(16).numpy(), a[:, 1:5].reshape(16))
+    for bad, message in [
+        (lambda: t.transpose(0, 2), "^transpose: axis 2 is out of range"),
+        (lambda: t.permute(0, 0), r"^permute: \[0, 0\] is not a permutation"),
+        (lambda: t.permute(1), "^permute:"),
+        (lambda: t.narrow(0, 2, 3), r"^narrow: \[2, 2 \+ 3\) is not inside dimension 0 of size 4"),
+        (lambda: t.narrow(0, -5, 1), "^narrow:"),
+        (lambda: t.narrow(2, 0, 1), "^narrow: axis 2"),
+    ]:
+        with pytest.raises(gpud_client.InvalidArgument, match=message):
+            bad()
+
+
+async def test_uploads_and_copies_take_contiguous_views(gpu: gpud_client.Client) -> None:
+    a = np.zeros((4, 6), np.float16)
+    t = gpu.tensor(a)
+    rows = np.arange(12, dtype=np.float16).reshape(2, 6)
+    t.narrow(0, 1, 2).upload(rows)  # bytes [12, 36): whole 4-byte words
+    a[1:3] = rows
+    np.testing.assert_array_equal(await t.numpy(), a)
+    gpu.copy(t.narrow(0, 1, 1), t.narrow(0, 3, 1))  # two parts of one tensor: WebGPU refuses
+    with pytest.raises(gpud_client.InvalidArgument, match="same memory"):
+        await t.numpy()
+    other = gpu.tensor(np.full((2, 6), 9, np.float16))
+    gpu.copy(t.narrow(0, 1, 2), other)
+    np.testing.assert_array_equal(await other.numpy(), rows)
+    gpu.copy(other.narrow(0, 1, 1), t.narrow(0, 0, 1))
+    a[0] = rows[1]
+    np.testing.assert_array_equal(await t.numpy(), a)
+    odd = t.reshape(-1).narrow(0, 3, 2)  # starts 6 bytes in: a word copy would write a neighbour
+    for call in (lambda: odd.upload(np.ones(2, np.float16)), lambda: gpu.copy(other.reshape(-1).narrow(0, 0, 2), odd)):
+        with pytest.raises(gpud_client.InvalidArgument, match="multiples of 4 bytes"):
+            call()
+    with pytest.raises(gpud_client.InvalidArgument, match=r"non-contiguous view: call gpu\.ops\.contiguous"):
+        t.transpose(0, 1).upload(np.ones((6, 4), np.float16))
+    t.reshape(-1).narrow(0, 20, 4).upload(np.full(4, 5, np.float16))  # ends at the tensor's end
+    a.reshape(-1)[20:] = 5
+    np.testing.assert_array_equal(await t.numpy(), a)
+
+
+async def test_the_daemon_refuses_uploads_into_views_it_cannot_write_exactly(gpu: gpud_client.Client) -> None:
+    import gpud_protocol as proto
+
+    t = gpu.tensor(np.zeros(8, np.float16))
+    for forged, message in [
+        (proto.TensorView(t.handle, 1, (2,), (1,)), "multiples of 4 bytes"),
+        (proto.TensorView(t.handle, 0, (2, 2), (1, 2)), "non-contiguous"),
+    ]:
+        frame = gpu._connection.queue.add_frame(bytes(8))
+        gpu._queue(proto.Upload(gpu._next_seq(), forged, frame or 0, 8))  # past the client's check
+        with pytest.raises(gpud_client.InvalidArgument, match=message):
+            await t.numpy()
+    np.testing.assert_array_equal(await t.numpy(), np.zeros(8, np.float16))
+
+
+async def test_graphs_take_whole_tensors_and_reshapes_and_refuse_other_views(gpu: gpud_client.Client) -> None:
+    """A graph names buffers (its views carry no strides): the client refuses other views clearly, and
+    the daemon refuses a bound view that is not its whole tensor."""
+    import gpud_protocol as proto
+
+    t = gpu.tensor(np.ones((4, 6), np.float32))
+    g = gpu.graph("strided-views")
+    x = g.input("x", (4, 6), "float32")
+    with pytest.raises(gpud_client.InvalidArgument, match=r"transposed or narrowed view.*gpu\.ops\.contiguous"):
+        gpu.ops.add(x, t.narrow(0, 0, 2).reshape(12).narrow(0, 0, 6).reshape(1, 6), graph=g)
+    for op, args in (("transpose", (0, 1)), ("permute", (1, 0)), ("narrow", (0, 1, 1))):
+        with pytest.raises(gpud_client.InvalidArgument, match=f"^{op}: graph 'strided-views'.*reshapes only"):
+            getattr(x, op)(*args)
+    cache = g.bind("cache", (2, 6), "float32")
+    g.output("y", gpu.ops.add(x, t.reshape(4, 6), graph=g))  # a reshape: its whole tensor
+    g.output("c", gpu.ops.scale(cache, 2.0, graph=g))
+    step = await g.build()
+    ones = np.ones((4, 6), np.float32)
+    got = await step.replay(x=ones, cache=gpu.tensor(np.ones(12, np.float32)).reshape(2, 6))
+    np.testing.assert_array_equal(got["y"], 2 * ones)
+    with pytest.raises(gpud_client.InvalidArgument, match=r"bound tensor 'cache'.*transposed or narrowed"):
+        await step.replay(x=ones, cache=t.narrow(0, 2, 2))
+    launch = step._op(proto.Launch, gpu._next_seq(), {"x": ones, "cache": gpu.empty((2, 6))})
+    forged = proto.TensorView(t.handle, 12, (2, 6), (6, 1))  # past the client's check: the daemon refuses
+    gpu._queue(launch._replace(binds=(forged,)))
+    with pytest.raises(gpud_client.InvalidArgument, match=r"bound tensor 'cache'.*transposed or narrowed"):
+        await gpu.sync()

@@ -101,6 +101,22 @@ async def test_every_dtype_mix_at_sizes_off_the_workgroup(
         assert f"matmul_{short[x_dtype]}_{short[w_dtype]}" in used
 
 
+@pytest.mark.parametrize("wt", [False, True], ids=["kn", "nk"])
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), MIXES)
+async def test_whole_tiles_and_an_encoder_layer(gpu: gpud_client.Client, x_dtype: str, w_dtype: str, wt: bool) -> None:
+    """Products of whole 64 x 64 tiles over several K steps (nothing masked: every thread's block and
+    every K-group's share of a step counts), and a MiniLM layer over two 62-token sequences, biased."""
+    rng = np.random.default_rng()
+    for m, n, k in [(64, 64, 64), (128, 192, 48)]:
+        x = rand(rng, (m, k), x_dtype)
+        w = rand(rng, (n, k) if wt else (k, n), w_dtype)
+        close(await product(gpu, x, w, wt), x, w, wt)
+    x = rand(rng, (124, 384), x_dtype)
+    w = rand(rng, (1152, 384) if wt else (384, 1152), w_dtype)
+    bias = rand(rng, (1152,), w_dtype)
+    close(await product(gpu, x, w, wt, bias), x, w, wt, bias)
+
+
 @pytest.mark.parametrize("x_dtype", DTYPES)
 async def test_the_decoders_linear_layers(gpu: gpud_client.Client, x_dtype: str) -> None:
     """x (1, 896) @ w (N, K) float16, transpose_w, as a 0.5B decoder runs them; and 4 sequences at once."""

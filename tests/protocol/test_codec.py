@@ -136,6 +136,10 @@ OPS: list[tuple[list[Any], Any]] = [
     ([Opcode.OPEN_GRAPH, 23, 31, "g"], proto.OpenGraph(23, 31, "g")),
     ([Opcode.UNPUBLISH_GRAPH, 24, "g"], proto.UnpublishGraph(24, "g")),
     ([Opcode.RESHAPE, 25, 9, 7, [3, 4]], proto.Reshape(25, 9, 7, (3, 4))),
+    ([Opcode.OPEN_PREFIX, 27, 40, "model/layers.0."], proto.OpenPrefix(27, 40, "model/layers.0.")),
+    ([Opcode.OPEN_PREFIX, 28, 40, ""], proto.OpenPrefix(28, 40, "")),
+    ([Opcode.RESIDENTS, 29, "w/", ""], proto.ListResidents(29, "w/", "")),
+    ([Opcode.RESIDENTS, 30, "", "w/b"], proto.ListResidents(30, "", "w/b")),
     (
         [
             Opcode.GRAPH,
@@ -180,8 +184,30 @@ def test_upload_round_trip_and_frames() -> None:
     assert [bytes(f) for f in decoded.frames] == payloads
 
 
+def test_upload_part_round_trip_and_frames() -> None:
+    payloads = [b"\x01\x02\x03\x04", b"x" * 70_000]
+    ops = [[Opcode.UPLOAD_PART, 1, 5, 0, 8, 4], [Opcode.UPLOAD_PART, 2, 5, 1, 1 << 33, 70_000]]
+    decoded = batch(ops, payloads)
+    assert decoded.ops == [proto.UploadPart(1, 5, 0, 8, 4), proto.UploadPart(2, 5, 1, 1 << 33, 70_000)]
+
+
+@pytest.mark.parametrize(
+    ("offset", "nbytes"), [(0, 3), (0, 5), (-4, 4), (4.0, 4), ("0", 4), (LIMITS.max_tensor_bytes + 1, 4)]
+)
+def test_upload_part_bad_offset_or_size_is_its_own_error(offset: Any, nbytes: Any) -> None:
+    error = op_error([Opcode.UPLOAD_PART, 3, 1, 0, offset, nbytes], [b"abcd"])
+    assert error.code == ErrorCode.INVALID_ARGUMENT and error.op == "upload_part"
+
+
+@pytest.mark.parametrize("prefix", ["bad prefix", "a" * (LIMITS.max_name_len + 1), "\u00e9", None, 1, ["a"], "a\x00"])
+def test_bad_prefixes(prefix: Any) -> None:
+    assert op_error([Opcode.OPEN_PREFIX, 3, 1, prefix]).op == "open_prefix"
+    assert op_error([Opcode.RESIDENTS, 4, prefix, ""]).op == "residents"
+    assert op_error([Opcode.RESIDENTS, 5, "", prefix]).op == "residents"
+
+
 def test_every_opcode_has_a_round_trip() -> None:
-    covered = {raw[0] for raw, _ in OPS} | {Opcode.UPLOAD}
+    covered = {raw[0] for raw, _ in OPS} | {Opcode.UPLOAD, Opcode.UPLOAD_PART}
     assert covered == set(Opcode)
 
 
@@ -488,9 +514,9 @@ def test_max_ndim_accepted() -> None:
 @pytest.mark.parametrize(
     ("dtype", "shape"),
     [
-        ("float32", [1 << 30]),  # 4 GiB
-        ("uint8", [(1 << 30) + 1]),
-        ("float64", [1 << 15, 1 << 15]),
+        ("float32", [LIMITS.max_tensor_bytes // 4 + 1]),
+        ("uint8", [LIMITS.max_tensor_bytes + 1]),
+        ("float64", [1 << 20, 1 << 20]),
         ("float32", [1 << 30] * 8),  # 2**242 elements: no overflow, just refused
         ("uint8", [LIMITS.max_tensor_bytes + 1, 0]),
     ],
@@ -632,7 +658,7 @@ def test_wrong_field_count(op: list[Any]) -> None:
     assert op_error(op).code == ErrorCode.INVALID_ARGUMENT
 
 
-@pytest.mark.parametrize("opcode", [0, 22, 99, -1, 1 << 40])
+@pytest.mark.parametrize("opcode", [0, max(Opcode) + 1, 99, -1, 1 << 40])
 def test_unknown_opcode_is_reported_against_its_seq(opcode: int) -> None:
     decoded = batch([[Opcode.SYNC, 1], [opcode, 77, "whatever"], [Opcode.SYNC, 78]])
     assert decoded.ops[0] == Sync(1)

@@ -94,6 +94,24 @@ async def test_a_buffer_is_freed_only_after_the_work_using_it_completed() -> Non
     await rt.close()
 
 
+async def test_a_buffer_used_through_a_view_is_freed_only_after_that_work_completed() -> None:
+    """Regression: a dispatch through a view (a tensor narrowed at an offset) marked the view as used,
+    not its allocation: releasing the tensor then freed memory the pending dispatch still read."""
+    rt, _ = make()
+    owner = Owner()
+    buffer = rt.alloc(1 << 16)
+    program = await _program(rt, "spin")
+    view = rt.view(rt.view(buffer, 256, 4096), 256, 1024)  # a view of a view: of the allocation
+    assert view.base is buffer and view.offset == 512
+    rt.dispatch(rt.prepare(program, (1, 1, 1), [view, (ArgKind.U32, 50)]), owner)  # holds the device 50 ms
+    rt.flush()
+    rt.release(buffer)
+    assert rt.live_buffers == 1  # still in use by the GPU
+    await rt.synchronize()
+    assert rt.live_buffers == 0 and rt.memory_in_use == 0
+    await rt.close()
+
+
 async def test_saturation_clears_when_a_submission_completes() -> None:
     rt, _ = make(Settings(max_submissions_in_flight=2))
     owner = Owner()

@@ -9,12 +9,14 @@ only a bounded number of reply bytes for the flooder, and say what it dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
 import anyio
+import msgpack
 import pytest
-from rawpeer import Flooder
+from rawpeer import Flooder, RawPeer
 from support import axpb, check_well_behaved
 
 import gpud_client
@@ -83,3 +85,18 @@ async def test_a_sessionless_flood_stalls_nobody(kind: str, args: tuple[str, ...
                 assert status["sessionless_peers"] <= 3, status["sessionless_peers"]  # this query's, the beats'
                 assert status["outboxes"]["peers_waiting"] == 0
         assert proc.poll() is None
+
+
+async def test_a_session_asking_for_status_has_the_same_budget(raw: RawPeer) -> None:
+    """A status request is not an op: a session that floods them is held to a peer's budget too."""
+    await raw.hello()
+    asked = 1000
+    for _ in range(asked):
+        await raw.send(msgpack.packb({"t": "status"}))
+    answered = 0
+    with contextlib.suppress(TimeoutError):
+        while True:  # until a second passes without an answer
+            header, _ = await raw.recv(timeout=1.0)
+            assert header["t"] == "status", header
+            answered += 1
+    assert 0 < answered < asked

@@ -173,3 +173,19 @@ async def test_a_failed_send_does_not_hide_a_waiting_message_from_the_reader() -
         for sock in (router, stuck, other):
             sock.close(linger=0)
         ctx.term()
+
+
+async def test_a_busy_polling_slice_takes_a_message_that_arrives_while_it_polls() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        router.bind("inproc://busy")
+        dealer.connect("inproc://busy")
+        intake = Intake(SocketReader(router), busy_poll_us=100_000)
+        asyncio.get_running_loop().call_later(0.01, dealer.send, b"late")
+        messages = await asyncio.wait_for(intake.next_slice(), 5)
+        assert [[bytes(f) for f in frames] for _, frames in messages] == [[b"late"]]
+    finally:
+        router.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()

@@ -12,11 +12,12 @@ from __future__ import annotations
 from gpud_client.ops.attention import AttentionOps
 from gpud_client.ops.base import OpsBase
 from gpud_client.ops.elementwise import ElementwiseOps
+from gpud_client.ops.layout import LayoutOps
 from gpud_client.ops.matmul import MatmulOps
 from gpud_client.ops.reduce import ReduceOps
 
 
-class Ops(ElementwiseOps, MatmulOps, ReduceOps, AttentionOps, OpsBase):
+class Ops(ElementwiseOps, MatmulOps, ReduceOps, AttentionOps, LayoutOps, OpsBase):
     """`gpu.ops`: one method per op, grouped by family."""
 
 

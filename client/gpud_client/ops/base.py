@@ -10,6 +10,7 @@ import numpy as np
 import gpud_protocol as proto
 from gpud_client.errors import InvalidArgument, PermissionDenied
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+from gpud_protocol.views import is_contiguous
 
 if TYPE_CHECKING:
     from gpud_client.api import Client, Kernel, Tensor
@@ -70,7 +71,7 @@ class OpsBase:
                 raise InvalidArgument(f"out is also an input; ops do not run in place ({name})", op=op)
         infos = [_info(t) for t in tensors]
         try:
-            spec.check(infos, values)
+            spec.verify(infos, values)
         except OpError as exc:
             raise InvalidArgument(f"{exc} ({name})", op=op) from None
         args = [*tensors, *(_scalar(kind, v) for (_, kind), v in zip(spec.scalars, scalars, strict=True))]
@@ -84,8 +85,13 @@ class OpsBase:
 
 
 def _info(tensor: Any) -> TensorInfo:
+    """What the op's rule sees: dtype, shape, and a view's offset and strides (None: contiguous)."""
     dtype = np.dtype(tensor.dtype).name
-    return TensorInfo(dtype, tuple(tensor.shape))
+    shape = tuple(tensor.shape)
+    strides = getattr(tensor, "strides", None)  # a recording's tensors have none: dense
+    if strides is not None and is_contiguous(shape, strides):
+        strides = None
+    return TensorInfo(dtype, shape, getattr(tensor, "offset", 0), strides)
 
 
 def _scalar(kind: str, value: Any) -> Any:

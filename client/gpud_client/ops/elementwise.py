@@ -1,15 +1,25 @@
-"""Elementwise ops: add, sub, mul, div, silu_mul (numpy-style broadcasting over leading axes), scale, exp,
-rsqrt, silu, gelu (exact erf form, or tanh), tanh, and casts between float32 and float16."""
+"""Elementwise ops, with numpy's and torch's names and semantics: add, sub, mul, div, silu_mul, maximum,
+minimum and where broadcast as numpy does; scale, exp, rsqrt, silu, gelu (exact erf form, or tanh), tanh,
+clamp; cast between any two dtypes of the daemon's elementwise table (gpud_protocol.ops.dtypes).
+
+Float16 and float32 mix: the result is the wider (float32) unless `out=` gives another float dtype.
+Everything is computed in float32 and rounded once when stored."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+import numpy as np
+
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.base import OpsBase, dtype_name
-from gpud_protocol.ops import OpError, broadcast_shape, grid_1d
-from gpud_protocol.ops.elementwise import BINARY_OPS, SHORT, UNARY_OPS
+from gpud_protocol.ops import OpError, grid_1d
+from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
+from gpud_protocol.ops.dtypes import DTYPES, FLOATS, result_dtype, threads
+from gpud_protocol.ops.elementwise import BINARY_OPS, UNARY_OPS
+
+UNKNOWN = 2**32 - 1  # the code of a dtype outside the table: the op's check refuses it by name
 
 
 class ElementwiseOps(OpsBase):
@@ -29,6 +39,29 @@ class ElementwiseOps(OpsBase):
         """silu(x) * y, in one pass (the gate of a SwiGLU MLP)."""
         return self._binary("silu_mul", x, y, out, graph)
 
+    def maximum(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """The larger of x and y, elementwise; NaN if either is NaN (numpy.maximum, torch.maximum)."""
+        return self._binary("maximum", x, y, out, graph)
+
+    def minimum(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """The smaller of x and y, elementwise; NaN if either is NaN (numpy.minimum, torch.minimum)."""
+        return self._binary("minimum", x, y, out, graph)
+
+    def where(self, cond: Any, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """x where cond is nonzero, else y (numpy.where, torch.where), the three broadcast together.
+        cond may be of any dtype (a float is tested by value: NaN is nonzero); x and y are floats."""
+        operands = {"cond": cond, "x": x, "y": y}
+        self._check_dtypes("where", {"x": x, "y": y})
+        dtypes = [dtype_name(t) for t in operands.values()]
+        shape = self._broadcast("where", *operands.values())
+        result = self._out(out, shape, result_dtype(*dtypes[1:]), x, graph)
+        lay = self._layout("where", result, *operands.values())
+        n = math.prod(result.shape)
+        codes = [_code(d) for d in (*dtypes, dtype_name(result))]
+        scalars = [n, *lay, *codes]
+        self._run("ew_where", grid_1d(threads(n, _table_dtype(result))), [cond, x, y, result], scalars, graph)
+        return result
+
     def scale(self, x: Any, a: float, *, out: Any = None, graph: Any = None) -> Any:
         return self._unary("scale", x, out, graph, a)
 
@@ -44,42 +77,93 @@ class ElementwiseOps(OpsBase):
     def gelu(self, x: Any, *, approximate: str = "none", out: Any = None, graph: Any = None) -> Any:
         """GELU: the exact erf form, or approximate="tanh"."""
         if approximate not in ("none", "tanh"):
-            raise InvalidArgument(f"gelu: approximate is 'none' or 'tanh', not {approximate!r}")
+            raise InvalidArgument(f"approximate is 'none' or 'tanh', not {approximate!r}", op="gelu")
         return self._unary("gelu" if approximate == "none" else "gelu_tanh", x, out, graph)
 
     def tanh(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
         return self._unary("tanh", x, out, graph)
 
-    def cast(self, x: Any, dtype: str, *, out: Any = None, graph: Any = None) -> Any:
-        """float32 <-> float16 (rounded to nearest even)."""
-        src, dst = dtype_name(x), str(dtype)
-        if (src, dst) not in (("float32", "float16"), ("float16", "float32")):
-            raise InvalidArgument(f"cast: float32 <-> float16 only, not {src} -> {dst}")
-        shape = tuple(x.shape)
-        result = self._out(out, shape, dst, x, graph)
-        n = math.prod(shape)
-        self._run(f"cast_{SHORT[src]}_{SHORT[dst]}", grid_1d(n), [x, result], [n], graph)
+    def clamp(
+        self, x: Any, min: float | None = None, max: float | None = None, *, out: Any = None, graph: Any = None
+    ) -> Any:
+        """torch.clamp with scalar bounds: min(max(x, min), max) (so max wins where min > max); NaN stays
+        NaN. At least one bound."""
+        if min is None and max is None:
+            raise InvalidArgument("at least one of min and max must be given", op="clamp")
+        lo, hi = _bound("min", min, -math.inf), _bound("max", max, math.inf)
+        return self._unary("clamp", x, out, graph, lo, hi)
+
+    def cast(self, x: Any, dtype: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """x as `dtype` (numpy's astype): floats round to nearest even; float to integer truncates toward
+        zero and saturates at the integer's range (NaN gives 0); integer to integer keeps the low bits."""
+        src, dst = dtype_name(x), np.dtype(dtype).name
+        for what, name in (("x", src), ("the target dtype", dst)):
+            if name not in DTYPES:
+                raise InvalidArgument(f"{what} is {name}; cast takes {list(DTYPES)}", op="cast")
+        result = self._out(out, tuple(x.shape), dst, x, graph)
+        n = math.prod(x.shape)
+        codes = [_code(src), _code(dtype_name(result))]
+        self._run("ew_cast", grid_1d(threads(n, _table_dtype(result))), [x, result], [n, *codes], graph)
         return result
 
     def _binary(self, op: str, x: Any, y: Any, out: Any, graph: Any) -> Any:
-        dtype = dtype_name(x)
-        if dtype not in SHORT:
-            raise InvalidArgument(f"{op}: float32 or float16 tensors, not {dtype}")
-        try:
-            shape = broadcast_shape(tuple(x.shape), tuple(y.shape))
-        except OpError as exc:
-            raise InvalidArgument(f"{op}: {exc}") from None
-        result = self._out(out, shape, dtype, x, graph)
-        n, nx, ny = math.prod(shape), math.prod(x.shape), math.prod(y.shape)
-        self._run(f"binary_{SHORT[dtype]}", grid_1d(n), [x, y, result], [n, nx, ny, BINARY_OPS[op]], graph)
+        self._check_dtypes(op, {"x": x, "y": y})
+        dtypes = [dtype_name(x), dtype_name(y)]
+        shape = self._broadcast(op, x, y)
+        result = self._out(out, shape, result_dtype(*dtypes), x, graph)
+        lay = self._layout(op, result, x, y)
+        n = math.prod(result.shape)
+        codes = [_code(d) for d in (*dtypes, dtype_name(result))]
+        scalars = [n, BINARY_OPS[op], *lay, *codes]
+        self._run("ew_binary", grid_1d(threads(n, _table_dtype(result))), [x, y, result], scalars, graph)
         return result
 
-    def _unary(self, op: str, x: Any, out: Any, graph: Any, a: float = 0.0) -> Any:
-        dtype = dtype_name(x)
-        if dtype not in SHORT:
-            raise InvalidArgument(f"{op}: float32 or float16 tensors, not {dtype}")
-        shape = tuple(x.shape)
-        result = self._out(out, shape, dtype, x, graph)
-        n = math.prod(shape)
-        self._run(f"unary_{SHORT[dtype]}", grid_1d(n), [x, result], [n, UNARY_OPS[op], float(a)], graph)
+    def _unary(self, op: str, x: Any, out: Any, graph: Any, a: float = 0.0, b: float = 0.0) -> Any:
+        name = "gelu" if op == "gelu_tanh" else op
+        self._check_dtypes(name, {"x": x})
+        result = self._out(out, tuple(x.shape), dtype_name(x), x, graph)
+        n = math.prod(x.shape)
+        scalars = [n, UNARY_OPS[op], float(a), float(b), _code(dtype_name(x)), _code(dtype_name(result))]
+        self._run("ew_unary", grid_1d(threads(n, _table_dtype(result))), [x, result], scalars, graph)
         return result
+
+    def _check_dtypes(self, op: str, tensors: dict[str, Any]) -> None:
+        for name, tensor in tensors.items():
+            if dtype_name(tensor) not in FLOATS:
+                raise InvalidArgument(f"{name} is {dtype_name(tensor)}, not one of {list(FLOATS)}", op=op)
+
+    def _broadcast(self, op: str, *tensors: Any) -> tuple[int, ...]:
+        try:
+            return broadcast_shapes(*(tuple(t.shape) for t in tensors))
+        except OpError as exc:
+            raise InvalidArgument(str(exc), op=op) from None
+
+    def _layout(self, op: str, result: Any, *operands: Any) -> list[int]:
+        """The broadcast layout of the operands into `result` (its shape: numpy's, or that of out=)."""
+        try:
+            return broadcast_layout(tuple(result.shape), *(tuple(t.shape) for t in operands)).scalars()
+        except OpError as exc:
+            raise InvalidArgument(str(exc), op=op) from None
+
+
+def _bound(name: str, value: Any, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        bound = float(value)
+    except (TypeError, ValueError):
+        bound = math.nan
+    if math.isnan(bound):
+        raise InvalidArgument(f"{name} must be a number (not NaN), not {value!r}", op="clamp")
+    return bound
+
+
+def _code(dtype: str) -> int:
+    entry = DTYPES.get(dtype)
+    return UNKNOWN if entry is None else entry.code
+
+
+def _table_dtype(tensor: Any) -> str:
+    """The tensor's dtype if the table has it (else any: the op's check refuses it before it runs)."""
+    name = dtype_name(tensor)
+    return name if name in DTYPES else "float32"

@@ -1,5 +1,6 @@
-"""Reductions over the last axis: sum, mean, max, argmax; softmax (with an optional additive mask),
-rmsnorm and layernorm. Inputs are float32 or float16; everything accumulates in float32."""
+"""Reductions: sum, mean, max, argmax and softmax over any axis (`axes` picks the kernel); softmax with
+an additive mask, rmsnorm and layernorm over the last axis. Inputs are float32 or float16; everything
+accumulates in float32."""
 
 from __future__ import annotations
 
@@ -7,41 +8,63 @@ import math
 from typing import Any
 
 from gpud_client.errors import InvalidArgument
+from gpud_client.ops.axes import plan
 from gpud_client.ops.base import OpsBase, dtype_name
 from gpud_protocol.ops import OpError, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
+from gpud_protocol.ops.reduce_axis import grid as axis_grid
 
 
 class ReduceOps(OpsBase):
-    def sum(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
-        """The sum over the last axis: shape x.shape[:-1], float32."""
-        return self._reduce("sum", x, out, graph)
+    def sum(self, x: Any, axis: int | None = -1, *, out: Any = None, graph: Any = None) -> Any:
+        """The sum over `axis` (default the last; negative counts from the end; None: every element):
+        x's shape without that axis (numpy's keepdims=False), float32."""
+        return self._reduce("sum", x, axis, out, graph)
 
-    def mean(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
-        """The mean over the last axis: shape x.shape[:-1], float32."""
-        return self._reduce("mean", x, out, graph)
+    def mean(self, x: Any, axis: int | None = -1, *, out: Any = None, graph: Any = None) -> Any:
+        """The mean over `axis` (as `sum`), float32."""
+        return self._reduce("mean", x, axis, out, graph)
 
-    def max(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
-        """The maximum over the last axis: shape x.shape[:-1], float32."""
-        return self._reduce("max", x, out, graph)
+    def max(self, x: Any, axis: int | None = -1, *, out: Any = None, graph: Any = None) -> Any:
+        """The maximum over `axis` (as `sum`), float32."""
+        return self._reduce("max", x, axis, out, graph)
 
-    def argmax(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
-        """The first index of the maximum over the last axis: shape x.shape[:-1], int32 (rows
-        without NaN)."""
-        dtype, rows, length = self._rows("argmax", x)
-        result = self._out(out, tuple(x.shape[:-1]), "int32", x, graph)
-        self._run(f"argmax_{SHORT[dtype]}", _grid(rows), [x, result], [rows, length], graph)
+    def argmax(self, x: Any, axis: int | None = -1, *, out: Any = None, graph: Any = None) -> Any:
+        """The first index of the maximum over `axis` (as `sum`; None: the index into x flattened, as
+        numpy's), int32 (rows without NaN)."""
+        p = plan("argmax", x, axis)
+        result = self._out(out, p.reduced, "int32", x, graph)
+        if p.empty:
+            return result
+        if p.rows is not None:
+            self._run(f"argmax_{SHORT[p.dtype]}", _grid(p.rows[0]), [p.x, result], list(p.rows), graph)
+        else:
+            self._axis_run(f"argmax_axis_{SHORT[p.dtype]}", p.x, result, p.view, [], graph)
         return result
 
-    def softmax(self, x: Any, mask: Any = None, *, out: Any = None, graph: Any = None) -> Any:
-        """Softmax over the last axis (max-subtracted), same shape and dtype as x. `mask`: an additive
-        float32 mask whose shape ends x's (leading 1s allowed), broadcast over x's leading axes; -inf
-        masks an element out, and a row whose every element is masked gives zeros."""
+    def softmax(self, x: Any, mask: Any = None, *, axis: int | None = -1, out: Any = None, graph: Any = None) -> Any:
+        """Softmax over `axis` (default the last; None: over every element), max-subtracted, same shape
+        and dtype as x. `mask` (the last axis only): an additive float32 mask whose shape ends x's
+        (leading 1s allowed), broadcast over x's leading axes; -inf masks an element out, and a row
+        whose every element is masked gives zeros."""
+        if mask is not None:
+            return self._softmax_masked(x, mask, axis, out, graph)
+        p = plan("softmax", x, axis)
+        result = self._out(out, tuple(x.shape), p.dtype, x, graph)
+        if math.prod(x.shape) == 0:
+            return result
+        flat = result if axis is not None else result.reshape(-1)
+        if p.rows is not None:
+            self._run(f"softmax_{SHORT[p.dtype]}", _grid(p.rows[0]), [p.x, flat], list(p.rows), graph)
+        else:
+            self._axis_run(f"softmax_axis_{SHORT[p.dtype]}", p.x, flat, p.view, [], graph)
+        return result
+
+    def _softmax_masked(self, x: Any, mask: Any, axis: int | None, out: Any, graph: Any) -> Any:
+        if axis is None or axis not in (-1, len(x.shape) - 1):
+            raise InvalidArgument("a mask is taken over the last axis only (axis=-1)", op="softmax")
         dtype, rows, length = self._rows("softmax", x)
         result = self._out(out, tuple(x.shape), dtype, x, graph)
-        if mask is None:
-            self._run(f"softmax_{SHORT[dtype]}", _grid(rows), [x, result], [rows, length], graph)
-            return result
         try:
             mrows = mask_rows(tuple(mask.shape), tuple(x.shape))
         except OpError as exc:
@@ -60,6 +83,22 @@ class ReduceOps(OpsBase):
         torch's layer_norm); weight and bias (L,), both float32 or both float16."""
         return self._norm("layernorm", x, (weight, bias), eps, out, graph)
 
+    def normalize(self, x: Any, eps: float = 1e-12, *, out: Any = None, graph: Any = None) -> Any:
+        """x / max(||x||, eps) with the L2 norm over the last axis (torch.nn.functional.normalize, p=2,
+        dim=-1); same shape and dtype as x."""
+        dtype = dtype_name(x)
+        if dtype not in SHORT:
+            raise InvalidArgument(f"x is {dtype}, not one of {list(SHORT)}", op="normalize")
+        try:
+            rows, length = rows_and_length(tuple(x.shape))
+        except OpError as exc:
+            raise InvalidArgument(str(exc), op="normalize") from None
+        if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
+            raise InvalidArgument(f"eps must be finite and >= 0, not {eps!r}", op="normalize")
+        result = self._out(out, tuple(x.shape), dtype, x, graph)
+        self._run(f"normalize_{SHORT[dtype]}", _grid(rows), [x, result], [rows, length, float(eps)], graph)
+        return result
+
     def _rows(self, op: str, x: Any) -> tuple[str, int, int]:
         dtype = dtype_name(x)
         if dtype not in SHORT:
@@ -70,11 +109,23 @@ class ReduceOps(OpsBase):
             raise InvalidArgument(f"{op}: {exc}") from None
         return dtype, rows, length
 
-    def _reduce(self, op: str, x: Any, out: Any, graph: Any) -> Any:
-        dtype, rows, length = self._rows(op, x)
-        result = self._out(out, tuple(x.shape[:-1]), "float32", x, graph)
-        self._run(f"reduce_{SHORT[dtype]}", _grid(rows), [x, result], [rows, length, REDUCE_OPS[op]], graph)
+    def _reduce(self, op: str, x: Any, axis: int | None, out: Any, graph: Any) -> Any:
+        p = plan(op, x, axis)
+        result = self._out(out, p.reduced, "float32", x, graph)
+        if p.empty:
+            return result
+        code = REDUCE_OPS[op]
+        if p.rows is not None:
+            self._run(f"reduce_{SHORT[p.dtype]}", _grid(p.rows[0]), [p.x, result], [*p.rows, code], graph)
+        else:
+            self._axis_run(f"reduce_axis_{SHORT[p.dtype]}", p.x, result, p.view, [code], graph)
         return result
+
+    def _axis_run(self, name: str, x: Any, out: Any, view: list[int] | None, extra: list[int], graph: Any) -> None:
+        """A kernel of `reduce_axis`: its scalars are (outer, length, inner), `extra`, then the view."""
+        assert view is not None
+        outer, length, inner, *strides = view
+        self._run(name, axis_grid(outer, inner), [x, out], [outer, length, inner, *extra, *strides], graph)
 
     def _norm(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any, graph: Any) -> Any:
         dtype, rows, length = self._rows(op, x)

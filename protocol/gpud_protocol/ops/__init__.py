@@ -8,7 +8,8 @@ the op even from a client that skips the library's own checks. The kernels' sour
 one `.wgsl` per family, ship with the daemon (gpud/ops); a client registers one by its name with
 the source `gpud:<name>`.
 
-Families: `elementwise`, and the modules listed in `FAMILIES`.
+Families: `elementwise`, and the modules listed in `FAMILIES`. The elementwise kernels take every
+dtype of `dtypes.DTYPES` through one kernel per kind, and broadcast as numpy does (`broadcast`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from gpud_protocol.limits import DTYPE_SIZES
+from gpud_protocol.views import VIEW_ALIGN, contiguous_strides, is_contiguous
+
 PREFIX = "gpud:"  # a kernel source naming a built-in kernel: "gpud:<name>"
 BLOCK = 256  # threads per workgroup (WGSL @workgroup_size) and per block (CUDA) for 1-D kernels
 MAX_GROUPS = 65535  # workgroups per grid dimension that every adapter allows
@@ -26,10 +30,17 @@ MAX_GROUPS = 65535  # workgroups per grid dimension that every adapter allows
 class TensorInfo(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
+    offset: int = 0  # a view's: in elements from its tensor's start
+    strides: tuple[int, ...] | None = None  # a view's, in elements; None: contiguous (row-major)
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """The strides, contiguous ones where none were given."""
+        return contiguous_strides(self.shape) if self.strides is None else self.strides
 
 
 class OpError(ValueError):
@@ -50,9 +61,19 @@ class KernelSpec:
     check: Check
     block: int = BLOCK  # CUDA threads per block
     op_codes: tuple[str, ...] = ()  # a kernel of several ops: the op of each value of its scalar "op"
+    # positions (among tensors) the kernel reads through an offset and strides among its scalars (any
+    # view; its tensor is bound whole). Every other tensor must be dense: see `layout_problem`.
+    strided: tuple[int, ...] = ()
+
+    def verify(self, infos: Sequence[TensorInfo], scalars: Sequence[int | float]) -> None:
+        """The layout rule (a dense tensor wherever the kernel takes no strides), then the op's own."""
+        for position, info in enumerate(infos[: len(self.tensors)]):
+            if position not in self.strided and (problem := layout_problem(info, self.tensors[position])):
+                raise OpError(problem)
+        self.check(infos, scalars)
 
     def op_name(self, scalars: Sequence[int | float]) -> str:
-        """The op a user called to run this kernel with `scalars` ("add" for binary_f32 with op 0)."""
+        """The op a user called to run this kernel with `scalars` ("add" for ew_binary with op 0)."""
         if not self.op_codes:
             return self.op
         names = [name for name, _kind in self.scalars]
@@ -61,6 +82,21 @@ class KernelSpec:
             if isinstance(code, int) and 0 <= code < len(self.op_codes):
                 return self.op_codes[code]
         return self.op
+
+
+def layout_problem(info: TensorInfo, name: str) -> str | None:
+    """Why a kernel that indexes `name` densely cannot take it, or None. A contiguous view at an offset
+    is bound at that offset (no copy) when the offset is a multiple of VIEW_ALIGN bytes (WebGPU's
+    binding rule, applied on every backend alike)."""
+    if info.strides is not None and not is_contiguous(info.shape, info.strides):
+        return f"{name} is a non-contiguous view; call gpu.ops.contiguous({name}) first"
+    byte = info.offset * DTYPE_SIZES.get(info.dtype, 1)
+    if byte % VIEW_ALIGN:
+        return (
+            f"{name} is a view starting at byte {byte} of its tensor, not a multiple of {VIEW_ALIGN}, where "
+            f"a kernel can be given it; call gpu.ops.contiguous({name}) first"
+        )
+    return None
 
 
 def grid_1d(threads: int, block: int = BLOCK) -> tuple[int, int, int]:
@@ -91,11 +127,10 @@ def suffix(short: tuple[int, ...], long: tuple[int, ...]) -> bool:
 
 
 def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    if suffix(a, b):
-        return b
-    if suffix(b, a):
-        return a
-    raise OpError(f"shapes {list(a)} and {list(b)} do not broadcast (one must end the other)")
+    """numpy's broadcast shape of `a` and `b` (gpud_protocol.ops.broadcast)."""
+    from gpud_protocol.ops.broadcast import broadcast_shapes
+
+    return broadcast_shapes(a, b)
 
 
 def _registry() -> dict[str, KernelSpec]:
@@ -109,9 +144,16 @@ def _registry() -> dict[str, KernelSpec]:
     return specs
 
 
-from gpud_protocol.ops import attention, elementwise, matmul, reduce  # noqa: E402  (the families use the helpers above)
+from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers above)
+    attention,
+    elementwise,
+    layout,
+    matmul,
+    reduce,
+    reduce_axis,
+)
 
-FAMILIES = [elementwise, matmul, reduce, attention]
+FAMILIES = [elementwise, matmul, reduce, attention, layout, reduce_axis]
 KERNELS: dict[str, KernelSpec] = _registry()
 
 
@@ -131,6 +173,7 @@ __all__ = [
     "TensorInfo",
     "broadcast_shape",
     "grid_1d",
+    "layout_problem",
     "need",
     "same_dtype",
     "spec_of",

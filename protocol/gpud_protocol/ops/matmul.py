@@ -22,12 +22,11 @@ gid.x + gid.y * groups.x); z is the batch. matmul: (ceil(n / TILE), ceil(m / TIL
 
 CUDA only: `matmul_tc<BM>x<BN>_f16_f16`, float16 x and w on the tensor cores (float32 accumulators,
 out rounded to float16 once), the same tensors, scalars and rule as matmul_f16_f16; a block of
-TC_TILES[name].threads threads computes a BM x BN tile of out, or with TC_TILES[name].split > 1 a
-cluster of that many blocks does, each over a share of K. Grid: tc_grid, split blocks per tile, their
-count folded into y past 65,535 in whole clusters (the block's tile is (blockIdx.x + blockIdx.y *
-gridDim.x) / split; blocks past the last tile do nothing), z the batch. tc_kernel picks the tile for
-a product; the client uses these on the cuda backend only (the WebGPU sources have none of them) and
-keeps matmul_<x>_<w> for float32 operands (float32 products, which float16 operands would round).
+TC_TILES[name].threads threads computes a BM x BN tile of out. Grid: tc_grid, one block per tile,
+their count folded into y past 65,535 (the block's tile is blockIdx.x + blockIdx.y * gridDim.x;
+blocks past the last tile do nothing), z the batch. tc_kernel picks the tile for a product; the
+client uses these on the cuda backend only (the WebGPU sources have none of them) and keeps
+matmul_<x>_<w> for float32 operands (float32 products, which float16 operands would round).
 """
 
 from __future__ import annotations
@@ -117,23 +116,22 @@ def matmul_grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
 
 
 class TcTile(NamedTuple):
-    """A matmul_tc kernel's tile: rows and columns of out, threads per block, and blocks per tile
-    (split > 1: a cluster of that many blocks splits K, see gpud/ops/matmul.cu)."""
+    """A matmul_tc kernel's tile: rows and columns of out per block, and threads per block."""
 
     bm: int
     bn: int
     threads: int
-    split: int = 1
 
 
-TC_TILES: dict[str, TcTile] = {
-    "matmul_tc16x32_f16_f16": TcTile(16, 32, 128),
-    "matmul_tc32x64_f16_f16": TcTile(32, 64, 128),
+TC_TILES: dict[str, TcTile] = {  # largest first
+    "matmul_tc128x128_f16_f16": TcTile(128, 128, 256),
     "matmul_tc64x64_f16_f16": TcTile(64, 64, 128),
-    "matmul_tc128x64_f16_f16": TcTile(128, 64, 128),
-    "matmul_tc128x128_f16_f16": TcTile(128, 128, 128),
+    "matmul_tc32x32_f16_f16": TcTile(32, 32, 128),
+    "matmul_tc16x32_f16_f16": TcTile(16, 32, 128),
+    "matmul_tc16x16_f16_f16": TcTile(16, 16, 256),
 }
-SMS = 132  # tile choice: the multiprocessors of the GPU the tiles were tuned on (an H100)
+SMS = 132  # the multiprocessors of the GPU the tile choice was fitted on (an H100)
+TC_BUSY = 1.5  # ... and the tiles per multiprocessor a larger tile must still give
 
 
 def _tiles(name: str, m: int, n: int) -> int:
@@ -142,26 +140,22 @@ def _tiles(name: str, m: int, n: int) -> int:
 
 
 def tc_kernel(m: int, n: int, k: int) -> str:
-    """The matmul_tc kernel for an (m, k) @ (k, n) product: narrow tiles for few rows (more blocks
-    along N), the largest tile that still gives every multiprocessor a couple of blocks past that."""
+    """The matmul_tc kernel for an (m, k) @ (k, n) product. Up to 16 rows, 16 x 16 tiles (the product
+    is bound by the latency of its K loop: many blocks, each with a deep pipeline); past that the
+    largest tile of at most m rows that still gives TC_BUSY tiles per multiprocessor, else 16 x 16.
+    Fitted on the measurements of benchmarks/gemm_harness.py --sweep (K does not enter yet)."""
+    smallest = "matmul_tc16x16_f16_f16"
     if m <= 16:
-        return "matmul_tc16x32_f16_f16"
-    if m <= 32:
-        return "matmul_tc32x64_f16_f16"
-    for name in ("matmul_tc128x128_f16_f16", "matmul_tc128x64_f16_f16"):
-        if _tiles(name, m, n) >= 2 * SMS:
+        return smallest
+    for name, tile in TC_TILES.items():
+        if tile.bm <= m and _tiles(name, m, n) >= TC_BUSY * SMS:
             return name
-    return "matmul_tc64x64_f16_f16"
+    return smallest
 
 
 def tc_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
-    """split blocks per tile (a cluster: consecutive in x), folded into y past 65,535 in whole clusters."""
-    split = TC_TILES[name].split
-    blocks = _tiles(name, m, n) * split
-    if blocks <= MAX_GROUPS:
-        return (blocks, 1, batch)
-    x = MAX_GROUPS - MAX_GROUPS % split
-    return (x, -(-blocks // x), batch)
+    """One block per tile, folded into y past 65,535; z the batch."""
+    return _fold(_tiles(name, m, n), batch)
 
 
 def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK) -> KernelSpec:

@@ -12,6 +12,7 @@ softmax_mask_<x>(x, mask, out; rows, length, mask_rows): softmax of x + mask, th
 rmsnorm_<x>_<w>(x, weight, out; rows, length, eps): x / sqrt(mean(x^2) + eps) * weight.
 layernorm_<x>_<w>(x, weight, bias, out; rows, length, eps): (x - mean) / sqrt(var + eps) * weight + bias,
     the variance from a second pass over x - mean.
+normalize_<x>(x, out; rows, length, eps): x / max(sqrt(sum(x^2)), eps) (torch.nn.functional.normalize).
 <x> and <w> are f32 or f16: x's dtype, and that of weight and bias (which may differ from x's).
 
 `length` is at most MAX_LENGTH (65,535 * 256): no thread's loop runs more than 65,535 iterations,
@@ -145,10 +146,23 @@ def _norm(op: str, dtype: str, wdtype: str) -> KernelSpec:
     return KernelSpec(name, FAMILY, op, tensors, (len(tensors) - 1,), scalars, check)
 
 
+def _normalize(dtype: str) -> KernelSpec:
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        x, out = t
+        rows, length, eps = s
+        _check_x(x, dtype, rows, length)
+        _like_x(x, out)
+        _check_eps(eps)
+
+    scalars = (("rows", "u32"), ("length", "u32"), ("eps", "f32"))
+    return KernelSpec(f"normalize_{SHORT[dtype]}", FAMILY, "normalize", ("x", "out"), (1,), scalars, check)
+
+
 SPECS = [
     *(_reduce(d) for d in DTYPES),
     *(_argmax(d) for d in DTYPES),
     *(_softmax(d) for d in DTYPES),
     *(_softmax_mask(d) for d in DTYPES),
     *(_norm(op, d, w) for op in ("rmsnorm", "layernorm") for d in DTYPES for w in DTYPES),
+    *(_normalize(d) for d in DTYPES),
 ]

@@ -1,0 +1,114 @@
+"""Layers over the op library, in PyTorch's layouts: what a forward function would otherwise spell out.
+
+    emb = nn.Embedding(gpu, w["model.embed_tokens.weight"])
+    q = nn.Linear(gpu, w["model.layers.0.self_attn.q_proj.weight"], w["model.layers.0.self_attn.q_proj.bias"])
+    norm = nn.RMSNorm(gpu, w["model.norm.weight"], eps=1e-6)
+    h = q(norm(emb(ids)))                  # eager: queued dispatches, as gpu.ops
+    h = q(norm(emb(ids, graph=g), graph=g), graph=g)   # the same forward, recorded into a graph
+
+Each module holds device tensors (yours, or resident ones opened read-only) and is called as
+`module(x, graph=None)`: one forward function serves eager work and graph recording. Outputs are
+new tensors (graph intermediates when recording), as the op library makes them. `from_dict` picks
+a layer's tensors from a checkpoint's dict by name (`load_safetensors`, `open_prefix`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpud_client.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from gpud_client.api import Client
+
+FLOATS = ("float32", "float16")
+
+
+def _check(module: str, what: str, tensor: Any, ndim: int, shape: tuple[int, ...] | None = None) -> None:
+    dtype = np.dtype(tensor.dtype).name
+    if dtype not in FLOATS:
+        raise InvalidArgument(f"{module}: {what} is {dtype}, not float32 or float16", op=module)
+    if len(tensor.shape) != ndim or (shape is not None and tuple(tensor.shape) != shape):
+        want = f"{list(shape)}" if shape is not None else f"{ndim}-D"
+        raise InvalidArgument(f"{module}: {what} is {list(tensor.shape)}, not {want}", op=module)
+
+
+class Linear:
+    """y = x @ weight.T + bias, weight (out_features, in_features) as PyTorch stores it, bias (out,).
+    x is (..., in_features); y is (..., out_features) (float16 when x and weight are, else float32)."""
+
+    def __init__(self, gpu: Client, weight: Any, bias: Any = None) -> None:
+        _check("Linear", "weight", weight, 2)
+        self.out_features, self.in_features = (int(d) for d in weight.shape)
+        if bias is not None:
+            _check("Linear", "bias", bias, 1, (self.out_features,))
+        self.gpu, self.weight, self.bias = gpu, weight, bias
+
+    @classmethod
+    def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str) -> Linear:
+        """`name + ".weight"` and, if present, `name + ".bias"` of `tensors`."""
+        return cls(gpu, tensors[f"{name}.weight"], tensors.get(f"{name}.bias"))
+
+    def __call__(self, x: Any, graph: Any = None) -> Any:
+        shape = tuple(x.shape)
+        if not shape or shape[-1] != self.in_features:
+            raise InvalidArgument(f"Linear: x is {list(shape)}, its last axis must be {self.in_features}", op="Linear")
+        matmul = self.gpu.ops.matmul
+        if len(shape) in (2, 3):  # what matmul takes as it is
+            return matmul(x, self.weight, transpose_w=True, bias=self.bias, graph=graph)
+        rows = x.reshape(math.prod(shape[:-1]), self.in_features)  # a view: no copy
+        y = matmul(rows, self.weight, transpose_w=True, bias=self.bias, graph=graph)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class LayerNorm:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (torch.nn.LayerNorm)."""
+
+    def __init__(self, gpu: Client, weight: Any, bias: Any, eps: float = 1e-5) -> None:
+        _check("LayerNorm", "weight", weight, 1)
+        _check("LayerNorm", "bias", bias, 1, tuple(weight.shape))
+        self.gpu, self.weight, self.bias, self.eps = gpu, weight, bias, float(eps)
+
+    @classmethod
+    def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str, eps: float = 1e-5) -> LayerNorm:
+        return cls(gpu, tensors[f"{name}.weight"], tensors[f"{name}.bias"], eps)
+
+    def __call__(self, x: Any, graph: Any = None) -> Any:
+        return self.gpu.ops.layernorm(x, self.weight, self.bias, self.eps, graph=graph)
+
+
+class RMSNorm:
+    """x / sqrt(mean(x^2 over the last axis) + eps) * weight (Llama's and Qwen's RMSNorm)."""
+
+    def __init__(self, gpu: Client, weight: Any, eps: float = 1e-6) -> None:
+        _check("RMSNorm", "weight", weight, 1)
+        self.gpu, self.weight, self.eps = gpu, weight, float(eps)
+
+    @classmethod
+    def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str, eps: float = 1e-6) -> RMSNorm:
+        return cls(gpu, tensors[f"{name}.weight"], eps)
+
+    def __call__(self, x: Any, graph: Any = None) -> Any:
+        return self.gpu.ops.rmsnorm(x, self.weight, self.eps, graph=graph)
+
+
+class Embedding:
+    """table[ids]: ids (...) int32, table (num_embeddings, dim) -> (..., dim), in the table's dtype
+    unless `dtype` is given. An id outside the table gives a row of zeros."""
+
+    def __init__(self, gpu: Client, table: Any, dtype: str | None = None) -> None:
+        _check("Embedding", "table", table, 2)
+        self.num_embeddings, self.dim = (int(d) for d in table.shape)
+        self.dtype = np.dtype(table.dtype).name if dtype is None else str(dtype)
+        self.gpu, self.table = gpu, table
+
+    @classmethod
+    def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str, dtype: str | None = None) -> Embedding:
+        return cls(gpu, tensors[f"{name}.weight"], dtype)
+
+    def __call__(self, ids: Any, graph: Any = None) -> Any:
+        return self.gpu.ops.embedding(ids, self.table, dtype=self.dtype, graph=graph)

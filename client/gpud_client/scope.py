@@ -1,0 +1,80 @@
+"""Scopes: `async with gpu.scope() as scope:` frees, at exit, every tensor and view this client made
+inside, in this task, except those passed to `scope.keep(t)`.
+
+Scopes nest: a tensor belongs to the innermost scope open in its task when it was made, and one
+that scope keeps moves to the scope around it (which frees it at its own exit unless it keeps it
+too). Keeping a view keeps its tensor. The exit frees whether or not an exception ends the block,
+and queues the frees like `t.free()` (no round trip). Tensors made by other tasks (even ones
+started inside the block) and by other clients are not the scope's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from gpud_client.api import Client, Tensor
+
+T = TypeVar("T", bound="Tensor")
+Task = Any  # asyncio.Task, or None outside a task
+
+
+def current_task() -> Task:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+
+
+class Scope:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._task: Task = None
+        self._made: dict[int, Tensor] = {}  # id -> tensor, in the order made
+        self._open = False
+
+    async def __aenter__(self) -> Scope:
+        if self._open:
+            raise RuntimeError("this scope is already open: make a new one with gpu.scope()")
+        self._open = True
+        self._task = current_task()
+        self._client._scopes.setdefault(self._task, []).append(self)
+        return self
+
+    async def __aexit__(
+        self, _type: type[BaseException] | None, _exc: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        scopes = self._client._scopes
+        stack = scopes.get(self._task, [])
+        if self in stack:
+            stack.remove(self)
+        if not stack:
+            scopes.pop(self._task, None)  # none left: making a tensor costs one check again
+        made, self._made = self._made, {}
+        for tensor in made.values():
+            tensor.free()
+
+    def keep(self, tensor: T) -> T:
+        """Leave `tensor` (and, for a view, its tensor) alive at this scope's exit; returns it."""
+        parent = self._parent()
+        for t in (tensor, tensor.base):
+            if self._made.pop(id(t), None) is not None and parent is not None:
+                parent.add(t)
+        return tensor
+
+    def add(self, tensor: Tensor) -> None:
+        self._made[id(tensor)] = tensor
+
+    def _parent(self) -> Scope | None:
+        stack = self._client._scopes.get(self._task, [])
+        index = stack.index(self) if self in stack else len(stack)
+        return stack[index - 1] if index > 0 else None
+
+
+def made(client: Client, tensor: Tensor) -> None:
+    """`tensor` was just made: it belongs to the innermost scope open in this task, if any."""
+    stack = client._scopes.get(current_task())
+    if stack:
+        stack[-1].add(tensor)

@@ -1,0 +1,120 @@
+"""Views of a tensor made in the client: `reshape`, `transpose`, `permute`, `narrow` (torch's semantics).
+
+A view is a `Tensor` whose `base` is the tensor whose memory it is, with its own shape, strides and
+element offset into that memory (`gpud_protocol.views`). Making one sends nothing and copies nothing:
+it travels with each op as its base's handle and its geometry, and costs the daemon no handle.
+
+What takes which view: the op library's kernels that read through strides (`gpu.ops.contiguous`, the
+reductions over an axis) take any view; every other kernel takes contiguous views (a narrow along the
+first axis is one), bound at their offset where it is a multiple of 256 bytes; otherwise the op says
+to call `gpu.ops.contiguous(t)` first. Readbacks take any view; uploads and copies take contiguous ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from gpud_client.errors import InvalidArgument
+from gpud_protocol import views as geometry
+
+if TYPE_CHECKING:
+    from gpud_client.api import Tensor
+
+
+class TensorViews:
+    """The view methods of `Tensor` (mixed in: `Tensor` sets these attributes and `_view`)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    offset: int  # in elements, into the base's memory
+
+    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
+        raise NotImplementedError
+
+    @property
+    def is_contiguous(self) -> bool:
+        """Row-major without gaps (it may still start at an offset of its base: a narrow of the first axis)."""
+        return geometry.is_contiguous(self.shape, self.strides)
+
+    def reshape(self, *shape: int | Sequence[int]) -> Tensor:
+        """This memory with another shape (one dimension may be -1): a view, no copy, no message.
+
+        A non-contiguous view reshapes only where its strides allow it without a copy (torch's rule
+        for `view`); otherwise call `gpu.ops.contiguous(t)` first. A view lives as long as its base:
+        freeing the base ends its views; freeing a view ends only that view."""
+        from gpud_client.api import reshaped
+
+        dims = reshaped(self.shape, shape)
+        strides = geometry.view_strides(self.shape, self.strides, dims)
+        if strides is None:
+            raise InvalidArgument(
+                f"{self!r} (strides {list(self.strides)}) cannot be seen as {list(dims)} without a copy: "
+                "call gpu.ops.contiguous(t) first",
+                op="reshape",
+            )
+        return self._view(dims, strides, self.offset)
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        """Dimensions `dim0` and `dim1` swapped (negative: from the end): a view, as torch.transpose."""
+        shape, strides = _geometry("transpose", geometry.transposed, self.shape, self.strides, dim0, dim1)
+        return self._view(shape, strides, self.offset)
+
+    def permute(self, *dims: int | Sequence[int]) -> Tensor:
+        """The dimensions in the order `dims` (a permutation): a view, as torch.permute."""
+        order: list[int] = []
+        for d in dims:  # permute(1, 0) or permute((1, 0))
+            order += [int(d)] if isinstance(d, int) else [int(e) for e in d]
+        shape, strides = _geometry("permute", geometry.permuted, self.shape, self.strides, order)
+        return self._view(shape, strides, self.offset)
+
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        """Elements [start, start + length) of dimension `dim`: a view, as torch.narrow. Along the first
+        axis of a contiguous tensor it stays contiguous (only its offset moves)."""
+        try:
+            shape, strides, offset = geometry.narrowed(
+                self.shape, self.strides, self.offset, int(dim), int(start), int(length)
+            )
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), op="narrow") from None
+        return self._view(shape, strides, offset)
+
+
+def _geometry(op: str, fn: Any, *args: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    try:
+        result: tuple[tuple[int, ...], tuple[int, ...]] = fn(*args)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc), op=op) from None
+    return result
+
+
+def picked(data: bytes | memoryview | np.ndarray[Any, Any], tensor: Tensor) -> np.ndarray[Any, Any]:
+    """A view's elements, out of the bytes its readback sent (`gpud_protocol.views.span`), as a new array."""
+    itemsize = tensor.dtype.itemsize
+    first, _nbytes = geometry.span(tensor.offset, tensor.shape, tensor.strides, itemsize)
+    raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1)
+    skip = tensor.offset * itemsize - first
+    if math.prod(tensor.shape) == 0:
+        return np.zeros(tensor.shape, tensor.dtype)
+    count = (raw.nbytes - skip) // itemsize
+    elements = raw[skip : skip + count * itemsize].view(tensor.dtype)
+    byte_strides = tuple(s * itemsize for s in tensor.strides)
+    return np.array(as_strided(elements, tensor.shape, byte_strides, writeable=False))
+
+
+def dense_range(tensor: Tensor, op: str) -> None:
+    """Refuse (here, as the daemon would) a view that a copy or an upload cannot move exactly."""
+    base = tensor.base
+    if base is tensor:
+        return
+    try:
+        geometry.dense_range(tensor.offset, tensor.shape, tensor.strides, tensor.dtype.itemsize, math.prod(base.shape))
+    except ValueError as exc:
+        raise InvalidArgument(f"{tensor!r}: {exc}", op=op) from None
+
+
+__all__ = ["TensorViews", "dense_range", "picked"]

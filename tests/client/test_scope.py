@@ -1,0 +1,87 @@
+"""`gpu.scope()`: tensors and views made inside are freed at exit unless kept, on every backend.
+
+Memory is measured by the daemon (`gpu.stats()`: the session's private bytes and handles)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import gpud_client
+from gpud_client import Client, InvalidArgument, Tensor
+
+
+async def usage(gpu: Client) -> tuple[int, int]:
+    session = (await gpu.stats())["session"]
+    return session["private_bytes"], session["handles"]
+
+
+async def test_everything_made_inside_is_freed_but_what_is_kept(gpu: Client, address: str) -> None:
+    outside = gpu.tensor(np.arange(8, dtype=np.float32))
+    async with gpud_client.connect(address) as other:
+        published = other.tensor(np.ones(4, np.float32))
+        other.publish(published, f"test/scope-{id(gpu)}", "ro")
+        await other.sync()
+        baseline = await usage(gpu)
+        async with gpu.scope() as scope:
+            x = gpu.tensor(np.arange(8, dtype=np.float32))
+            y = gpu.ops.add(x, outside)  # an op's output is made inside too
+            z = gpu.ops.scale(y.reshape(2, 4), 2.0)  # and a view, of a tensor made inside
+            seen = outside.reshape(4, 2)  # a view of a tensor made outside
+            opened = await gpu.open(f"test/scope-{id(gpu)}")  # a handle on a resident
+            kept = scope.keep(gpu.ops.scale(x, 3.0))
+            assert kept.freed is False
+            assert await usage(gpu) != baseline
+        assert all(t.freed for t in (x, y, z, seen, opened))
+        assert not outside.freed and not kept.freed
+        np.testing.assert_array_equal(await kept.numpy(), np.arange(8) * 3)
+        np.testing.assert_array_equal(await outside.numpy(), np.arange(8))
+        with pytest.raises(InvalidArgument):
+            await z.numpy()
+        kept.free()
+        assert await usage(gpu) == baseline
+        other.unpublish(f"test/scope-{id(gpu)}")
+        published.free()
+    outside.free()
+
+
+async def test_nested_scopes_hand_kept_tensors_outwards(gpu: Client) -> None:
+    baseline = await usage(gpu)
+    async with gpu.scope() as outer:
+        a = gpu.empty((16,))
+        async with gpu.scope() as inner:
+            b = gpu.empty((16,))
+            c = inner.keep(gpu.empty((16,)))  # now the outer scope's
+            view = inner.keep(gpu.empty((2, 8)).reshape(16))  # keeping a view keeps its tensor
+        assert b.freed and not c.freed and not view.freed and not view.base.freed
+        np.testing.assert_array_equal(await view.numpy(), np.zeros(16))
+        d = outer.keep(c)
+    assert a.freed and view.freed and view.base.freed
+    assert not d.freed
+    d.free()
+    assert await usage(gpu) == baseline
+
+
+async def test_an_exception_inside_still_frees(gpu: Client) -> None:
+    baseline = await usage(gpu)
+    made: list[Tensor] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        async with gpu.scope():
+            made.append(gpu.tensor(np.ones(1000, np.float32)))
+            raise RuntimeError("boom")
+    assert made[0].freed
+    assert await usage(gpu) == baseline
+    assert not gpu._scopes  # nothing left open: making a tensor costs one check again
+
+
+async def test_tensors_of_other_tasks_are_not_the_scopes(gpu: Client) -> None:
+    async def elsewhere() -> Tensor:
+        return gpu.empty((4,))
+
+    async with gpu.scope():
+        theirs = await asyncio.create_task(elsewhere())  # a task of its own, started inside
+        mine = gpu.empty((4,))
+    assert mine.freed and not theirs.freed
+    theirs.free()
