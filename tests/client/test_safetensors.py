@@ -32,7 +32,7 @@ def load_all(path: Path, dtype: str | None = None, size: int = 1 << 20) -> dict[
 
 def test_reads_every_dtype_back(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    arrays = {
+    arrays: dict[str, np.ndarray[Any, Any]] = {
         "f64": rng.standard_normal((3, 5)),
         "f32": rng.standard_normal((4, 7)).astype(np.float32),
         "f16": rng.standard_normal(9).astype(np.float16),

@@ -25,7 +25,9 @@ import pytest
 import gpud_client
 from gpud_client import InvalidArgument
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+from gpud_client.ops.base import _info
 from gpud_protocol.ops.reduce import MAX_LENGTH
+from gpud_protocol.ops.reduce_axis import geometry
 
 DTYPES = ["float32", "float16"]
 # Lengths 1, 7, 257, 896, 70,000; few rows and many.
@@ -302,3 +304,172 @@ async def test_ops_record_into_replay_graphs(gpu: gpud_client.Client) -> None:
         close_softmax(got["p"], softmax_ref(h16 + m), "float16")
         close_sums(got["total"], got["p"].astype(np.float64).sum(axis=-1), np.ones(6))
         np.testing.assert_array_equal(got["best"], got["h"].argmax(axis=-1))
+
+
+# ---------------------------------------------------------------------- any axis, and strided views
+
+AXIS_SHAPES = [(7,), (33, 7), (3, 5, 257), (4, 1, 6), (2, 3, 4, 5)]  # odd sizes, a size-1 axis
+
+
+def reduce_ref(op: str, a64: np.ndarray, axis: int | None) -> np.ndarray:
+    return {"sum": np.sum, "mean": np.mean, "max": np.max}[op](a64, axis=axis)
+
+
+def check_reduction(op: str, got: np.ndarray, a: np.ndarray, axis: int | None) -> None:
+    a64 = a.astype(np.float64)
+    ref = reduce_ref(op, a64, axis)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    if op == "max":
+        np.testing.assert_array_equal(no_nan(got), ref)
+        return
+    length = a.size if axis is None else a.shape[axis]
+    magnitude = np.abs(a64).sum(axis=axis) / (length if op == "mean" else 1)
+    close_sums(got, ref, magnitude)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+async def test_sum_mean_max_over_every_axis(gpu: gpud_client.Client, op: str, dtype: str) -> None:
+    """numpy's keepdims=False: the axis goes from the shape; negative axes count from the end; None: all."""
+    for shape in AXIS_SHAPES:
+        a = random(shape, dtype, 2.0, 0.5)
+        x = gpu.tensor(a)
+        for axis in [*range(-len(shape), len(shape)), None]:
+            reduced = () if axis is None else shape[: axis % len(shape)] + shape[axis % len(shape) + 1 :]
+            out = poisoned(gpu, reduced, "float32")
+            assert getattr(gpu.ops, op)(x, axis, out=out) is out
+            check_reduction(op, await out.numpy(), a, axis)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_argmax_over_every_axis_is_the_first_index_of_the_maximum(gpu: gpud_client.Client, dtype: str) -> None:
+    rng = np.random.default_rng()
+    for shape in AXIS_SHAPES:
+        for a in (random(shape, dtype), rng.integers(0, 3, shape).astype(dtype)):  # the second: ties
+            x = gpu.tensor(a)
+            for axis in [*range(-len(shape), len(shape)), None]:
+                got = await gpu.ops.argmax(x, axis=axis).numpy()
+                assert got.dtype == np.int32
+                np.testing.assert_array_equal(got, a.argmax(axis=axis))
+
+
+def softmax_axis_ref(v: np.ndarray, axis: int | None) -> np.ndarray:
+    if axis is None:
+        return softmax_ref(v.reshape(-1)).reshape(v.shape)
+    return np.moveaxis(softmax_ref(np.moveaxis(v, axis, -1)), -1, axis)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_softmax_over_every_axis(gpu: gpud_client.Client, dtype: str) -> None:
+    for shape in AXIS_SHAPES:
+        a = random(shape, dtype, 4.0, 30.0)
+        a[..., 0] = -np.inf  # masked-out elements, and (for a length-1 axis) rows of only -inf
+        x = gpu.tensor(a)
+        for axis in [*range(-len(shape), len(shape)), None]:
+            out = poisoned(gpu, shape, dtype)
+            gpu.ops.softmax(x, axis=axis, out=out)
+            close_softmax(await out.numpy(), softmax_axis_ref(a.astype(np.float64), axis), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_reductions_read_strided_views_without_a_copy(gpu: gpud_client.Client, dtype: str) -> None:
+    """Transposed and narrowed views (unaligned offsets included) go to the axis kernels as they are."""
+    a = random((6, 9, 5), dtype, 2.0, 0.5)
+    t = gpu.tensor(a)
+    views = [
+        (t.transpose(0, 2), a.transpose(2, 1, 0)),
+        (t.narrow(1, 2, 5), a[:, 2:7]),
+        (t.narrow(0, 1, 3), a[1:4]),  # contiguous at an odd offset: not bindable, read through its offset
+        (t.permute(1, 0, 2).narrow(2, 1, 3), a.transpose(1, 0, 2)[:, :, 1:4]),
+        (t.transpose(1, 2).narrow(0, 5, 1), a.swapaxes(1, 2)[5:6]),
+    ]
+    handles = (await gpu.stats())["session"]["handles"]
+    results = refused = 0
+    for view, ref in views:
+        for axis in range(ref.ndim):
+            if geometry(_info(view), axis) is None:  # axes around it do not merge: refused, as the rule says
+                with pytest.raises(InvalidArgument, match="do not merge"):
+                    gpu.ops.sum(view, axis)
+                refused += 1
+                continue
+            check_reduction("sum", await gpu.ops.sum(view, axis).numpy(), ref, axis)
+            check_reduction("max", await gpu.ops.max(view, axis=axis).numpy(), ref, axis)
+            np.testing.assert_array_equal(await gpu.ops.argmax(view, axis).numpy(), ref.argmax(axis=axis))
+            got = await gpu.ops.softmax(view, axis=axis).numpy()
+            close_softmax(got, softmax_axis_ref(ref.astype(np.float64), axis), dtype)
+            results += 4
+    assert refused == 2 and results == 4 * (3 * len(views) - refused)
+    # the results are new tensors, the views none: the session holds t and the results only
+    assert (await gpu.stats())["session"]["handles"] == handles + results
+
+
+async def test_axis_reductions_say_what_they_cannot_take(gpu: gpud_client.Client) -> None:
+    x = gpu.tensor(np.ones((4, 6, 5), np.float32))
+    mask = gpu.tensor(np.zeros(6, np.float32))
+    scrambled = x.permute(1, 0, 2).narrow(1, 0, 3).transpose(0, 2)  # axes around 1 do not merge
+    cases: list[tuple[str, Any]] = [
+        ("^sum: axis 3 is out of range for 3 dimensions of x", lambda: gpu.ops.sum(x, 3)),
+        ("^argmax: axis -4 is out of range", lambda: gpu.ops.argmax(x, axis=-4)),
+        (r"^softmax: a mask is taken over the last axis only", lambda: gpu.ops.softmax(x, mask, axis=1)),
+        (r"^max: x is a view whose axes .* gpu\.ops\.contiguous\(x\) first", lambda: gpu.ops.max(scrambled, 1)),
+        (r"^mean: axis=None: x is a non-contiguous view .* gpu\.ops\.contiguous\(x\)", lambda: gpu.ops.mean(scrambled, None)),
+        ("^sum: axis 1 of x .* is empty", lambda: gpu.ops.sum(x.narrow(1, 0, 0), 1)),
+        ("^sum: axis 0 of x is 70000 long", lambda: gpu.ops.sum(gpu.empty((70_000, 2)), 0)),
+        ("out is \\[4, 5\\], x without axis 1 is \\[4, 5\\]|out is \\[5, 4\\]", lambda: gpu.ops.sum(x, 1, out=gpu.empty((5, 4)))),
+    ]
+    for message, call in cases:
+        with pytest.raises(InvalidArgument, match=message):
+            call()
+    # no outputs: an empty result, nothing run
+    assert (await gpu.ops.sum(x.narrow(0, 0, 0), 1).numpy()).shape == (0, 5)
+    # A client that skips the library's checks: the daemon applies the same rule.
+    u32 = gpud_client.u32
+    out = gpu.empty((4, 5))
+    outer, length, inner, offset, s_outer, s_length, s_inner = 4, 6, 5, 0, 30, 5, 1
+    for forged, message in [
+        ([outer, length + 1, inner, 0, offset, s_outer, s_length, s_inner], "describes no axis"),  # reads past x
+        ([outer, length, inner, 0, offset + 1, s_outer, s_length, s_inner], "describes no axis"),
+        ([outer, length, inner, 3, offset, s_outer, s_length, s_inner], "unknown reduction"),
+    ]:
+        gpu.dispatch(gpu.ops._kernel("reduce_axis_f32"), 1, [x, out, *(u32(v) for v in forged)])
+        with pytest.raises(InvalidArgument, match=message):
+            await out.numpy()
+    gpu.dispatch(gpu.ops._kernel("reduce_axis_f32"), 1, [x, out, *(u32(v) for v in [4, 6, 5, 0, 0, 30, 5, 1])])
+    np.testing.assert_array_equal(await out.numpy(), np.full((4, 5), 6.0, np.float32))
+
+
+def test_the_axis_rule_checks_the_view_passed_against_x() -> None:
+    """Checked without a device: the kernels read x's tensor through the scalars, so they must be x's."""
+    from gpud_protocol.ops.reduce_axis import MAX_AXIS_LENGTH
+
+    spec = KERNELS["softmax_axis_f16"]
+    x = TensorInfo("float16", (3, 4, 5), 7, (1, 15, 3))  # a permuted view, seven elements in
+    assert geometry(x, 1) == [3, 4, 5, 7, 1, 15, 3]
+    assert geometry(x, 0) is None  # axes 1 and 2 (strides 15, 3) do not merge
+    spec.verify([x, TensorInfo("float16", (3, 4, 5))], geometry(x, 1))
+    with pytest.raises(OpError, match="describes no axis"):
+        spec.verify([x, TensorInfo("float16", (3, 4, 5))], [3, 4, 5, 7, 1, 15, 4])
+    with pytest.raises(OpError, match="out is a view starting at byte 2"):
+        spec.verify([x, TensorInfo("float16", (3, 4, 5), 1)], geometry(x, 1))
+    long = TensorInfo("float32", (2, MAX_AXIS_LENGTH + 1, 1))
+    with pytest.raises(OpError, match="65535"):
+        KERNELS["argmax_axis_f32"].verify([long, TensorInfo("int32", (2, 1))], geometry(long, 1))
+
+
+async def test_axis_reductions_record_into_replay_graphs(gpu: gpud_client.Client) -> None:
+    g = gpu.graph("axis-reductions")
+    x = g.input("x", (3, 5, 7), "float32")
+    g.output("s", gpu.ops.sum(x, 0, graph=g))
+    g.output("m", gpu.ops.max(x, axis=None, graph=g))
+    g.output("i", gpu.ops.argmax(x, 1, graph=g))
+    g.output("p", gpu.ops.softmax(x, axis=1, graph=g))
+    g.output("q", gpu.ops.softmax(x, axis=None, graph=g))
+    step = await g.build()
+    for _ in range(2):
+        a = random((3, 5, 7), "float32", 2.0)
+        got = await step.replay(x=a)
+        check_reduction("sum", got["s"], a, 0)
+        check_reduction("max", got["m"], a, None)
+        np.testing.assert_array_equal(got["i"], a.argmax(axis=1))
+        close_softmax(got["p"], softmax_axis_ref(a.astype(np.float64), 1), "float32")
+        close_softmax(got["q"], softmax_axis_ref(a.astype(np.float64), None), "float32")

@@ -525,6 +525,12 @@ def test_nbytes_past_max_tensor_bytes(dtype: str, shape: list[int]) -> None:
     assert op_error([Opcode.ALLOC, 1, 1, dtype, shape, 0]).code == ErrorCode.INVALID_ARGUMENT
 
 
+def test_a_tensor_may_be_larger_than_a_message() -> None:
+    """A tensor's size is not bounded by a message's: a larger upload travels in parts."""
+    assert LIMITS.max_tensor_bytes > LIMITS.max_message_bytes
+    assert one_op([Opcode.ALLOC, 1, 1, "float16", [151936, 3584], 0]).nbytes == 151936 * 3584 * 2  # 1.09 GB
+
+
 def test_nbytes_at_max_tensor_bytes_accepted() -> None:
     assert one_op([Opcode.ALLOC, 1, 1, "uint8", [LIMITS.max_tensor_bytes], 0]).nbytes == LIMITS.max_tensor_bytes
 

@@ -100,9 +100,11 @@ class ElementwiseOps(OpsBase):
         for what, name in (("x", src), ("the target dtype", dst)):
             if name not in DTYPES:
                 raise InvalidArgument(f"{what} is {name}; cast takes {list(DTYPES)}", op="cast")
+        if out is not None and dtype_name(out) != dst:
+            raise InvalidArgument(f"out is {dtype_name(out)}, the cast is to {dst}", op="cast")
         result = self._out(out, tuple(x.shape), dst, x, graph)
         n = math.prod(x.shape)
-        codes = [_code(src), _code(dtype_name(result))]
+        codes = [_code(src), _code(dst)]
         self._run("ew_cast", grid_1d(threads(n, _table_dtype(result))), [x, result], [n, *codes], graph)
         return result
 
