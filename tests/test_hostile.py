@@ -2175,7 +2175,7 @@ class Tenant(Peer):
         elif choice == 7:
             changes, what = {"steps": [[0, k, [1, 1 << 20, 1], good_args, None]]}, "a grid past the device limit"
         elif choice == 8:
-            changes, what = {"temps": [["float32", [2**31]]]}, "an intermediate too large"
+            changes, what = {"temps": [["float32", [LIMITS.max_tensor_bytes + 1]]]}, "an intermediate too large"
         elif choice == 9:
             changes, what = {"extra": []}, "an unknown key"
         elif choice == 10 and self.opened:

@@ -1,15 +1,24 @@
-// Reductions over any axis of x, and of strided views (see gpud_protocol/ops/reduce_axis.py for the
-// interface). x is bound whole and seen as (outer, length, inner) through an element offset and one
-// stride per part; outputs are dense. One thread per (o, i), walking the reduced axis (at most 65,535
-// long: lavapipe cuts longer loops); neighbouring threads read neighbouring i. Everything accumulates
-// in float32; float16 is read into float32 and rounded once when stored. The grid folds into y.
+// Reductions over any axis of x, and of any view (see gpud_protocol/ops/reduce_axis.py for the
+// interface). x is bound whole and read through an element offset and strides: the reduced axis's,
+// and those of x's other axes merged into 6 (padded in front with size 1). Outputs are dense. One
+// thread per output, walking the reduced axis (at most 65,535 long: lavapipe cuts longer loops).
+// Everything accumulates in float32; float16 is read into float32 and rounded once when stored. The
+// grid folds into y.
 enable f16;
 
 const BLOCK: u32 = 256u;
 const LOWEST: f32 = -3.40282347e38;  // the most negative finite f32: only -inf is below it
 
-struct Reduce { outer: u32, length: u32, inner: u32, op: u32, offset: u32, s_outer: u32, s_length: u32, s_inner: u32 }
-struct Axis { outer: u32, length: u32, inner: u32, offset: u32, s_outer: u32, s_length: u32, s_inner: u32 }
+struct Reduce {
+    n: u32, length: u32, inner: u32, op: u32, offset: u32, s_length: u32,
+    size0: u32, size1: u32, size2: u32, size3: u32, size4: u32, size5: u32,
+    stride0: u32, stride1: u32, stride2: u32, stride3: u32, stride4: u32, stride5: u32,
+}
+struct Axis {
+    n: u32, length: u32, inner: u32, offset: u32, s_length: u32,
+    size0: u32, size1: u32, size2: u32, size3: u32, size4: u32, size5: u32,
+    stride0: u32, stride1: u32, stride2: u32, stride3: u32, stride4: u32, stride5: u32,
+}
 
 fn index(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return gid.x + gid.y * groups.x * BLOCK;
@@ -31,10 +40,22 @@ fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
 fn reduce_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let p = reduce_axis_f32_p;
     let k = index(gid, groups);
-    if (k >= p.outer * p.inner) {
+    if (k >= p.n) {
         return;
     }
-    let base = p.offset + (k / p.inner) * p.s_outer + (k % p.inner) * p.s_inner;
+    var rest = k;
+    var base = p.offset;
+    base += (rest % p.size5) * p.stride5;
+    rest = rest / p.size5;
+    base += (rest % p.size4) * p.stride4;
+    rest = rest / p.size4;
+    base += (rest % p.size3) * p.stride3;
+    rest = rest / p.size3;
+    base += (rest % p.size2) * p.stride2;
+    rest = rest / p.size2;
+    base += (rest % p.size1) * p.stride1;
+    rest = rest / p.size1;
+    base += rest * p.stride0;
     var total: f32;
     if (p.op == 2u) {
         total = f32(reduce_axis_f32_x[base]);
@@ -61,10 +82,22 @@ fn reduce_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 fn argmax_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let p = argmax_axis_f32_p;
     let k = index(gid, groups);
-    if (k >= p.outer * p.inner) {
+    if (k >= p.n) {
         return;
     }
-    let base = p.offset + (k / p.inner) * p.s_outer + (k % p.inner) * p.s_inner;
+    var rest = k;
+    var base = p.offset;
+    base += (rest % p.size5) * p.stride5;
+    rest = rest / p.size5;
+    base += (rest % p.size4) * p.stride4;
+    rest = rest / p.size4;
+    base += (rest % p.size3) * p.stride3;
+    rest = rest / p.size3;
+    base += (rest % p.size2) * p.stride2;
+    rest = rest / p.size2;
+    base += (rest % p.size1) * p.stride1;
+    rest = rest / p.size1;
+    base += rest * p.stride0;
     var best = f32(argmax_axis_f32_x[base]);
     var at = 0u;
     for (var r = 1u; r < p.length; r++) {
@@ -85,18 +118,28 @@ fn argmax_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 fn softmax_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let p = softmax_axis_f32_p;
     let k = index(gid, groups);
-    if (k >= p.outer * p.inner) {
+    if (k >= p.n) {
         return;
     }
-    let o = k / p.inner;
-    let i = k % p.inner;
-    let base = p.offset + o * p.s_outer + i * p.s_inner;
+    var rest = k;
+    var base = p.offset;
+    base += (rest % p.size5) * p.stride5;
+    rest = rest / p.size5;
+    base += (rest % p.size4) * p.stride4;
+    rest = rest / p.size4;
+    base += (rest % p.size3) * p.stride3;
+    rest = rest / p.size3;
+    base += (rest % p.size2) * p.stride2;
+    rest = rest / p.size2;
+    base += (rest % p.size1) * p.stride1;
+    rest = rest / p.size1;
+    base += rest * p.stride0;
     var ms = vec2<f32>(LOWEST, 0.0);
     for (var r = 0u; r < p.length; r++) {
         ms = online(ms, f32(softmax_axis_f32_x[base + r * p.s_length]));
     }
     let scale = select(0.0, 1.0 / ms.y, ms.y > 0.0);  // a row of only -inf: zeros, not NaN
-    let first = o * p.length * p.inner + i;
+    let first = (k / p.inner) * p.length * p.inner + k % p.inner;
     for (var r = 0u; r < p.length; r++) {
         let v = f32(softmax_axis_f32_x[base + r * p.s_length]);
         softmax_axis_f32_out[first + r * p.inner] = f32(exp(v - ms.x) * scale);
@@ -111,10 +154,22 @@ fn softmax_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 fn reduce_axis_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let p = reduce_axis_f16_p;
     let k = index(gid, groups);
-    if (k >= p.outer * p.inner) {
+    if (k >= p.n) {
         return;
     }
-    let base = p.offset + (k / p.inner) * p.s_outer + (k % p.inner) * p.s_inner;
+    var rest = k;
+    var base = p.offset;
+    base += (rest % p.size5) * p.stride5;
+    rest = rest / p.size5;
+    base += (rest % p.size4) * p.stride4;
+    rest = rest / p.size4;
+    base += (rest % p.size3) * p.stride3;
+    rest = rest / p.size3;
+    base += (rest % p.size2) * p.stride2;
+    rest = rest / p.size2;
+    base += (rest % p.size1) * p.stride1;
+    rest = rest / p.size1;
+    base += rest * p.stride0;
     var total: f32;
     if (p.op == 2u) {
         total = f32(reduce_axis_f16_x[base]);
@@ -141,10 +196,22 @@ fn reduce_axis_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 fn argmax_axis_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let p = argmax_axis_f16_p;
     let k = index(gid, groups);
-    if (k >= p.outer * p.inner) {
+    if (k >= p.n) {
         return;
     }
-    let base = p.offset + (k / p.inner) * p.s_outer + (k % p.inner) * p.s_inner;
+    var rest = k;
+    var base = p.offset;
+    base += (rest % p.size5) * p.stride5;
+    rest = rest / p.size5;
+    base += (rest % p.size4) * p.stride4;
+    rest = rest / p.size4;
+    base += (rest % p.size3) * p.stride3;
+    rest = rest / p.size3;
+    base += (rest % p.size2) * p.stride2;
+    rest = rest / p.size2;
+    base += (rest % p.size1) * p.stride1;
+    rest = rest / p.size1;
+    base += rest * p.stride0;
     var best = f32(argmax_axis_f16_x[base]);
     var at = 0u;
     for (var r = 1u; r < p.length; r++) {
@@ -165,18 +232,28 @@ fn argmax_axis_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 fn softmax_axis_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let p = softmax_axis_f16_p;
     let k = index(gid, groups);
-    if (k >= p.outer * p.inner) {
+    if (k >= p.n) {
         return;
     }
-    let o = k / p.inner;
-    let i = k % p.inner;
-    let base = p.offset + o * p.s_outer + i * p.s_inner;
+    var rest = k;
+    var base = p.offset;
+    base += (rest % p.size5) * p.stride5;
+    rest = rest / p.size5;
+    base += (rest % p.size4) * p.stride4;
+    rest = rest / p.size4;
+    base += (rest % p.size3) * p.stride3;
+    rest = rest / p.size3;
+    base += (rest % p.size2) * p.stride2;
+    rest = rest / p.size2;
+    base += (rest % p.size1) * p.stride1;
+    rest = rest / p.size1;
+    base += rest * p.stride0;
     var ms = vec2<f32>(LOWEST, 0.0);
     for (var r = 0u; r < p.length; r++) {
         ms = online(ms, f32(softmax_axis_f16_x[base + r * p.s_length]));
     }
     let scale = select(0.0, 1.0 / ms.y, ms.y > 0.0);  // a row of only -inf: zeros, not NaN
-    let first = o * p.length * p.inner + i;
+    let first = (k / p.inner) * p.length * p.inner + k % p.inner;
     for (var r = 0u; r < p.length; r++) {
         let v = f32(softmax_axis_f16_x[base + r * p.s_length]);
         softmax_axis_f16_out[first + r * p.inner] = f16(exp(v - ms.x) * scale);

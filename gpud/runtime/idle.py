@@ -2,7 +2,7 @@
 
 The staging pools and the reuse cache of freed device memory keep what a burst of work left behind
 (a batch of a model on lavapipe: 128 MiB of staging, idle afterwards). A periodic tick of the
-runtime releases what has been idle for `pool_idle_release_s`, a few buffers at a time, the
+runtime releases what has been idle for `pool_idle_release_s`, a bounded number per tick, the
 longest idle first: a steady workload keeps reusing the buffers it returned last and loses none.
 """
 
@@ -12,7 +12,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-PER_TICK = 8  # buffers each pool releases per tick at most (the frees queue on the submit worker)
+PER_TICK = 256  # buffers each pool releases per tick at most (the frees queue on the submit worker); 8 was
+# too few: random-size frees outpaced it and the reuse cache climbed towards its bound (the soak)
 
 
 class Pool(Protocol):

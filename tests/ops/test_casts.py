@@ -59,7 +59,8 @@ async def test_float32_to_float16_rounds_on_the_bits(gpu: gpud_client.Client) ->
     a = np.concatenate([np.array(edge, np.float32), (rng.standard_normal(2000) * 10.0 ** rng.integers(-8, 5, 2000))])
     a = a.astype(np.float32)
     half = gpu.ops.cast(gpu.tensor(a), "float16")
-    want = a.astype(np.float16)
+    with np.errstate(over="ignore"):
+        want = a.astype(np.float16)
     np.testing.assert_array_equal((await half.numpy()).view(np.uint16), want.view(np.uint16))
     back = gpu.ops.cast(half, "float32")  # exact: subnormals, infinities and NaN included
     np.testing.assert_array_equal((await back.numpy()).view(np.uint32), want.astype(np.float32).view(np.uint32))

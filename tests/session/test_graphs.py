@@ -218,7 +218,8 @@ async def test_a_built_in_op_takes_no_per_replay_scalar(gpu: gpud_client.Client)
     x = g.input("x", (64,), "float32")
     out = g.empty((64,), "float32")
     n = g.scalar("n", "u32")
-    g.dispatch(gpu.ops._kernel("unary_f32"), 1, [x, out, n, gpud_client.u32(0), gpud_client.f32(1.0)])
+    u32, f32 = gpud_client.u32, gpud_client.f32
+    g.dispatch(gpu.ops._kernel("ew_unary"), 1, [x, out, n, u32(0), f32(1.0), f32(0.0), u32(0), u32(0)])
     g.output("out", out)
     with pytest.raises(gpud_client.InvalidArgument, match="per-replay scalars") as info:
         await g.build()

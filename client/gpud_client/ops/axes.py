@@ -1,6 +1,6 @@
 """Which kernel reduces an axis of x: the row kernels (`reduce`: a workgroup per row) for the last axis
-of a dense x, else the axis kernels (`reduce_axis`: x seen through an offset and strides as (outer,
-length, inner)), which take any axis of any view whose axes before and after it merge, no copy."""
+of a dense x, else the axis kernels (`reduce_axis`: x read through its offset and strides, one thread
+per output), which take any axis of any view without a copy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.base import _info, dtype_name
-from gpud_protocol.ops import layout_problem
+from gpud_protocol.ops import OpError, layout_problem
 from gpud_protocol.ops.reduce import MAX_LENGTH, SHORT
 from gpud_protocol.ops.reduce_axis import MAX_AXIS_LENGTH, geometry
 from gpud_protocol.views import axis_index
@@ -20,7 +20,7 @@ class Plan(NamedTuple):
     dtype: str
     reduced: tuple[int, ...]  # x's shape without the axis (numpy's keepdims=False); () for axis=None
     rows: tuple[int, int] | None  # (rows, length) for the row kernels
-    view: list[int] | None  # else the axis kernels' scalars (outer, length, inner, offset, strides...)
+    view: list[int] | None  # else the axis kernels' scalars (n, length, inner, offset, strides...)
 
     @property
     def empty(self) -> bool:
@@ -59,13 +59,10 @@ def plan(op: str, x: Any, axis: int | None) -> Plan:
         if length > MAX_LENGTH:
             raise InvalidArgument(f"the last axis of x is {length} long; at most {MAX_LENGTH} is supported", op=op)
         return Plan(x, dtype, reduced, (math.prod(x.shape[:-1]), length), None)
-    view = geometry(info, axis)
-    if view is None:
-        raise InvalidArgument(
-            f"x is a view whose axes before or after axis {axis} do not merge into one stride; "
-            "call gpu.ops.contiguous(x) first",
-            op=op,
-        )
+    try:
+        view = geometry(info, axis)
+    except OpError as exc:
+        raise InvalidArgument(f"{exc}: call gpu.ops.contiguous(x) first", op=op) from None
     if length > MAX_AXIS_LENGTH:
         raise InvalidArgument(
             f"axis {axis} of x is {length} long: over an axis other than the last of a dense tensor, at most "

@@ -122,10 +122,9 @@ class ReduceOps(OpsBase):
         return result
 
     def _axis_run(self, name: str, x: Any, out: Any, view: list[int] | None, extra: list[int], graph: Any) -> None:
-        """A kernel of `reduce_axis`: its scalars are (outer, length, inner), `extra`, then the view."""
+        """A kernel of `reduce_axis`: its scalars are (n, length, inner), `extra`, then the view."""
         assert view is not None
-        outer, length, inner, *strides = view
-        self._run(name, axis_grid(outer, inner), [x, out], [outer, length, inner, *extra, *strides], graph)
+        self._run(name, axis_grid(view[0]), [x, out], [*view[:3], *extra, *view[3:]], graph)
 
     def _norm(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any, graph: Any) -> Any:
         dtype, rows, length = self._rows(op, x)
