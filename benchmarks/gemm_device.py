@@ -1,5 +1,5 @@
-"""gemm_harness's device side: the protocol module alone, NVRTC builds of gpud/ops/matmul.cu (the
-matmul_tc kernels, and tile variants appended as extra entry points), launches through the driver
+"""gemm_harness's device side: the protocol module alone, NVRTC builds of gpud/ops/matmul_tc.cu (its
+kernels, and tile variants as extra entry points), launches through the driver
 into PyTorch's context, and CUDA-graph timing. Needs cuda-python, torch and numpy only."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "gpud" / "ops" / "matmul.cu"
+SOURCE = ROOT / "gpud" / "ops" / "matmul_tc.cu"
 PROTOCOL = ROOT / "protocol" / "gpud_protocol" / "ops" / "matmul.py"
 MAX_GROUPS = 65535
 
@@ -40,7 +40,7 @@ SWEEP = [
     (128, 256, 16, 2, 4, 1, 4),
     (256, 128, 16, 4, 2, 1, 4),
 ]
-MARKS = ("// " + "-" * 64 + " matvec, w as (N, K)", "// " + "-" * 64 + " matmul_tc", "// " + "-" * 64 + " entry points")
+ENTRIES = "// " + "-" * 64 + " entry points"
 
 
 class Tile(NamedTuple):
@@ -67,13 +67,8 @@ def sweep_entry(config: tuple[int, ...]) -> str:
 
 
 def sweep_source(base: str, config: tuple[int, ...]) -> str:
-    """The helpers and the matmul_tc templates of the library's source (not its other kernels: a
-    quicker build), and the variant's entry point."""
-    if not all(mark in base for mark in MARKS):
-        return base + sweep_entry(config)
-    head = base[: base.index(MARKS[0])]
-    templates = base[base.index(MARKS[1]) : base.index(MARKS[2])]
-    return head + templates + sweep_entry(config)
+    """The library's source up to its entry points (a quicker build), and the variant's entry point."""
+    return (base[: base.index(ENTRIES)] if ENTRIES in base else base) + sweep_entry(config)
 
 
 def grid(bm: int, bn: int, batch: int, m: int, n: int) -> tuple[int, int, int]:

@@ -21,7 +21,10 @@ def source(family: str, backend: str) -> str:
     suffix = _SUFFIX.get(backend)
     if suffix is None:
         raise LookupError(f"the op library has no {backend} sources")
-    return resources.files(__name__).joinpath(family + suffix).read_text()
+    path = resources.files(__name__).joinpath(family + suffix)
+    if not path.is_file():  # a family of one backend (matmul_tc: CUDA's tensor cores)
+        raise LookupError(f"the op library's {family} kernels have no {backend} version")
+    return path.read_text()
 
 
 def options_block(spec: KernelSpec, backend: str) -> tuple[int, int, int] | None:

@@ -724,3 +724,14 @@ async def test_many_ops_split_into_several_batches(gpu: Client) -> None:
         run_axpb(gpu, k, y, x, 1.0, 0.0)
     np.testing.assert_array_equal(await x.numpy(), np.full(64, count // 2, dtype=np.float32))
     assert kernels.groups(64) == 1
+
+
+async def test_a_tensor_past_the_devices_largest_buffer_is_an_invalid_argument(gpu: Client) -> None:
+    """WebGPU caps one buffer (2 GiB - 1 on lavapipe); past it wgpu's validation error used to come
+    back as OutOfMemory."""
+    if gpu.backend != "webgpu":
+        pytest.skip("WebGPU's buffer cap")
+    t = gpu.empty((1 << 30,), "float32")  # 4 GiB
+    with pytest.raises(gpud_client.InvalidArgument, match="largest buffer"):
+        await gpu.sync()
+    assert t.shape == (1 << 30,)  # never allocated: nothing to free

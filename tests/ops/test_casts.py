@@ -22,7 +22,9 @@ ALL = list(DTYPES)
 
 def poison(gpu: gpud_client.Client, shape: tuple[int, ...], dtype: str) -> gpud_client.Tensor:
     """An output whose every byte is 0xA5: an element left unwritten shows."""
-    return gpu.tensor(np.full(int(np.prod(shape)) * np.dtype(dtype).itemsize, 0xA5, np.uint8).view(dtype).reshape(shape))
+    return gpu.tensor(
+        np.full(int(np.prod(shape)) * np.dtype(dtype).itemsize, 0xA5, np.uint8).view(dtype).reshape(shape)
+    )
 
 
 def in_every_range(rng: np.random.Generator, src: str, n: int) -> np.ndarray:

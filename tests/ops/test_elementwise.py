@@ -117,6 +117,20 @@ async def test_a_broadcast_past_65535_workgroups(gpu: gpud_client.Client) -> Non
     close(await out.numpy(), a.astype(np.float64) - b, "float32")
 
 
+async def test_a_narrow_output_ending_inside_a_word_keeps_what_follows(gpu: gpud_client.Client) -> None:
+    """A thread writes a whole 4-byte word of a float16 or int8 output: where the output (a view)
+    ends inside one, the bytes after it are another tensor's and stay as they were."""
+    a = np.arange(1, 8, dtype=np.float16)
+    for dtype, length in (("float16", 7), ("int8", 5), ("uint8", 6)):
+        whole = gpu.tensor(np.full(8, 99, dtype))
+        gpu.ops.cast(gpu.tensor(a[:length]), dtype, out=whole.narrow(0, 0, length))
+        want = np.concatenate([a[:length].astype(dtype), np.full(8 - length, 99, dtype)])
+        np.testing.assert_array_equal(await whole.numpy(), want, err_msg=dtype)
+    whole = gpu.tensor(np.full(8, 99, np.float16))
+    gpu.ops.add(gpu.tensor(a), gpu.tensor(a[:1]), out=whole.narrow(0, 0, 7))
+    np.testing.assert_array_equal(await whole.numpy(), np.append(a + a[0], np.float16(99)))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("op", sorted(UNARY))
 async def test_unary_ops(gpu: gpud_client.Client, op: str, dtype: str) -> None:

@@ -15,7 +15,9 @@ TOL = {"float32": 1e-6, "float16": 1e-3}  # relative to max(|ref|, 2^-14): float
 
 def reference(a: np.ndarray, eps: float) -> np.ndarray:
     a64 = a.astype(np.float64)
-    return a64 / np.maximum(np.sqrt((a64**2).sum(-1, keepdims=True)), eps)
+    norm = np.maximum(np.sqrt((a64**2).sum(-1, keepdims=True)), eps)
+    result: np.ndarray = a64 / norm
+    return result
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

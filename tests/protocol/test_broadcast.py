@@ -66,4 +66,4 @@ def test_shapes_that_do_not_broadcast_and_too_many_alternations() -> None:
         broadcast_layout((3,), (2, 3))  # numpy's out= may not be smaller than the inputs' shape
     alternating = (2, 1) * 4
     with pytest.raises(OpError, match="8 alternating groups of axes; at most 6"):
-        broadcast_layout((2,) * 8, alternating, alternating[1:] + (1,))
+        broadcast_layout((2,) * 8, alternating, (*alternating[1:], 1))

@@ -232,7 +232,7 @@ async def test_sticky_error_until_acknowledged(raw: RawPeer) -> None:
         ([Opcode.ALLOC, None, 2, [], [4], 0], ErrorCode.INVALID_ARGUMENT),  # once crashed the daemon
         ([Opcode.ALLOC, None, 2, {"a": 1}, [4], 0], ErrorCode.INVALID_ARGUMENT),
         ([Opcode.ALLOC, None, 2, "float32", [1] * 9, 0], ErrorCode.INVALID_ARGUMENT),
-        ([Opcode.ALLOC, None, 2, "float32", [1 << 30], 0], ErrorCode.INVALID_ARGUMENT),
+        ([Opcode.ALLOC, None, 2, "float32", [1 << 35], 0], ErrorCode.INVALID_ARGUMENT),  # past max_tensor_bytes
         ([Opcode.ALLOC, None, 1, "float32", [4], 0], ErrorCode.INVALID_ARGUMENT),  # handle 1 is in use
         ([Opcode.ALLOC, None, 0, "float32", [4], 0], ErrorCode.INVALID_ARGUMENT),
         ([Opcode.DISPATCH, None, 1, [1, 1, 1], [[9, 1]], None], ErrorCode.INVALID_ARGUMENT),

@@ -22,7 +22,7 @@ from gpud.backends.webgpu.compiler import compile_wgsl
 from gpud.backends.webgpu.dispatch import Dispatcher
 from gpud.backends.webgpu.reports import OrderedReports
 from gpud_protocol import KernelOptions
-from gpud_protocol.errors import DeviceLost, OutOfMemory
+from gpud_protocol.errors import DeviceLost, InvalidArgument, OutOfMemory
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class WebGpuDevice(Device):
         self._queue = self._device.queue
         limits = self._device.limits
         per_dim = limits["max-compute-workgroups-per-dimension"]
+        self._max_buffer = int(limits["max-buffer-size"])
         self.max_grid = (per_dim, per_dim, per_dim)
         self._dispatcher = Dispatcher(
             self._device,
@@ -106,6 +107,8 @@ class WebGpuDevice(Device):
     # ------------------------------------------------------------------ memory and staging
 
     def alloc(self, nbytes: int) -> Any:
+        if round4(nbytes) > self._max_buffer:
+            raise InvalidArgument(f"{nbytes} bytes: this device's largest buffer is {self._max_buffer} bytes")
         try:
             return self._device.create_buffer(size=round4(nbytes), usage=_STORAGE)  # zero-filled by WebGPU
         except Exception as exc:

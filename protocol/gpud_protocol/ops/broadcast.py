@@ -66,7 +66,5 @@ def broadcast_layout(out: tuple[int, ...], *operands: tuple[int, ...]) -> Broadc
         )
     merged = merged or [(1, tuple(False for _ in operands))]
     dims = tuple(size for size, _ in merged) + (1,) * (MAX_RANK - len(merged))
-    masks = tuple(
-        sum(1 << k for k, (_, pattern) in enumerate(merged) if pattern[i]) for i in range(len(operands))
-    )
+    masks = tuple(sum(1 << k for k, (_, pattern) in enumerate(merged) if pattern[i]) for i in range(len(operands)))
     return BroadcastLayout(len(merged), dims, masks)

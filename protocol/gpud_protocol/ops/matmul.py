@@ -20,8 +20,9 @@ Grids: matvec with wt: one workgroup of 256 threads per 256 / threads_per_row(k)
 wt: one per MATVEC_COLS columns; either count is folded into y past 65,535 (the kernel's group is
 gid.x + gid.y * groups.x); z is the batch. matmul: (ceil(n / TILE), ceil(m / TILE), batch).
 
-CUDA only: `matmul_tc<BM>x<BN>_f16_f16`, float16 x and w on the tensor cores (float32 accumulators,
-out rounded to float16 once), the same tensors, scalars and rule as matmul_f16_f16; a block of
+CUDA only (family matmul_tc: gpud/ops/matmul_tc.cu): `matmul_tc<BM>x<BN>_f16_f16`, float16 x and w
+on the tensor cores (float32 accumulators, out rounded to float16 once), the same tensors, scalars
+and rule as matmul_f16_f16; a block of
 TC_TILES[name].threads threads computes a BM x BN tile of out. Grid: tc_grid, one block per tile,
 their count folded into y past 65,535 (the block's tile is blockIdx.x + blockIdx.y * gridDim.x;
 blocks past the last tile do nothing), z the batch. tc_kernel picks the tile for a product; the
@@ -158,7 +159,7 @@ def tc_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
     return _fold(_tiles(name, m, n), batch)
 
 
-def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK) -> KernelSpec:
+def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK, family: str = "matmul") -> KernelSpec:
     result = out_dtype(x_dtype, w_dtype)
 
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
@@ -187,9 +188,10 @@ def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK) -> KernelSp
             need(s[1] <= MATVEC_ROWS, f"matvec takes at most {MATVEC_ROWS} rows of x per weight matrix, not {s[1]}")
 
     name = f"{kind}_{SHORT[x_dtype]}_{SHORT[w_dtype]}"
-    return KernelSpec(name, "matmul", "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, block)
+    return KernelSpec(name, family, "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, block)
 
 
 SPECS = [_spec(kind, xd, wd) for kind in ("matvec", "matmul") for xd in DTYPES for wd in DTYPES] + [
-    _spec(name.removesuffix("_f16_f16"), "float16", "float16", tile.threads) for name, tile in TC_TILES.items()
+    _spec(name.removesuffix("_f16_f16"), "float16", "float16", tile.threads, "matmul_tc")
+    for name, tile in TC_TILES.items()
 ]
