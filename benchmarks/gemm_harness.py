@@ -2,7 +2,7 @@
 
     cd <repo> && python3 benchmarks/gemm_harness.py [--sweep] [--quick] [--json FILE]
 
-Compiles gpud/ops/matmul.cu with NVRTC for the device (as the daemon does: sm_<cc>, no includes),
+Compiles gpud/ops/matmul_tc.cu with NVRTC for the device (as the daemon does: sm_<cc>, no includes),
 loads it through the driver (cuda-python) into PyTorch's context, and
   1. checks every matmul_tc kernel (and with --sweep every tile variant of gemm_sweep.py) against
      numpy float64 on edge cases: K not a multiple of 8 or of the tile, N odd, M and N off the tile,
@@ -13,7 +13,7 @@ loads it through the driver (cuda-python) into PyTorch's context, and
      (cuBLAS), both captured into CUDA graphs of many calls replayed between CUDA events, the calls
      cycling through copies of w that span twice the L2 cache; every output is checked first
      (float64 on sampled rows, every element against a float32 product on the GPU).
-Imports from the repository only gpud/ops/matmul.cu and protocol/gpud_protocol/ops/matmul.py.
+Reads from the repository only gpud/ops/matmul_tc.cu and protocol/gpud_protocol/ops/matmul.py.
 """
 
 from __future__ import annotations

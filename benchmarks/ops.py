@@ -18,9 +18,9 @@ per call (x and out are small beside w at decode sizes); "of copy" divides that 
 Every output is checked against numpy (float64, its first rows) before it is timed. For the float16
 matmul on its own (every shape and M, tile variants, edge cases) see benchmarks/gemm_harness.py.
 
-The kernels are gpud/ops/matmul.cu compiled through gpud's CUDA backend (a DeviceRuntime over device
-0: NVRTC, the disk cache) and launched with cuLaunchKernel: no daemon, no socket. Nothing GPU-related
-is imported before main() runs. PyTorch is optional (its rows are skipped without it).
+The kernels are gpud/ops/matmul.cu and matmul_tc.cu compiled through gpud's CUDA backend (a
+DeviceRuntime over device 0: NVRTC, the disk cache) and launched with cuLaunchKernel: no daemon, no
+socket. Nothing GPU-related is imported before main() runs. PyTorch is optional (its rows are skipped without it).
 """
 
 from __future__ import annotations

@@ -68,8 +68,9 @@ class Device:
         from gpud_protocol import KernelOptions
         from gpud_protocol.ops import KERNELS
 
-        block = KERNELS[name].block
-        got = self.rt.program(source("matmul", "cuda"), name, KernelOptions((block, 1, 1)))
+        spec = KERNELS[name]
+        block = spec.block
+        got = self.rt.program(source(spec.family, "cuda"), name, KernelOptions((block, 1, 1)))
         program = await got if isinstance(got, asyncio.Future) else got
         self.functions[name] = program.native.function
         self.blocks[name] = block

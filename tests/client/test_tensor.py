@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -241,14 +243,15 @@ async def test_a_reshape_of_a_non_contiguous_view_takes_contiguous_first(gpu: gp
     with pytest.raises(gpud_client.InvalidArgument, match="without a copy"):
         narrow.reshape(16)
     np.testing.assert_array_equal(await gpu.ops.contiguous(narrow).reshape(16).numpy(), a[:, 1:5].reshape(16))
-    for bad, message in [
+    cases: list[tuple[Callable[[], object], str]] = [
         (lambda: t.transpose(0, 2), "^transpose: axis 2 is out of range"),
         (lambda: t.permute(0, 0), r"^permute: \[0, 0\] is not a permutation"),
         (lambda: t.permute(1), "^permute:"),
         (lambda: t.narrow(0, 2, 3), r"^narrow: \[2, 2 \+ 3\) is not inside dimension 0 of size 4"),
         (lambda: t.narrow(0, -5, 1), "^narrow:"),
         (lambda: t.narrow(2, 0, 1), "^narrow: axis 2"),
-    ]:
+    ]
+    for bad, message in cases:
         with pytest.raises(gpud_client.InvalidArgument, match=message):
             bad()
 
@@ -270,7 +273,11 @@ async def test_uploads_and_copies_take_contiguous_views(gpu: gpud_client.Client)
     a[0] = rows[1]
     np.testing.assert_array_equal(await t.numpy(), a)
     odd = t.reshape(-1).narrow(0, 3, 2)  # starts 6 bytes in: a word copy would write a neighbour
-    for call in (lambda: odd.upload(np.ones(2, np.float16)), lambda: gpu.copy(other.reshape(-1).narrow(0, 0, 2), odd)):
+    calls: list[Callable[[], None]] = [
+        lambda: odd.upload(np.ones(2, np.float16)),
+        lambda: gpu.copy(other.reshape(-1).narrow(0, 0, 2), odd),
+    ]
+    for call in calls:
         with pytest.raises(gpud_client.InvalidArgument, match="multiples of 4 bytes"):
             call()
     with pytest.raises(gpud_client.InvalidArgument, match=r"non-contiguous view: call gpu\.ops\.contiguous"):

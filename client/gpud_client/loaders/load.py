@@ -43,13 +43,15 @@ async def load_safetensors(
     target = _target(dtype)
     if mode not in RESIDENT_MODES:
         raise InvalidArgument(f"mode must be one of {RESIDENT_MODES}, not {mode!r}", op=OP)
+    if not isinstance(chunk_bytes, int) or chunk_bytes < 4:
+        raise InvalidArgument(f"chunk_bytes must be an int of at least 4, not {chunk_bytes!r}", op=OP)
     size = part_bytes(client.limits, chunk_bytes)
-    try:
-        entries = read_header(path, client.limits.max_ndim)
-    except FormatError as exc:
-        raise InvalidArgument(f"{path}: {exc}", op=OP) from None
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read {path}: {exc}", op=OP) from None
+    with open(path, "rb") as file:  # the header and the data are read from one file, whatever the path names later
+        try:
+            entries = read_header(file, client.limits.max_ndim)
+        except FormatError as exc:
+            raise InvalidArgument(f"{path}: {exc}", op=OP) from None
+        data = np.memmap(file, np.uint8, mode="r") if any(e.nbytes for e in entries) else None
     for entry in entries:
         check_name(prefix + entry.name, client.limits.max_name_len, OP, f"{path}: tensor {entry.name[:80]!r}")
         nbytes = entry.elements * np.dtype(entry.loads_as(target)).itemsize
@@ -62,7 +64,7 @@ async def load_safetensors(
     await client.flush()  # an earlier failure of the session is raised now, not taken for one of ours
     loader = _Loader(client, path, entries)
     try:
-        await loader.upload(target, size, device)
+        await loader.upload(data, target, size, device)
         await loader.publish(prefix, mode)
     except GpudError as exc:
         await loader.undo(exc)
@@ -96,9 +98,11 @@ class _Loader:
         self._publishes: dict[int, str] = {}  # seq of each publish -> the full name
         self._published: dict[int, str] = {}  # those not unpublished yet
 
-    async def upload(self, target: str | None, size: int, device: int | None) -> None:
+    async def upload(self, data: np.memmap[Any, Any] | None, target: str | None, size: int, device: int | None) -> None:
         client = self.client
-        data = np.memmap(self.path, np.uint8, mode="r") if any(e.nbytes for e in self.entries) else None
+        end = max((e.start + e.nbytes for e in self.entries), default=0)
+        if data is not None and data.size < end:
+            raise InvalidArgument(f"{self.path}: the file is shorter than its header says (changed since?)", op=OP)
         pending = 0
         for entry in self.entries:
             self._firsts.append(client._last_seq + 1)

@@ -16,7 +16,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -78,19 +78,25 @@ class Entry(NamedTuple):
         return dtype if dtype is not None and stored.floating else stored.loads_as
 
 
-def read_header(path: str | os.PathLike[str], max_ndim: int) -> list[Entry]:
-    """The tensors of a safetensors file, checked, in the order of their data."""
-    with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        if size < 8:
-            raise FormatError(f"{size} bytes: too short for a safetensors file (an 8-byte header length first)")
-        f.seek(0)
-        length = int.from_bytes(f.read(8), "little")
-        if length > MAX_HEADER_BYTES:
-            raise FormatError(f"the header length {length} is larger than the {MAX_HEADER_BYTES} bytes allowed")
-        if 8 + length > size:
-            raise FormatError(f"the header length {length} runs past the end of the file ({size} bytes)")
-        text = f.read(length)
+def read_header(source: str | os.PathLike[str] | BinaryIO, max_ndim: int) -> list[Entry]:
+    """The tensors of a safetensors file (a path, or a file open for reading in binary), checked, in
+    the order of their data."""
+    if isinstance(source, str | os.PathLike):
+        with open(source, "rb") as opened:
+            return read_header(opened, max_ndim)
+    f = source
+    size = f.seek(0, 2)
+    if size < 8:
+        raise FormatError(f"{size} bytes: too short for a safetensors file (an 8-byte header length first)")
+    f.seek(0)
+    length = int.from_bytes(f.read(8), "little")
+    if length > MAX_HEADER_BYTES:
+        raise FormatError(f"the header length {length} is larger than the {MAX_HEADER_BYTES} bytes allowed")
+    if 8 + length > size:
+        raise FormatError(f"the header length {length} runs past the end of the file ({size} bytes)")
+    text = f.read(length)
+    if len(text) != length:
+        raise FormatError(f"the file ends inside its {length}-byte header")
     try:
         header = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except FormatError:
@@ -144,6 +150,8 @@ def chunks(data: np.ndarray[Any, Any], entry: Entry, dtype: str, size: int) -> I
         n = min(step, count - first)
         at = entry.start + first * storage.itemsize
         values = data[at : at + n * storage.itemsize].view(storage)
+        if values.size != n:
+            raise FormatError(f"tensor {entry.name[:80]!r}: the file ends inside its data (did it change?)")
         if stored.decode is not None:
             values = stored.decode(values)
         # astype copies even when nothing converts: the bytes sent are ours, whatever happens to the file
