@@ -257,3 +257,21 @@ async def test_a_tensor_larger_than_a_message_uploads_in_parts(tmp_path: Path) -
             path, expected = checkpoint(tmp_path)
             loaded = await gpu.load_safetensors(path, "m/")  # chunk_bytes bounded by the message: still loads
             np.testing.assert_array_equal(await loaded["c.big"].numpy(), expected["c.big"])
+
+
+async def test_a_load_past_the_quota_fails_naming_the_tensor_and_leaves_nothing(tmp_path: Path) -> None:
+    """The third tensor does not fit the session's quota: its alloc fails and so does each of its
+    parts; every failure is read by the load itself (the session's next request is clean)."""
+    tensors = {f"t{i}": np.full(100, i, np.float32) for i in range(4)}  # 400 bytes each
+    path = write(tmp_path / "quota.safetensors", tensors)
+    with spawn.daemon("fake", extra_args=("--session-memory-bytes", "1000")) as (address, _proc):
+        async with gpud_client.connect(address) as gpu:
+            before = await usage(gpu)
+            with pytest.raises(gpud_client.OutOfMemory, match="tensor 't2'") as info:
+                await gpu.load_safetensors(path, "q/", chunk_bytes=16)
+            assert info.value.op == "load_safetensors"
+            await gpu.sync()  # nothing of the load left to report
+            assert await usage(gpu) == before
+            assert await gpu.residents() == []
+            loaded = await gpu.load_safetensors(write(tmp_path / "fits.safetensors", {"t": tensors["t1"]}), "q/")
+            np.testing.assert_array_equal(await loaded["t"].numpy(), tensors["t1"])

@@ -169,3 +169,26 @@ def test_the_rule_of_contiguous_bounds_what_it_reads() -> None:
     many = TensorInfo("uint8", (2,) * (MAX_RANK + 1), 0, tuple(3 ** (i + 1) for i in reversed(range(MAX_RANK + 1))))
     with pytest.raises(OpError, match=f"at most {MAX_RANK}"):
         geometry(many)
+
+
+@pytest.mark.parametrize("family", ["layout", "reduce_axis"])
+def test_the_wgsl_kernels_declare_what_their_specs_say(family: str) -> None:
+    """Each entry's bindings (`<entry>_<tensor>`, in order, read-only but the written ones) and its
+    uniform's members (the spec's scalars, names and kinds, in order): the daemon packs the scalars by
+    the spec, the kernel reads them by its struct."""
+    from gpud.backends.webgpu.reflect import Member, reflect
+    from gpud.ops import source
+
+    r = reflect(source(family, "webgpu"))
+    assert r.exact, r.problems
+    specs = [spec for spec in KERNELS.values() if spec.family == family]
+    assert specs
+    for spec in specs:
+        mine = [b for b in r.bindings if b.name.startswith(spec.name + "_")]
+        assert [b.name for b in mine] == [f"{spec.name}_{t}" for t in spec.tensors] + [f"{spec.name}_p"]
+        assert [b.binding for b in mine] == list(range(len(spec.tensors) + 1))
+        for position, binding in enumerate(mine[:-1]):
+            assert binding.access == ("read_write" if position in spec.writes else "read"), binding
+        assert r.uniform_members(0, len(spec.tensors)) is not None
+        members = r.structs[mine[-1].type]
+        assert members == tuple(Member(name, kind) for name, kind in spec.scalars), spec.name

@@ -1,0 +1,211 @@
+"""A BERT sentence encoder written with gpud's op library as a user would (its numpy reference:
+`gpud.testing.bert_reference`).
+
+all-MiniLM-L6-v2's model: BERT (6 layers, hidden 384, 12 heads of 32, FFN 1536, exact GELU, post-LN,
+LayerNorm eps 1e-12), then the mean of the token states over the attention mask and an L2
+normalisation: sentence-transformers' embedding. The weights are Hugging Face's `BertModel` tensors
+by their names (`embeddings.word_embeddings.weight`, `encoder.layer.0.attention.self.query.weight`,
+...), as `gpu.load_safetensors(path, prefix=...)` loads them and `gpu.open_prefix(prefix)` opens
+them in every other session: one copy on the device however many processes embed. The activations
+are the weights' dtype (float16 weights: float16 activations, float32 accumulation); the pooled
+embedding is float32.
+
+    enc = Encoder(gpu, CONFIGS["all-minilm-l6-v2"], await gpu.open_prefix("minilm/"))
+    vectors = await enc.embed(ids, mask)             # eager: queued ops, one readback
+    vectors = await enc.embed(ids, mask, "replay")   # a replay graph per (batch, length), built once
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+import gpud_client
+from gpud_client import nn
+
+MODES = ("eager", "replay")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    vocab: int
+    max_positions: int = 512
+    type_vocab: int = 2
+    eps: float = 1e-12
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+CONFIGS = {
+    "all-minilm-l6-v2": BertConfig(6, 384, 12, 1536, 30_522),
+    "tiny": BertConfig(2, 64, 4, 128, 100, max_positions=32),  # the tests' random BERT of the same code
+}
+
+
+def layer_prefix(i: int) -> str:
+    return f"encoder.layer.{i}."
+
+
+def weight_shapes(config: BertConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor the encoder reads, by its Hugging Face name; matrices are (out, in) as Linear stores them."""
+    c = config
+    yield "embeddings.word_embeddings.weight", (c.vocab, c.hidden)
+    yield "embeddings.position_embeddings.weight", (c.max_positions, c.hidden)
+    yield "embeddings.token_type_embeddings.weight", (c.type_vocab, c.hidden)
+    yield "embeddings.LayerNorm.weight", (c.hidden,)
+    yield "embeddings.LayerNorm.bias", (c.hidden,)
+    for i in range(c.layers):
+        p = layer_prefix(i)
+        for name in ("query", "key", "value"):
+            yield f"{p}attention.self.{name}.weight", (c.hidden, c.hidden)
+            yield f"{p}attention.self.{name}.bias", (c.hidden,)
+        yield f"{p}attention.output.dense.weight", (c.hidden, c.hidden)
+        yield f"{p}attention.output.dense.bias", (c.hidden,)
+        yield f"{p}attention.output.LayerNorm.weight", (c.hidden,)
+        yield f"{p}attention.output.LayerNorm.bias", (c.hidden,)
+        yield f"{p}intermediate.dense.weight", (c.intermediate, c.hidden)
+        yield f"{p}intermediate.dense.bias", (c.intermediate,)
+        yield f"{p}output.dense.weight", (c.hidden, c.intermediate)
+        yield f"{p}output.dense.bias", (c.hidden,)
+        yield f"{p}output.LayerNorm.weight", (c.hidden,)
+        yield f"{p}output.LayerNorm.bias", (c.hidden,)
+
+
+def random_weights(config: BertConfig, seed: int, dtype: Any = np.float32) -> dict[str, np.ndarray[Any, Any]]:
+    """Weights drawn from `seed` (the same in every process), scaled as trained ones are."""
+    out = {}
+    for name, shape in weight_shapes(config):
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        if name.endswith("LayerNorm.weight"):
+            values = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith("bias"):
+            values = 0.1 * rng.standard_normal(shape)
+        elif "embeddings" in name:
+            values = 0.5 * rng.standard_normal(shape)
+        else:
+            values = rng.standard_normal(shape) / math.sqrt(shape[1])
+        out[name] = values.astype(dtype)
+    return out
+
+
+class Layer:
+    """One post-LN encoder layer: self-attention and the GELU FFN, each added back, then LayerNorm."""
+
+    def __init__(self, gpu: gpud_client.Client, config: BertConfig, t: Mapping[str, Any], prefix: str) -> None:
+        self.gpu, self.c = gpu, config
+        self.query = nn.Linear.from_dict(gpu, t, prefix + "attention.self.query")
+        self.key = nn.Linear.from_dict(gpu, t, prefix + "attention.self.key")
+        self.value = nn.Linear.from_dict(gpu, t, prefix + "attention.self.value")
+        self.out = nn.Linear.from_dict(gpu, t, prefix + "attention.output.dense")
+        self.norm1 = nn.LayerNorm.from_dict(gpu, t, prefix + "attention.output.LayerNorm", config.eps)
+        self.ffn_in = nn.Linear.from_dict(gpu, t, prefix + "intermediate.dense")
+        self.ffn_out = nn.Linear.from_dict(gpu, t, prefix + "output.dense")
+        self.norm2 = nn.LayerNorm.from_dict(gpu, t, prefix + "output.LayerNorm", config.eps)
+
+    def __call__(self, x: Any, mask: Any, graph: Any = None) -> Any:
+        ops, c = self.gpu.ops, self.c
+        batch, length, hidden = x.shape
+        heads = (batch, length, c.heads, c.head_dim)
+        q = self.query(x, graph).reshape(heads)
+        k = self.key(x, graph).reshape(heads)
+        v = self.value(x, graph).reshape(heads)
+        a = ops.attention(q, k, v, key_mask=mask, graph=graph)  # float32, (B, S, heads, head_dim)
+        if x.dtype != a.dtype:
+            a = ops.cast(a, x.dtype, graph=graph)  # float16 into the output projection (tensor cores on CUDA)
+        x = self.norm1(ops.add(x, self.out(a.reshape(batch, length, hidden), graph), graph=graph), graph)
+        h = ops.gelu(self.ffn_in(x, graph), graph=graph)
+        return self.norm2(ops.add(x, self.ffn_out(h, graph), graph=graph), graph)
+
+
+class Encoder:
+    """One session's encoder over weights it loaded or opened (read-only residents do)."""
+
+    def __init__(self, gpu: gpud_client.Client, config: BertConfig, tensors: Mapping[str, Any]) -> None:
+        missing = [name for name, _shape in weight_shapes(config) if name not in tensors]
+        if missing:
+            raise KeyError(f"the weights lack {len(missing)} tensors of the model, e.g. {missing[:3]}")
+        self.gpu, self.c = gpu, config
+        ops = gpu.ops
+        word = tensors["embeddings.word_embeddings.weight"]
+        self.dtype = str(np.dtype(word.dtype).name)
+        self.device = int(word.device)
+        self.words = nn.Embedding(gpu, word)
+        # Every token type id is 0 (single sentences), so the type embedding's row 0 is folded into the
+        # position table once, here: one table, one embedding lookup per forward.
+        types = tensors["embeddings.token_type_embeddings.weight"].narrow(0, 0, 1)
+        self.positions = nn.Embedding(gpu, ops.add(tensors["embeddings.position_embeddings.weight"], types))
+        self.norm = nn.LayerNorm.from_dict(gpu, tensors, "embeddings.LayerNorm", config.eps)
+        self.layers = [Layer(gpu, config, tensors, layer_prefix(i)) for i in range(config.layers)]
+        self._position_ids: dict[int, gpud_client.Tensor] = {}
+        self._steps: dict[tuple[int, int], gpud_client.Step] = {}
+
+    def position_ids(self, length: int) -> gpud_client.Tensor:
+        """0 .. length-1 (int32), kept per length (it is freed with the scope it was made in, if any)."""
+        if length > self.c.max_positions:
+            raise ValueError(f"{length} tokens: the model has {self.c.max_positions} positions")
+        tensor = self._position_ids.get(length)
+        if tensor is None or tensor.freed:
+            tensor = self.gpu.tensor(np.arange(length, dtype=np.int32), device=self.device)
+            self._position_ids[length] = tensor
+        return tensor
+
+    def forward(self, ids: Any, mask: Any, positions: Any, graph: Any = None) -> Any:
+        """Queue (or record into `graph`) the embeddings of `ids` (B, S) int32 with `mask` (B, S) float32
+        (1 where a token is real, 0 where padding) and `positions` (S,) int32: (B, hidden) float32, each
+        row of L2 norm 1."""
+        ops = self.gpu.ops
+        batch, length = ids.shape
+        x = ops.add(self.words(ids, graph), self.positions(positions, graph), graph=graph)  # (B, S, H) + (S, H)
+        x = self.norm(x, graph)
+        for layer in self.layers:
+            x = layer(x, mask, graph)
+        summed = ops.sum(ops.mul(x, mask.reshape(batch, length, 1), graph=graph), axis=1, graph=graph)
+        counts = ops.sum(mask, axis=-1, graph=graph).reshape(batch, 1)
+        return ops.normalize(ops.div(summed, counts, graph=graph), 1e-12, graph=graph)
+
+    async def embed(self, ids: np.ndarray[Any, Any], mask: np.ndarray[Any, Any], mode: str = "eager") -> Any:
+        """The (B, hidden) float32 embeddings of `ids` (B, S) with `mask` (B, S) (nonzero: a real token)."""
+        ids32 = np.ascontiguousarray(ids, np.int32)
+        maskf = np.ascontiguousarray(mask != 0, np.float32)
+        if ids32.ndim != 2 or ids32.shape != maskf.shape:
+            raise ValueError(f"ids {ids32.shape} and mask {maskf.shape} must be one (batch, length) shape")
+        positions = self.position_ids(ids32.shape[1])  # made outside the scope below: kept across calls
+        if mode == "replay":
+            step = self._steps.get(ids32.shape) or await self._build(ids32.shape, positions)
+            return (await step.replay(ids=ids32, mask=maskf))["embeddings"]
+        if mode != "eager":
+            raise ValueError(f"mode is one of {MODES}, not {mode!r}")
+        gpu = self.gpu
+        async with gpu.scope():  # every intermediate of this forward is freed at the end
+            ids_t = gpu.tensor(ids32, device=self.device)
+            mask_t = gpu.tensor(maskf, device=self.device)
+            return await self.forward(ids_t, mask_t, positions).numpy()
+
+    async def _build(self, shape: tuple[int, int], positions: gpud_client.Tensor) -> gpud_client.Step:
+        """The forward for one (batch, length), recorded once into a replay graph of this session."""
+        batch, length = shape
+        g = self.gpu.graph(f"bert-b{batch}-s{length}")
+        ids, mask = g.input("ids", shape, "int32"), g.input("mask", shape, "float32")
+        g.output("embeddings", self.forward(ids, mask, positions, graph=g))
+        step = self._steps[(batch, length)] = await g.build()
+        return step
+
+    def free(self) -> None:
+        """This session's own tensors and graphs (the weights are the caller's)."""
+        for step in self._steps.values():
+            step.free()
+        for tensor in [*self._position_ids.values(), self.positions.table]:
+            tensor.free()
+        self._steps.clear()
+        self._position_ids.clear()
