@@ -15,7 +15,7 @@ import numpy as np
 from gpud.testing.bert import BertConfig, layer_prefix
 
 Array = np.ndarray[Any, Any]
-EMBEDDING_TOL = 1e-4  # max |gpud - reference| per element of a unit embedding, float32 weights (measured ~1e-6)
+EMBEDDING_TOL = 1e-4  # max |gpud - reference| per element of a unit embedding, float32 weights (measured ~1e-7)
 
 
 def _erf(x: Array) -> Array:

