@@ -59,7 +59,7 @@ def process_sample(pid: int) -> dict[str, float]:
 def status_sample(status: dict[str, Any]) -> dict[str, float]:
     """The daemon's own account, from its status message."""
     devices = status["devices"]
-    sessions = status["sessions"]  # listed up to server.LIST_CAP, far more than a soak's
+    sessions = status["sessions"]  # listed up to status.LIST_CAP, far more than a soak's
     used = [d["memory_total"] - d["memory_free"] for d in devices if d.get("memory_total") and d.get("memory_free")]
     out = {
         "memory_in_use": float(sum(d["memory_in_use"] for d in devices)),

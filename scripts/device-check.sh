@@ -7,6 +7,7 @@
 #   .whl/  wheels the device machine lacks (made with `pip download --python-version 3.12 ...`):
 #          anyio sniffio typing_extensions pytest pluggy pytest-asyncio pyzmq wgpu rendercanvas cffi pycparser
 #   .gl/   Debian's libvulkan1 and friends (device/README.md), for wgpu's Vulkan backend
+#   .embed/ all-MiniLM-L6-v2's float16 weights and tokenizer (scripts/prepare-embed-weights.sh), for `embed`
 # and call: bash scripts/device-check.sh [sections...]   (default: all)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +84,11 @@ main() {
             python3 -c "import pstats; pstats.Stats('$OUT/daemon-decode.prof').sort_stats('tottime').print_stats(30)" | tail -45
             ;;
         demo) section python3 -m gpud demo --backend cuda --clients 3 || status=1 ;;
+        embed) # all-MiniLM-L6-v2: carry .embed (scripts/prepare-embed-weights.sh); transformers is in the image
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/testing/test_bert.py || status=1
+            section python3 -m gpud demo embed --backend cuda --clients 3 --weights .embed || status=1
+            section python3 -m gpud bench embed --backend cuda --weights .embed --json "$OUT/bench-embed-cuda.json" || status=1
+            ;;
         soak) # K clients (SOAK_CLIENTS, 4) for SOAK_MINUTES (8) of decode, ops, replays, residents and kills
             section python3 -m gpud bench soak --backend cuda --clients "${SOAK_CLIENTS:-4}" --minutes "${SOAK_MINUTES:-8}" \
                 --json "$OUT/soak-cuda.json" --plot "$OUT/soak-cuda.svg" || status=1

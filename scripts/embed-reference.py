@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from sentence_transformers import SentenceTransformer
 
-SENTENCES = [  # four topics, four sentences each: the nearest neighbours are the topic's
+SENTENCES = [  # four topics of four sentences: each one's nearest neighbour is of its topic (margins >= 0.013)
     "The daemon shares one GPU between many Python processes.",
     "Several programs can run kernels on the same graphics card at once.",
     "A CUDA graph replays a whole step with a single launch.",
@@ -29,7 +29,7 @@ SENTENCES = [  # four topics, four sentences each: the nearest neighbours are th
     "The recipe calls for two cups of flour and a pinch of salt.",
     "A cat is sleeping on the warm windowsill.",
     "The dog chased the ball across the park.",
-    "Kittens love to play with balls of yarn.",
+    "The kitten purrs when you stroke its fur.",
     "Our puppy barks at every bird in the garden.",
     "Heavy rain is expected over the weekend.",
     "The forecast says it will be sunny and warm tomorrow.",

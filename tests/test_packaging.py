@@ -102,6 +102,7 @@ def test_the_three_wheels_build_offline_with_licenses_and_the_op_sources(tmp_pat
         inside = set(z.namelist())
     ops = [p.name for p in (ROOT / "gpud" / "ops").iterdir() if p.suffix in (".cu", ".wgsl")]
     assert ops and {f"gpud/ops/{name}" for name in ops} <= inside
+    assert "gpud/testing/data/minilm-reference.npz" in inside  # `gpud demo embed` checks against it
     assert "gpud/service/units.py" in inside and not any(n.startswith(("tests/", "benchmarks/")) for n in inside)
 
 

@@ -2,6 +2,7 @@
 
 from gpud_client.api import Client, Kernel, Scalar, Tensor, connect, f32, i32, u32
 from gpud_client.connection import Trace, default_address
+from gpud_client.dtypes import bfloat16
 from gpud_client.errors import (
     AlreadyExists,
     Busy,
@@ -48,6 +49,7 @@ __all__ = [
     "Step",
     "Tensor",
     "Trace",
+    "bfloat16",
     "connect",
     "default_address",
     "f32",

@@ -25,6 +25,16 @@ import gpud_protocol as proto
 from gpud_client import residents as resident_calls
 from gpud_client.batch import frame_budget
 from gpud_client.connection import HANDSHAKE_TIMEOUT_S, Connection, Trace, default_address, open_connection
+from gpud_client.dtypes import (
+    HostDType,
+    bfloat16,
+    exact_bits,
+    from_storage,
+    host_dtype,
+    is_bfloat16,
+    to_bits,
+    values_dtype,
+)
 from gpud_client.errors import GpudError, InvalidArgument
 from gpud_client.graphs import Graph, Step
 from gpud_client.loaders import load as loader
@@ -75,7 +85,7 @@ class Tensor(TensorViews):
         self,
         client: Client,
         handle: int,
-        dtype: np.dtype[Any],
+        dtype: HostDType,
         shape: tuple[int, ...],
         device: int,
         mode: str = "rw",
@@ -119,18 +129,18 @@ class Tensor(TensorViews):
         return math.prod(self.shape) * self.dtype.itemsize
 
     async def numpy(self) -> np.ndarray[Any, Any]:
-        """Flush queued work and read the tensor back."""
+        """Flush queued work and read the tensor back (a bfloat16 tensor as float32 values, exact)."""
         client = self._client
         seq = client._next_seq()
         client._queue(proto.Readback(seq, client._ref_of(self)), request=seq)
         _header, data = await client._connection.request(seq)
         if data is None:
-            return np.zeros(self.shape, self.dtype)
+            return np.zeros(self.shape, values_dtype(self.dtype))
         if self.base is not self and not self._whole:  # the bytes of the span it reaches over
             return picked(data, self)
         if isinstance(data, np.ndarray):  # assembled from several parts: already a private copy
-            return data.view(self.dtype).reshape(self.shape)
-        return np.frombuffer(data, self.dtype).reshape(self.shape).copy()
+            return from_storage(data, self.dtype).reshape(self.shape)
+        return from_storage(np.frombuffer(data, np.uint8), self.dtype, copy=True).reshape(self.shape)
 
     def upload(self, array: Any) -> None:
         """Queue a host-to-device copy of `array` (same dtype and shape) into this tensor."""
@@ -219,7 +229,16 @@ class Client:
     # ------------------------------------------------------------------ tensors
 
     def tensor(self, array: Any, dtype: Any = None, *, device: int | None = None) -> Tensor:
-        """Allocate a tensor holding a copy of `array` (the copy is taken now)."""
+        """Allocate a tensor holding a copy of `array` (the copy is taken now). dtype="bfloat16" rounds
+        `array` to bfloat16, to nearest even (gpud_client.dtypes)."""
+        if is_bfloat16(dtype):
+            try:
+                bits = to_bits(array, "tensor")
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
+            tensor = self.empty(bits.shape, bfloat16, device=device)
+            self._send(tensor, bits)
+            return tensor
         host = np.asarray(array, dtype=dtype, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
         if host.dtype == object:
             raise InvalidArgument(f"cannot send an array of Python objects ({type(array).__name__})")
@@ -230,7 +249,7 @@ class Client:
     def empty(self, shape: int | Sequence[int], dtype: Any = "float32", *, device: int | None = None) -> Tensor:
         """A new tensor, zero-filled on every backend, on `device` (default: the session's)."""
         dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        np_dtype = np.dtype(dtype)
+        np_dtype = host_dtype(dtype)
         if np_dtype.name not in proto.DTYPE_SIZES:
             raise InvalidArgument(f"dtype {np_dtype} is not supported: use one of {sorted(proto.DTYPE_SIZES)}")
         where = self.device if device is None else int(device)
@@ -244,8 +263,17 @@ class Client:
 
     def upload(self, tensor: Tensor, array: Any) -> None:
         host = np.asarray(array, order="C")
-        if host.dtype != tensor.dtype or host.shape != tensor.shape:
+        if host.shape != tensor.shape or (host.dtype != tensor.dtype and tensor.dtype != bfloat16):
             raise InvalidArgument(f"array {host.dtype}{list(host.shape)} does not match {tensor!r}")
+        if tensor.dtype == bfloat16:
+            try:
+                host = exact_bits(host, f"{tensor!r}")
+            except ValueError as exc:
+                raise InvalidArgument(str(exc), op="upload") from None
+        self._send(tensor, host)
+
+    def _send(self, tensor: Tensor, host: np.ndarray[Any, Any]) -> None:
+        """Queue the upload of `host`, the tensor's bytes (bfloat16: their bits, uint16)."""
         dense_range(tensor, "upload")
         payload = host.tobytes()  # a snapshot: the caller may change `array` before the batch goes
         if len(payload) > frame_budget(self.limits):  # larger than a message: in parts
@@ -376,7 +404,7 @@ class Client:
         self._queue(proto.Open(seq, handle, name), request=seq)
         header, _ = await self._connection.request(seq)
         return Tensor(
-            self, handle, np.dtype(header["dtype"]), tuple(header["shape"]), int(header["device"]), header["mode"]
+            self, handle, host_dtype(header["dtype"]), tuple(header["shape"]), int(header["device"]), header["mode"]
         )
 
     def unpublish(self, name: str) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import gpud_protocol as proto
+from gpud_client.dtypes import HostDType, exact_bits, from_storage, host_dtype, is_bfloat16
 from gpud_client.errors import InvalidArgument
 from gpud_protocol import ArgKind
 
@@ -39,7 +40,7 @@ _KIND_WORDS = {ArgKind.INPUT: "input", ArgKind.BIND: "bound tensor", ArgKind.TEM
 class GraphTensor:
     """A tensor of a recording: an input, a bound tensor or an intermediate."""
 
-    def __init__(self, graph: Graph, kind: int, index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
+    def __init__(self, graph: Graph, kind: int, index: int, dtype: HostDType, shape: tuple[int, ...]) -> None:
         self.graph = graph
         self.kind = kind
         self.index = index
@@ -137,7 +138,7 @@ class Graph:
 
         dims = reshaped(tuple(tensor.shape), shape)
         self._views.append((self._ref(tensor), dims))
-        view = GraphTensor(self, ArgKind.VIEW, len(self._views) - 1, np.dtype(tensor.dtype), dims)
+        view = GraphTensor(self, ArgKind.VIEW, len(self._views) - 1, host_dtype(tensor.dtype), dims)
         view.base = tensor.base
         return view
 
@@ -264,9 +265,9 @@ class Step:
         raw = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
         out: dict[str, np.ndarray[Any, Any]] = {}
         for name, dtype, shape, offset in header.get("outputs", ()):
-            np_dtype = np.dtype(dtype)
+            stored = host_dtype(dtype)
             count = math.prod(shape)
-            out[name] = raw[offset : offset + count * np_dtype.itemsize].view(np_dtype).reshape(shape).copy()
+            out[name] = from_storage(raw[offset : offset + count * stored.itemsize], stored, copy=True).reshape(shape)
         return out
 
     def launch(self, **values: Any) -> None:
@@ -330,7 +331,13 @@ def _whole_view(what: str, tensor: Any) -> None:
 
 def _host_input(graph: str, name: str, dtype: str, value: Any) -> np.ndarray[Any, Any]:
     """A replay's input as given: of the input's dtype exactly, as `Tensor.upload` takes data (host
-    data is never converted: `gpu.tensor(a)` keeps a's dtype too)."""
+    data is never converted: `gpu.tensor(a)` keeps a's dtype too). A bfloat16 input takes float32
+    values, rounded to nearest even, or ml_dtypes.bfloat16 ones: its bits are sent."""
+    if is_bfloat16(dtype):
+        try:
+            return exact_bits(value, f"graph {graph!r} input {name!r}")
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
     array = np.asarray(value, order="C")
     if array.dtype != np.dtype(dtype):
         raise InvalidArgument(
@@ -344,8 +351,8 @@ def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     return (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
 
 
-def _dtype(dtype: Any) -> np.dtype[Any]:
-    np_dtype: np.dtype[Any] = np.dtype(dtype)
+def _dtype(dtype: Any) -> HostDType:
+    np_dtype = host_dtype(dtype)
     if np_dtype.name not in proto.DTYPE_SIZES:
         raise InvalidArgument(f"dtype {np_dtype} is not supported: use one of {sorted(proto.DTYPE_SIZES)}")
     return np_dtype

@@ -18,20 +18,19 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from gpud_client.api import Client
 
-FLOATS = ("float32", "float16")
+FLOATS = ("float32", "float16", "bfloat16")
 
 
 def _check(module: str, what: str, tensor: Any, ndim: int, shape: tuple[int, ...] | None = None) -> None:
-    dtype = np.dtype(tensor.dtype).name
+    dtype = name_of(tensor.dtype)
     if dtype not in FLOATS:
-        raise InvalidArgument(f"{module}: {what} is {dtype}, not float32 or float16", op=module)
+        raise InvalidArgument(f"{module}: {what} is {dtype}, not one of {list(FLOATS)}", op=module)
     if len(tensor.shape) != ndim or (shape is not None and tuple(tensor.shape) != shape):
         want = f"{list(shape)}" if shape is not None else f"{ndim}-D"
         raise InvalidArgument(f"{module}: {what} is {list(tensor.shape)}, not {want}", op=module)
@@ -43,6 +42,12 @@ class Linear:
 
     def __init__(self, gpu: Client, weight: Any, bias: Any = None) -> None:
         _check("Linear", "weight", weight, 2)
+        if name_of(weight.dtype) == "bfloat16":
+            raise InvalidArgument(
+                "Linear: the weight is bfloat16, which matmul does not take yet; cast it to float16 first "
+                "(gpu.ops.cast(weight, 'float16'))",
+                op="Linear",
+            )
         self.out_features, self.in_features = (int(d) for d in weight.shape)
         if bias is not None:
             _check("Linear", "bias", bias, 1, (self.out_features,))
@@ -103,7 +108,7 @@ class Embedding:
     def __init__(self, gpu: Client, table: Any, dtype: str | None = None) -> None:
         _check("Embedding", "table", table, 2)
         self.num_embeddings, self.dim = (int(d) for d in table.shape)
-        self.dtype = np.dtype(table.dtype).name if dtype is None else str(dtype)
+        self.dtype = name_of(table.dtype) if dtype is None else str(dtype)
         self.gpu, self.table = gpu, table
 
     @classmethod

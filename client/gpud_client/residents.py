@@ -7,9 +7,8 @@ import itertools
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-
 import gpud_protocol as proto
+from gpud_client.dtypes import host_dtype
 from gpud_client.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ async def open_prefix(client: Client, prefix: str) -> dict[str, Tensor]:
     header, _ = await client._connection.request(seq)
     opened = {}
     for name, handle, dtype, shape, mode, device in header["tensors"]:
-        tensor = Tensor(client, int(handle), np.dtype(dtype), tuple(shape), int(device), mode)
+        tensor = Tensor(client, int(handle), host_dtype(dtype), tuple(shape), int(device), mode)
         opened[name[len(prefix) :]] = tensor
     return opened
 

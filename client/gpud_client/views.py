@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from gpud_client.dtypes import from_storage, storage_dtype, values_dtype
 from gpud_client.errors import InvalidArgument
 from gpud_protocol import views as geometry
 
@@ -99,11 +100,11 @@ def picked(data: bytes | memoryview | np.ndarray[Any, Any], tensor: Tensor) -> n
     raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1)
     skip = tensor.offset * itemsize - first
     if math.prod(tensor.shape) == 0:
-        return np.zeros(tensor.shape, tensor.dtype)
+        return np.zeros(tensor.shape, values_dtype(tensor.dtype))
     count = (raw.nbytes - skip) // itemsize
-    elements = raw[skip : skip + count * itemsize].view(tensor.dtype)
+    elements = raw[skip : skip + count * itemsize].view(storage_dtype(tensor.dtype))
     byte_strides = tuple(s * itemsize for s in tensor.strides)
-    return np.array(as_strided(elements, tensor.shape, byte_strides, writeable=False))
+    return from_storage(np.array(as_strided(elements, tensor.shape, byte_strides, writeable=False)), tensor.dtype)
 
 
 def dense_range(tensor: Tensor, op: str) -> None:

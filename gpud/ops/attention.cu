@@ -12,6 +12,16 @@ __device__ __forceinline__ float load(const unsigned short* p, unsigned int i) {
 __device__ __forceinline__ void store(float* p, unsigned int i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(unsigned short* p, unsigned int i, float v) { p[i] = f2h(v); }
 
+// bfloat16 (embedding, rotary, kv_append): a struct of one unsigned short, rounded on the bits as
+// elementwise.cu does (nearest even; NaN: the quiet NaN of its sign, as ml_dtypes gives).
+struct bf16 { unsigned short bits; };
+__device__ __forceinline__ float load(const bf16* p, unsigned int i) { return __uint_as_float((unsigned int)p[i].bits << 16); }
+__device__ __forceinline__ void store(bf16* p, unsigned int i, float v) {
+    const unsigned int x = __float_as_uint(v);
+    p[i].bits = (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u)
+                                                : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
 // Whether key mask element i lets its key take part (mask_mode 3 uint8, 4 int32, 5 float32, 6 int64).
 __device__ __forceinline__ bool key_on(const unsigned char* mask, unsigned int mode, unsigned long long i) {
     switch (mode) {
@@ -619,3 +629,19 @@ KV_APPEND(kv_append_f32_f32, float, float)
 KV_APPEND(kv_append_f32_f16, float, unsigned short)
 KV_APPEND(kv_append_f16_f32, unsigned short, float)
 KV_APPEND(kv_append_f16_f16, unsigned short, unsigned short)
+
+// ------------------------------------------------------------------------------------------------
+// bfloat16: embedding tables and outputs, rotary, kv_append's x and cache (not attention's q, k, v yet).
+
+EMBEDDING(embedding_bf16_f32, bf16, float)
+EMBEDDING(embedding_bf16_f16, bf16, unsigned short)
+EMBEDDING(embedding_bf16_bf16, bf16, bf16)
+EMBEDDING(embedding_f32_bf16, float, bf16)
+EMBEDDING(embedding_f16_bf16, unsigned short, bf16)
+ROTARY(rotary_bf16, bf16)
+ROTARY_INPLACE(rotary_inplace_bf16, bf16)
+KV_APPEND(kv_append_bf16_f32, bf16, float)
+KV_APPEND(kv_append_bf16_f16, bf16, unsigned short)
+KV_APPEND(kv_append_bf16_bf16, bf16, bf16)
+KV_APPEND(kv_append_f32_bf16, float, bf16)
+KV_APPEND(kv_append_f16_bf16, unsigned short, bf16)

@@ -1,11 +1,13 @@
 // Attention ops (see gpud_protocol/ops/attention.py for the interface): embedding lookup, rotary
-// position embedding, KV-cache append, and attention (split over the keys, then combined).
+// position embedding, KV-cache append, and attention (split over the keys, then combined; or, for
+// full attention, attention_tiled: one pass, query rows sharing tiles of keys).
 //
 // Float16 tensors that are only read are bound as array<u32> (two halves a word, unpacked with
 // unpack2x16float) and float32 ones as array<u32> too (bitcast): one body serves both dtypes, picked
 // by a constant argument of the entry point. Written float16 tensors are array<f16>.
 // No loop runs more than 65,535 times (lavapipe cuts longer ones): per-element kernels have no
-// loops, attention loops over tiles of 256 keys (at most 65,535 tiles: 16.7M keys).
+// loops, attention loops over tiles of 256 keys (at most 65,535 tiles: 16.7M keys), attention_tiled
+// over tiles of 32 / L keys (its Python side picks the split kernel past its budget).
 enable f16;
 
 const BLOCK: u32 = 256u;
@@ -278,6 +280,329 @@ fn attention_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 }
 
 // ------------------------------------------------------------------------------------------------
+// attention_tiled_d<W>_<q>_<kv>(q, k, v, mask, out): full attention in one pass for D <= W (32, 64,
+// 128, 256), one workgroup of 64 threads per (block of query rows, query head, batch row). A row is
+// held by L = W / 32 threads, each owning 32 of its dims (its q, scaled, and its accumulator in
+// registers), so a workgroup holds R = 64 / L rows; the keys go by in tiles of C = 32 / L keys, whose
+// K and V (C x W floats each, zero past D, past S and where the key mask hides a key) the R rows share
+// in workgroup memory. Per tile each thread scores the C keys on its 32 dims (with L > 1 the L partial
+// dot products of a row meet in workgroup memory), takes the tile's maximum, rescales its running sums
+// once, then adds exp(score - max) * v for the keys its row sees. A block stops at the last key its
+// last row sees (causal). L is a constant of each entry point, so that lavapipe, which runs both sides
+// of every branch, runs no code of the other widths. Loop iterations per tile (lavapipe's budget): at
+// most 8 + (C + 1) (2 + [L > 1]), `tiled_loop` in gpud_protocol/ops/attention_tiled.py.
+
+const TT: u32 = 64u; // threads of a workgroup of attention_tiled
+
+struct Tiled { b: u32, t: u32, s: u32, hq: u32, hkv: u32, d: u32, causal: u32, mask_mode: u32, scale: f32 }
+
+@group(0) @binding(0) var<storage, read> tq: array<u32>;
+@group(0) @binding(1) var<storage, read> tk: array<u32>;
+@group(0) @binding(2) var<storage, read> tv: array<u32>;
+@group(0) @binding(3) var<storage, read> tmask: array<u32>; // as amask
+@group(0) @binding(4) var<storage, read_write> tout: array<f32>;
+@group(0) @binding(5) var<uniform> tp: Tiled;
+
+var<workgroup> wk: array<vec4<f32>, 256>; // the tile's keys: dims 4i .. 4i+3 of key c at c * 8L + i
+var<workgroup> wv: array<vec4<f32>, 256>; // its values, likewise
+var<workgroup> wpart: array<f32, 1024>; // L > 1: thread u's partial dot product with key c at c * 64 + u
+var<workgroup> won: array<u32, 32>; // key c of the tile exists and the key mask lets it take part
+
+// Four elements of q, k or v (which: 0, 1, 2) from element i, dims dim .. dim+3 of a row of d; zeros past d.
+fn tiled4(which: u32, half: bool, i: u32, dim: u32, d: u32) -> vec4<f32> {
+    if (d % 4u == 0u && which != 0u) { // whole, aligned vec4s (q is read once: the general path)
+        if (dim >= d) {
+            return vec4<f32>(0.0);
+        }
+        if (half) {
+            let w = i >> 1u;
+            if (which == 1u) {
+                return vec4<f32>(unpack2x16float(tk[w]), unpack2x16float(tk[w + 1u]));
+            }
+            return vec4<f32>(unpack2x16float(tv[w]), unpack2x16float(tv[w + 1u]));
+        }
+        if (which == 1u) {
+            return bitcast<vec4<f32>>(vec4<u32>(tk[i], tk[i + 1u], tk[i + 2u], tk[i + 3u]));
+        }
+        return bitcast<vec4<f32>>(vec4<u32>(tv[i], tv[i + 1u], tv[i + 2u], tv[i + 3u]));
+    }
+    var out = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        let e = i + c;
+        var word: u32;
+        switch which {
+            case 0u: { word = tq[select(e, e >> 1u, half)]; }
+            case 1u: { word = tk[select(e, e >> 1u, half)]; }
+            default: { word = tv[select(e, e >> 1u, half)]; }
+        }
+        let x = select(bitcast<f32>(word), unpack2x16float(word)[e & 1u], half);
+        out[c] = select(0.0, x, dim + c < d);
+    }
+    return out;
+}
+
+// As key_on, for attention_tiled's mask.
+fn tiled_key_on(mode: u32, i: u32) -> bool {
+    switch mode {
+        case 3u: {
+            return ((tmask[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu) != 0u;
+        }
+        case 4u: {
+            return tmask[i] != 0u;
+        }
+        case 5u: {
+            return bitcast<f32>(tmask[i]) != 0.0;
+        }
+        default: {
+            return (tmask[2u * i] | tmask[2u * i + 1u]) != 0u;
+        }
+    }
+}
+
+// Slot e of the tile (4 dims of one key) into wk and wv, and whether its key takes part into won.
+fn tiled_load(kvh: bool, e: u32, width: u32, key0: u32, b: u32, kv0: u32, stride: u32) {
+    let c = e / width;
+    let dim = (e % width) * 4u;
+    let key = key0 + c;
+    var on = key < tp.s;
+    if (on && tp.mask_mode >= 3u) {
+        on = tiled_key_on(tp.mask_mode, b * tp.s + key);
+    }
+    var kk = vec4<f32>(0.0);
+    var vv = vec4<f32>(0.0);
+    if (on) {
+        let at = kv0 + key * stride + dim;
+        kk = tiled4(1u, kvh, at, dim, tp.d);
+        vv = tiled4(2u, kvh, at, dim, tp.d);
+    }
+    wk[e] = kk;
+    wv[e] = vv;
+    if (dim == 0u) {
+        won[c] = u32(on);
+    }
+}
+
+// Written out rather than looped (loops count against lavapipe's budget): 32 dims of q . key.
+fn tiled_dot(q: ptr<function, array<vec4<f32>, 8>>, at: u32) -> f32 {
+    return dot((*q)[0], wk[at]) + dot((*q)[1], wk[at + 1u]) + dot((*q)[2], wk[at + 2u])
+        + dot((*q)[3], wk[at + 3u]) + dot((*q)[4], wk[at + 4u]) + dot((*q)[5], wk[at + 5u])
+        + dot((*q)[6], wk[at + 6u]) + dot((*q)[7], wk[at + 7u]);
+}
+
+fn tiled_axpy(acc: ptr<function, array<vec4<f32>, 8>>, p: f32, at: u32) {
+    (*acc)[0] += p * wv[at];
+    (*acc)[1] += p * wv[at + 1u];
+    (*acc)[2] += p * wv[at + 2u];
+    (*acc)[3] += p * wv[at + 3u];
+    (*acc)[4] += p * wv[at + 4u];
+    (*acc)[5] += p * wv[at + 5u];
+    (*acc)[6] += p * wv[at + 6u];
+    (*acc)[7] += p * wv[at + 7u];
+}
+
+fn tiled_scale(acc: ptr<function, array<vec4<f32>, 8>>, c: f32) {
+    (*acc)[0] *= c;
+    (*acc)[1] *= c;
+    (*acc)[2] *= c;
+    (*acc)[3] *= c;
+    (*acc)[4] *= c;
+    (*acc)[5] *= c;
+    (*acc)[6] *= c;
+    (*acc)[7] *= c;
+}
+
+// The dot product of a row with key c: the sum of its L threads' partial ones (at + j * rows).
+fn tiled_row_sum(at: u32, rows: u32, lanes: u32) -> f32 {
+    var total = wpart[at] + wpart[at + rows];
+    if (lanes > 2u) {
+        total += wpart[at + 2u * rows] + wpart[at + 3u * rows];
+    }
+    if (lanes > 4u) {
+        total += wpart[at + 4u * rows] + wpart[at + 5u * rows] + wpart[at + 6u * rows] + wpart[at + 7u * rows];
+    }
+    return total;
+}
+
+fn attend_tiled(qh: bool, kvh: bool, lanes: u32, wid: vec3<u32>, tid: u32) {
+    let d = tp.d;
+    let s = tp.s;
+    let rows = TT / lanes;
+    let width = 8u * lanes; // vec4 slots per key in the tile
+    let keys = 32u / lanes; // keys per tile
+    let lane = tid / rows; // threads of one lane are neighbours: they read the same words of the tile
+    let r = tid % rows;
+    let h = wid.y;
+    let b = wid.z;
+    let t = wid.x * rows + r;
+    let live = t < tp.t;
+    let row = (b * tp.t + t) * tp.hq + h;
+    let d0 = 32u * lane;
+
+    var q: array<vec4<f32>, 8>;
+    var acc: array<vec4<f32>, 8>;
+    if (live) {
+        for (var i = 0u; i < 8u; i++) {
+            q[i] = tiled4(0u, qh, row * d + d0 + 4u * i, d0 + 4u * i, d) * tp.scale;
+        }
+    }
+    // the keys this row sees (none past the last row), and the keys the block's last row sees
+    var count = i32(s);
+    var block_end = i32(s);
+    if (tp.causal != 0u) {
+        let last = min(tp.t - 1u, wid.x * rows + rows - 1u);
+        count = min(count, i32(t) + i32(s) - i32(tp.t) + 1);
+        block_end = min(block_end, i32(last) + i32(s) - i32(tp.t) + 1);
+    }
+    count = select(0, max(count, 0), live);
+    let end = u32(max(block_end, 0));
+
+    let stride = tp.hkv * d; // between key positions
+    let kv0 = b * s * stride + (h / (tp.hq / tp.hkv)) * d;
+    let mode = tp.mask_mode;
+    let additive = mode == 1u || mode == 2u;
+    let mrow = select(0u, b * tp.t * s, mode == 2u) + t * s;
+    var m = NONE;
+    var l = 0.0;
+    var score: array<f32, 32>;
+    for (var key0 = 0u; key0 < end; key0 += keys) {
+        for (var e = tid; e < 256u; e += TT) {
+            tiled_load(kvh, e, width, key0, b, kv0, stride);
+        }
+        workgroupBarrier();
+        if (lanes > 1u) {
+            for (var c = 0u; c < keys; c++) {
+                wpart[c * TT + tid] = tiled_dot(&q, c * width + 8u * lane);
+            }
+            workgroupBarrier();
+        }
+        var top = m;
+        for (var c = 0u; c < keys; c++) {
+            var sc: f32;
+            if (lanes == 1u) {
+                sc = tiled_dot(&q, c * width);
+            } else {
+                sc = tiled_row_sum(c * TT + r, rows, lanes);
+            }
+            let key = key0 + c;
+            var seen = i32(key) < count && won[c] != 0u;
+            if (additive) {
+                let add = select(NONE, bitcast<f32>(tmask[mrow + key]), seen);
+                seen = add > HIDDEN;
+                sc += add;
+            }
+            sc = select(NONE, sc, seen);
+            score[c] = sc;
+            top = max(top, sc);
+        }
+        let correction = exp(m - top);
+        m = top;
+        l *= correction;
+        tiled_scale(&acc, correction);
+        for (var c = 0u; c < keys; c++) {
+            let sc = score[c];
+            if (sc > NONE) { // a hidden key is never read: its v may be anything, NaN included
+                let p = exp(sc - top);
+                l += p;
+                tiled_axpy(&acc, p, c * width + 8u * lane);
+            }
+        }
+        workgroupBarrier(); // the next tile overwrites wk, wv, won and wpart
+    }
+    if (live) {
+        let inv = select(0.0, 1.0 / l, l > 0.0); // a row that sees no key: zeros
+        for (var i = 0u; i < 8u; i++) {
+            let dim = d0 + 4u * i;
+            let o = acc[i] * inv;
+            for (var c = 0u; c < 4u; c++) {
+                if (dim + c < d) {
+                    tout[row * d + dim + c] = o[c];
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(false, false, 1u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(false, true, 1u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(true, false, 1u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(true, true, 1u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(false, false, 2u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(false, true, 2u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(true, false, 2u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(true, true, 2u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(false, false, 4u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(false, true, 4u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(true, false, 4u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(true, true, 4u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(false, false, 8u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(false, true, 8u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(true, false, 8u, wid, tid);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    attend_tiled(true, true, 8u, wid, tid);
+}
+
+// ------------------------------------------------------------------------------------------------
 // embedding_<table>_<out>(ids, table, out): out[i, c] = table[ids[i], c], zeros for an id outside
 // 0 .. V-1. One thread per output element.
 
@@ -510,6 +835,181 @@ fn kv_append_f16_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
         let at = append_at(i);
         if (at >= 0) {
             kc16[at] = f16(kx_at(true, i));
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// bfloat16 (WGSL has none): embedding tables and outputs, rotary's x, kv_append's x and cache; not
+// attention's q, k and v yet. Read from array<u32>, two to a word, as the top half of a float32;
+// written rounded to nearest even on the bits (NaN: the quiet NaN of its sign) into element i's half of a
+// word of an array<atomic<u32>>: two threads may write the two halves of one word.
+
+fn bf16_of(word: u32, i: u32) -> f32 {
+    return bitcast<f32>(((word >> ((i & 1u) * 16u)) & 0xffffu) << 16u);
+}
+
+fn bf16_put(v: f32, i: u32) -> u32 {
+    let x = bitcast<u32>(v);
+    var b = (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        b = ((x >> 16u) & 0x8000u) | 0x7fc0u;
+    }
+    return b << ((i & 1u) * 16u);
+}
+
+fn bf16_keep(i: u32) -> u32 {
+    return 0xffff0000u >> ((i & 1u) * 16u);
+}
+
+@group(0) @binding(2) var<storage, read_write> eoutbf: array<atomic<u32>>;
+
+fn eoutbf_put(i: u32, v: f32) {
+    atomicAnd(&eoutbf[i >> 1u], bf16_keep(i));
+    atomicOr(&eoutbf[i >> 1u], bf16_put(v, i));
+}
+
+// A bfloat16 table's element for output i (zeros for an id outside 0 .. V-1).
+fn embed_bf16(i: u32) -> f32 {
+    let id = eids[i / ep.d];
+    if (id < 0 || u32(id) >= ep.v) {
+        return 0.0;
+    }
+    let at = u32(id) * ep.d + i % ep.d;
+    return bf16_of(etable[at >> 1u], at);
+}
+
+@compute @workgroup_size(256)
+fn embedding_bf16_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < ep.n) {
+        eout32[i] = embed_bf16(i);
+    }
+}
+
+@compute @workgroup_size(256)
+fn embedding_bf16_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < ep.n) {
+        eout16[i] = f16(embed_bf16(i));
+    }
+}
+
+@compute @workgroup_size(256)
+fn embedding_bf16_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < ep.n) {
+        eoutbf_put(i, embed_bf16(i));
+    }
+}
+
+@compute @workgroup_size(256)
+fn embedding_f32_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < ep.n) {
+        eoutbf_put(i, embed(false, i));
+    }
+}
+
+@compute @workgroup_size(256)
+fn embedding_f16_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < ep.n) {
+        eoutbf_put(i, embed(true, i));
+    }
+}
+
+@group(0) @binding(2) var<storage, read_write> routbf: array<atomic<u32>>;
+@group(0) @binding(0) var<storage, read_write> riobf: array<atomic<u32>>;
+
+@compute @workgroup_size(256)
+fn rotary_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < rp.n) {
+        let q = rot_pair(i, rp);
+        let a = bf16_of(rx[q.i0 >> 1u], q.i0);
+        let b = bf16_of(rx[q.i1 >> 1u], q.i1);
+        atomicAnd(&routbf[q.i0 >> 1u], bf16_keep(q.i0));
+        atomicOr(&routbf[q.i0 >> 1u], bf16_put(a * q.c - b * q.s, q.i0));
+        atomicAnd(&routbf[q.i1 >> 1u], bf16_keep(q.i1));
+        atomicOr(&routbf[q.i1 >> 1u], bf16_put(b * q.c + a * q.s, q.i1));
+    }
+}
+
+// Each thread reads and writes its own pair's halves only: the other halves' writers leave them be.
+@compute @workgroup_size(256)
+fn rotary_inplace_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < rpi.n) {
+        let q = rot_pair(i, rpi);
+        let a = bf16_of(atomicLoad(&riobf[q.i0 >> 1u]), q.i0);
+        let b = bf16_of(atomicLoad(&riobf[q.i1 >> 1u]), q.i1);
+        atomicAnd(&riobf[q.i0 >> 1u], bf16_keep(q.i0));
+        atomicOr(&riobf[q.i0 >> 1u], bf16_put(a * q.c - b * q.s, q.i0));
+        atomicAnd(&riobf[q.i1 >> 1u], bf16_keep(q.i1));
+        atomicOr(&riobf[q.i1 >> 1u], bf16_put(b * q.c + a * q.s, q.i1));
+    }
+}
+
+@group(0) @binding(2) var<storage, read_write> kcbf: array<atomic<u32>>;
+
+fn kcbf_put(at: i32, v: f32) {
+    let i = u32(at);
+    atomicAnd(&kcbf[i >> 1u], bf16_keep(i));
+    atomicOr(&kcbf[i >> 1u], bf16_put(v, i));
+}
+
+@compute @workgroup_size(256)
+fn kv_append_bf16_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < kp.n) {
+        let at = append_at(i);
+        if (at >= 0) {
+            kcbf_put(at, kx_at(false, i));
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn kv_append_bf16_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < kp.n) {
+        let at = append_at(i);
+        if (at >= 0) {
+            kcbf_put(at, kx_at(true, i));
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn kv_append_bf16_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < kp.n) {
+        let at = append_at(i);
+        if (at >= 0) {
+            kcbf_put(at, bf16_of(kx[i >> 1u], i));
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn kv_append_f32_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < kp.n) {
+        let at = append_at(i);
+        if (at >= 0) {
+            kc32[at] = bf16_of(kx[i >> 1u], i);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn kv_append_f16_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < kp.n) {
+        let at = append_at(i);
+        if (at >= 0) {
+            kc16[at] = f16(bf16_of(kx[i >> 1u], i));
         }
     }
 }

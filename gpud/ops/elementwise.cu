@@ -2,7 +2,9 @@
 // for the dtype codes, gpud_protocol/ops/broadcast.py for the broadcast layout). Each tensor's dtype is
 // a scalar: one kernel per kind serves every dtype and mix. A thread writes the elements of one 4-byte
 // word of the output (4 int8, 2 float16, 1 float32; one 8-byte element), as the WGSL kernels do, so one
-// grid serves both. The grid may fold into y past 65,535 blocks. Arithmetic is float32.
+// grid serves both. The grid may fold into y past 65,535 blocks. Arithmetic is float32. bfloat16 is
+// unsigned short storage converted on the bits, as the WGSL kernels do (not cvt.rn.bf16.f32, whose
+// NaN is canonical), so both backends give the same bits.
 //
 // Adding a dtype: its code below, a case in `dtype_bytes`, `is_float`, `load_f`, `load_i` and `store_f`.
 
@@ -16,10 +18,18 @@
 #define U16 7u
 #define I64 8u
 #define U64 9u
+#define BF16 10u
 #define MAX_RANK 6
 
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float bf2f(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+// Rounded to nearest even; NaN gives the quiet NaN of its sign, as ml_dtypes does (as elementwise.wgsl).
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    const unsigned int x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u);
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
 
 __device__ __forceinline__ unsigned int linear_index() {
     return blockIdx.x * blockDim.x + threadIdx.x + blockIdx.y * gridDim.x * blockDim.x;
@@ -28,18 +38,19 @@ __device__ __forceinline__ unsigned int linear_index() {
 __device__ __forceinline__ unsigned int dtype_bytes(unsigned int c) {
     switch (c) {
         case I8: case U8: return 1u;
-        case F16: case I16: case U16: return 2u;
+        case F16: case I16: case U16: case BF16: return 2u;
         case I64: case U64: return 8u;
         default: return 4u;
     }
 }
 
-__device__ __forceinline__ bool is_float(unsigned int c) { return c == F32 || c == F16; }
+__device__ __forceinline__ bool is_float(unsigned int c) { return c == F32 || c == F16 || c == BF16; }
 
 __device__ __forceinline__ float load_f(const unsigned char* p, unsigned int c, size_t i) {
     switch (c) {
         case F32: return reinterpret_cast<const float*>(p)[i];
         case F16: return h2f(reinterpret_cast<const unsigned short*>(p)[i]);
+        case BF16: return bf2f(reinterpret_cast<const unsigned short*>(p)[i]);
         case I32: return (float)reinterpret_cast<const int*>(p)[i];
         case U32: return (float)reinterpret_cast<const unsigned int*>(p)[i];
         case I8: return (float)reinterpret_cast<const signed char*>(p)[i];
@@ -82,6 +93,7 @@ __device__ __forceinline__ void store_f(unsigned char* p, unsigned int c, size_t
     switch (c) {
         case F32: reinterpret_cast<float*>(p)[i] = v; break;
         case F16: reinterpret_cast<unsigned short*>(p)[i] = f2h(v); break;
+        case BF16: reinterpret_cast<unsigned short*>(p)[i] = f2bf(v); break;
         case I32: reinterpret_cast<int*>(p)[i] = __float2int_rz(v); break;
         case U32: reinterpret_cast<unsigned int*>(p)[i] = __float2uint_rz(v); break;
         case I8: reinterpret_cast<signed char*>(p)[i] = (signed char)clamp_int(__float2int_rz(v), -128, 127); break;

@@ -2,7 +2,8 @@
 // for the dtype codes, gpud_protocol/ops/broadcast.py for the broadcast layout). Every tensor is bound
 // as 4-byte words whatever its dtype, and each tensor's dtype is a scalar: one kernel per kind serves
 // every dtype and mix. A thread writes one word of the output (4 int8, 2 float16, 1 float32; one 8-byte
-// element: two words), so narrow outputs need no atomics. The grid may fold into y past 65,535
+// element: two words), so narrow outputs need no atomics. bfloat16 (which WGSL lacks) is the top half
+// of a float32's bits, stored two to a word like float16. The grid may fold into y past 65,535
 // workgroups. Arithmetic is float32; conversions are done on the bits, so they round to nearest even
 // and keep infinities, NaN and subnormals on every implementation.
 //
@@ -20,18 +21,19 @@ const I16: u32 = 6u;
 const U16: u32 = 7u;
 const I64: u32 = 8u;
 const U64: u32 = 9u;
+const BF16: u32 = 10u;
 
 fn bytes(c: u32) -> u32 {
     switch c {
         case 4u, 5u: { return 1u; }
-        case 1u, 6u, 7u: { return 2u; }
+        case 1u, 6u, 7u, 10u: { return 2u; }
         case 8u, 9u: { return 8u; }
         default: { return 4u; }
     }
 }
 
 fn is_float(c: u32) -> bool {
-    return c == F32 || c == F16;
+    return c == F32 || c == F16 || c == BF16;
 }
 
 fn is_signed(c: u32) -> bool {
@@ -163,6 +165,17 @@ fn f32_to_int(v: f32, c: u32) -> u32 {
     return u32(t);
 }
 
+// Rounded to nearest even on the bits (infinities stay, overflow gives infinity, subnormals round as
+// any value); NaN gives the quiet NaN of its sign (0x7fc0, 0xffc0), as ml_dtypes does. gpud_client rounds
+// the same way on the host.
+fn f32_to_bf16(v: f32) -> u32 {
+    let x = bitcast<u32>(v);
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        return ((x >> 16u) & 0x8000u) | 0x7fc0u;
+    }
+    return (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;
+}
+
 // ---------------------------------------------------------------- element bits and values
 
 // The bits of element i of a tensor of dtype c, from the word holding it (and the next one, for 8-byte
@@ -194,6 +207,7 @@ fn to_f32(c: u32, b: vec2<u32>) -> f32 {
     switch c {
         case 0u: { return bitcast<f32>(b.x); }
         case 1u: { return half_to_f32(b.x); }
+        case 10u: { return bitcast<f32>(b.x << 16u); }
         case 3u, 5u, 7u: { return f32(b.x); }
         case 8u: { return i64_to_f32(b); }
         case 9u: { return u64_to_f32(b); }
@@ -206,6 +220,7 @@ fn encode(c: u32, v: f32) -> vec2<u32> {
     switch c {
         case 0u: { return vec2<u32>(bitcast<u32>(v), 0u); }
         case 1u: { return vec2<u32>(f32_to_half(v), 0u); }
+        case 10u: { return vec2<u32>(f32_to_bf16(v), 0u); }
         case 8u, 9u: { return f32_to_64(v, c); }
         default: { return vec2<u32>(f32_to_int(v, c), 0u); }
     }

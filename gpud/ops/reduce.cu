@@ -2,15 +2,25 @@
 // One block of 256 threads per row, the grid folded into y past 65,535 rows. The threads stride over
 // the row, then combine their partial results: warp shuffles, one value per warp through shared
 // memory, shuffles again; every thread gets the result. Everything accumulates in float32; float16
-// is unsigned short storage, read into float32 and rounded once when stored.
+// is unsigned short storage, bfloat16 a struct of one (a type of its own for the overloads), both
+// read into float32 and rounded once when stored (bfloat16 on the bits, as elementwise.cu does).
 
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 
+struct bf16 { unsigned short bits; };
+__device__ __forceinline__ unsigned short f2bf(float f) {  // nearest even; NaN: the quiet NaN of its sign
+    const unsigned int x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u);
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
 __device__ __forceinline__ float load(const float* p, size_t i) { return p[i]; }
 __device__ __forceinline__ float load(const unsigned short* p, size_t i) { return h2f(p[i]); }
+__device__ __forceinline__ float load(const bf16* p, size_t i) { return __uint_as_float((unsigned int)p[i].bits << 16); }
 __device__ __forceinline__ void store(float* p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(unsigned short* p, size_t i, float v) { p[i] = f2h(v); }
+__device__ __forceinline__ void store(bf16* p, size_t i, float v) { p[i].bits = f2bf(v); }
 
 __device__ __forceinline__ unsigned int row_index() { return blockIdx.x + blockIdx.y * gridDim.x; }
 
@@ -202,11 +212,20 @@ extern "C" __global__ void reduce_f16(const unsigned short* x, float* out, unsig
     reduce_row(x, out, rows, length, op);
 }
 
+extern "C" __global__ void reduce_bf16(const bf16* x, float* out, unsigned int rows, unsigned int length,
+                                       unsigned int op) {
+    reduce_row(x, out, rows, length, op);
+}
+
 extern "C" __global__ void argmax_f32(const float* x, int* out, unsigned int rows, unsigned int length) {
     argmax_row(x, out, rows, length);
 }
 
 extern "C" __global__ void argmax_f16(const unsigned short* x, int* out, unsigned int rows, unsigned int length) {
+    argmax_row(x, out, rows, length);
+}
+
+extern "C" __global__ void argmax_bf16(const bf16* x, int* out, unsigned int rows, unsigned int length) {
     argmax_row(x, out, rows, length);
 }
 
@@ -219,6 +238,10 @@ extern "C" __global__ void softmax_f16(const unsigned short* x, unsigned short* 
     softmax_row(x, (const float*)0, out, rows, length, 1u);
 }
 
+extern "C" __global__ void softmax_bf16(const bf16* x, bf16* out, unsigned int rows, unsigned int length) {
+    softmax_row(x, (const float*)0, out, rows, length, 1u);
+}
+
 extern "C" __global__ void softmax_mask_f32(const float* x, const float* mask, float* out, unsigned int rows,
                                             unsigned int length, unsigned int mask_rows) {
     softmax_row(x, mask, out, rows, length, mask_rows);
@@ -226,6 +249,11 @@ extern "C" __global__ void softmax_mask_f32(const float* x, const float* mask, f
 
 extern "C" __global__ void softmax_mask_f16(const unsigned short* x, const float* mask, unsigned short* out,
                                             unsigned int rows, unsigned int length, unsigned int mask_rows) {
+    softmax_row(x, mask, out, rows, length, mask_rows);
+}
+
+extern "C" __global__ void softmax_mask_bf16(const bf16* x, const float* mask, bf16* out, unsigned int rows,
+                                             unsigned int length, unsigned int mask_rows) {
     softmax_row(x, mask, out, rows, length, mask_rows);
 }
 
@@ -270,6 +298,28 @@ extern "C" __global__ void layernorm_f16_f16(const unsigned short* x, const unsi
     layernorm_row(x, weight, bias, out, rows, length, eps);
 }
 
+// The norms with a bfloat16 x or weight, one line each (the float32 and float16 pairs are above).
+#define RMSNORM(name, X, W)                                                                                        \
+    extern "C" __global__ void name(const X* x, const W* weight, X* out, unsigned int rows, unsigned int length,   \
+                                    float eps) {                                                                 \
+        rmsnorm_row(x, weight, out, rows, length, eps);                                                          \
+    }
+#define LAYERNORM(name, X, W)                                                                                      \
+    extern "C" __global__ void name(const X* x, const W* weight, const W* bias, X* out, unsigned int rows,        \
+                                    unsigned int length, float eps) {                                            \
+        layernorm_row(x, weight, bias, out, rows, length, eps);                                                  \
+    }
+RMSNORM(rmsnorm_bf16_f32, bf16, float)
+RMSNORM(rmsnorm_bf16_f16, bf16, unsigned short)
+RMSNORM(rmsnorm_bf16_bf16, bf16, bf16)
+RMSNORM(rmsnorm_f32_bf16, float, bf16)
+RMSNORM(rmsnorm_f16_bf16, unsigned short, bf16)
+LAYERNORM(layernorm_bf16_f32, bf16, float)
+LAYERNORM(layernorm_bf16_f16, bf16, unsigned short)
+LAYERNORM(layernorm_bf16_bf16, bf16, bf16)
+LAYERNORM(layernorm_f32_bf16, float, bf16)
+LAYERNORM(layernorm_f16_bf16, unsigned short, bf16)
+
 // x / max(||x||, eps) over each row (torch.nn.functional.normalize, p=2).
 template <typename X>
 __device__ void normalize_row(const X* x, X* out, unsigned int rows, unsigned int length, float eps) {
@@ -292,5 +342,9 @@ extern "C" __global__ void normalize_f32(const float* x, float* out, unsigned in
 
 extern "C" __global__ void normalize_f16(const unsigned short* x, unsigned short* out, unsigned int rows,
                                          unsigned int length, float eps) {
+    normalize_row(x, out, rows, length, eps);
+}
+
+extern "C" __global__ void normalize_bf16(const bf16* x, bf16* out, unsigned int rows, unsigned int length, float eps) {
     normalize_row(x, out, rows, length, eps);
 }

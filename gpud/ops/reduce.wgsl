@@ -2,7 +2,9 @@
 // One workgroup of 256 threads per row, the grid folded into y past 65,535 rows. The threads stride
 // over the row (no loop runs more than length / 256 <= 65,535 times: lavapipe cuts longer loops),
 // then a tree in workgroup memory combines their partial results. Everything accumulates in float32;
-// float16 is read into float32 and rounded once when stored.
+// float16 is read into float32 and rounded once when stored. bfloat16, which WGSL lacks, is bound as
+// array<u32> (two to a word) and written through array<atomic<u32>>: the two halves of a word may
+// belong to two threads, or to two rows' workgroups.
 enable f16;
 
 const BLOCK: u32 = 256u;
@@ -102,6 +104,26 @@ fn tree_online(t: u32, ms: vec2<f32>) -> vec2<f32> {
 // 1 / the softmax's sum, or 0 for a row of only -inf (its outputs are zeros, not NaN).
 fn inverse_sum(ms: vec2<f32>) -> f32 {
     return select(0.0, 1.0 / ms.y, ms.y > 0.0);
+}
+
+// bfloat16 element i, out of the word holding it (word i / 2; the even element in the low half).
+fn bf16_at(word: u32, i: u32) -> f32 {
+    return bitcast<f32>(((word >> ((i & 1u) * 16u)) & 0xffffu) << 16u);
+}
+
+// v rounded to bfloat16 (nearest even; NaN: the quiet NaN of its sign), in element i's half of a word:
+// stored with atomicAnd(word, bf16_keep(i)) then atomicOr(word, bf16_put(v, i)), the other half kept.
+fn bf16_put(v: f32, i: u32) -> u32 {
+    let x = bitcast<u32>(v);
+    var b = (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        b = ((x >> 16u) & 0x8000u) | 0x7fc0u;
+    }
+    return b << ((i & 1u) * 16u);
+}
+
+fn bf16_keep(i: u32) -> u32 {
+    return 0xffff0000u >> ((i & 1u) * 16u);
 }
 
 @group(0) @binding(0) var<storage, read> reduce_f32_x: array<f32>;
@@ -600,5 +622,454 @@ fn normalize_f16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id)
     let norm = max(sqrt(tree_sum(t, acc)), normalize_f16_p.eps);
     for (var j = t; j < n; j += BLOCK) {
         normalize_f16_out[base + j] = f16(f32(normalize_f16_x[base + j]) / norm);
+    }
+}
+
+// ---------------------------------------------------------------- bfloat16: x, or weight and bias
+@group(0) @binding(0) var<storage, read> reduce_bf16_x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> reduce_bf16_out: array<f32>;
+@group(0) @binding(2) var<uniform> reduce_bf16_p: Reduce;
+
+@compute @workgroup_size(256)
+fn reduce_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= reduce_bf16_p.rows) {
+        return;
+    }
+    let n = reduce_bf16_p.length;
+    let base = row * n;
+    var total: f32;
+    if (reduce_bf16_p.op == 2u) {
+        var m = bf16_at(reduce_bf16_x[base >> 1u], base);  // element 0 is every thread's: no -inf to start from
+        for (var j = t; j < n; j += BLOCK) {
+            m = max(m, bf16_at(reduce_bf16_x[(base + j) >> 1u], base + j));
+        }
+        total = tree_max(t, m);
+    } else {
+        var acc = 0.0;
+        for (var j = t; j < n; j += BLOCK) {
+            acc += bf16_at(reduce_bf16_x[(base + j) >> 1u], base + j);
+        }
+        total = tree_sum(t, acc);
+        if (reduce_bf16_p.op == 1u) {
+            total = total / f32(n);
+        }
+    }
+    if (t == 0u) {
+        reduce_bf16_out[row] = total;
+    }
+}
+
+@group(0) @binding(0) var<storage, read> argmax_bf16_x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> argmax_bf16_out: array<i32>;
+@group(0) @binding(2) var<uniform> argmax_bf16_p: Rows;
+
+@compute @workgroup_size(256)
+fn argmax_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= argmax_bf16_p.rows) {
+        return;
+    }
+    let n = argmax_bf16_p.length;
+    let base = row * n;
+    var best = bf16_at(argmax_bf16_x[base >> 1u], base);  // element 0 first: ties keep the smaller index
+    var at = 0u;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = bf16_at(argmax_bf16_x[(base + j) >> 1u], base + j);
+        if (v > best) {
+            best = v;
+            at = j;
+        }
+    }
+    let i = tree_argmax(t, best, at);
+    if (t == 0u) {
+        argmax_bf16_out[row] = i32(i);
+    }
+}
+
+@group(0) @binding(0) var<storage, read> softmax_bf16_x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> softmax_bf16_out: array<atomic<u32>>;
+@group(0) @binding(2) var<uniform> softmax_bf16_p: Rows;
+
+@compute @workgroup_size(256)
+fn softmax_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= softmax_bf16_p.rows) {
+        return;
+    }
+    let n = softmax_bf16_p.length;
+    let base = row * n;
+    var ms = vec2<f32>(LOWEST, 0.0);
+    for (var j = t; j < n; j += BLOCK) {
+        ms = online(ms, bf16_at(softmax_bf16_x[(base + j) >> 1u], base + j));
+    }
+    ms = tree_online(t, ms);
+    let scale = inverse_sum(ms);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = exp(bf16_at(softmax_bf16_x[k >> 1u], k) - ms.x) * scale;
+        atomicAnd(&softmax_bf16_out[k >> 1u], bf16_keep(k));
+        atomicOr(&softmax_bf16_out[k >> 1u], bf16_put(v, k));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> softmax_mask_bf16_x: array<u32>;
+@group(0) @binding(1) var<storage, read> softmax_mask_bf16_mask: array<f32>;
+@group(0) @binding(2) var<storage, read_write> softmax_mask_bf16_out: array<atomic<u32>>;
+@group(0) @binding(3) var<uniform> softmax_mask_bf16_p: Masked;
+
+@compute @workgroup_size(256)
+fn softmax_mask_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                     @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= softmax_mask_bf16_p.rows) {
+        return;
+    }
+    let n = softmax_mask_bf16_p.length;
+    let base = row * n;
+    let mbase = (row % softmax_mask_bf16_p.mask_rows) * n;
+    var ms = vec2<f32>(LOWEST, 0.0);
+    for (var j = t; j < n; j += BLOCK) {
+        ms = online(ms, bf16_at(softmax_mask_bf16_x[(base + j) >> 1u], base + j) + softmax_mask_bf16_mask[mbase + j]);
+    }
+    ms = tree_online(t, ms);
+    let scale = inverse_sum(ms);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = exp(bf16_at(softmax_mask_bf16_x[k >> 1u], k) + softmax_mask_bf16_mask[mbase + j] - ms.x) * scale;
+        atomicAnd(&softmax_mask_bf16_out[k >> 1u], bf16_keep(k));
+        atomicOr(&softmax_mask_bf16_out[k >> 1u], bf16_put(v, k));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> rmsnorm_bf16_f32_x: array<u32>;
+@group(0) @binding(1) var<storage, read> rmsnorm_bf16_f32_weight: array<f32>;
+@group(0) @binding(2) var<storage, read_write> rmsnorm_bf16_f32_out: array<atomic<u32>>;
+@group(0) @binding(3) var<uniform> rmsnorm_bf16_f32_p: Norm;
+
+@compute @workgroup_size(256)
+fn rmsnorm_bf16_f32(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= rmsnorm_bf16_f32_p.rows) {
+        return;
+    }
+    let n = rmsnorm_bf16_f32_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = bf16_at(rmsnorm_bf16_f32_x[(base + j) >> 1u], base + j);
+        acc += v * v;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc) / f32(n) + rmsnorm_bf16_f32_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = bf16_at(rmsnorm_bf16_f32_x[k >> 1u], k) * r * rmsnorm_bf16_f32_weight[j];
+        atomicAnd(&rmsnorm_bf16_f32_out[k >> 1u], bf16_keep(k));
+        atomicOr(&rmsnorm_bf16_f32_out[k >> 1u], bf16_put(v, k));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> rmsnorm_bf16_f16_x: array<u32>;
+@group(0) @binding(1) var<storage, read> rmsnorm_bf16_f16_weight: array<f16>;
+@group(0) @binding(2) var<storage, read_write> rmsnorm_bf16_f16_out: array<atomic<u32>>;
+@group(0) @binding(3) var<uniform> rmsnorm_bf16_f16_p: Norm;
+
+@compute @workgroup_size(256)
+fn rmsnorm_bf16_f16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= rmsnorm_bf16_f16_p.rows) {
+        return;
+    }
+    let n = rmsnorm_bf16_f16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = bf16_at(rmsnorm_bf16_f16_x[(base + j) >> 1u], base + j);
+        acc += v * v;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc) / f32(n) + rmsnorm_bf16_f16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = bf16_at(rmsnorm_bf16_f16_x[k >> 1u], k) * r * f32(rmsnorm_bf16_f16_weight[j]);
+        atomicAnd(&rmsnorm_bf16_f16_out[k >> 1u], bf16_keep(k));
+        atomicOr(&rmsnorm_bf16_f16_out[k >> 1u], bf16_put(v, k));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> rmsnorm_bf16_bf16_x: array<u32>;
+@group(0) @binding(1) var<storage, read> rmsnorm_bf16_bf16_weight: array<u32>;
+@group(0) @binding(2) var<storage, read_write> rmsnorm_bf16_bf16_out: array<atomic<u32>>;
+@group(0) @binding(3) var<uniform> rmsnorm_bf16_bf16_p: Norm;
+
+@compute @workgroup_size(256)
+fn rmsnorm_bf16_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                     @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= rmsnorm_bf16_bf16_p.rows) {
+        return;
+    }
+    let n = rmsnorm_bf16_bf16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = bf16_at(rmsnorm_bf16_bf16_x[(base + j) >> 1u], base + j);
+        acc += v * v;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc) / f32(n) + rmsnorm_bf16_bf16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = bf16_at(rmsnorm_bf16_bf16_x[k >> 1u], k) * r * bf16_at(rmsnorm_bf16_bf16_weight[j >> 1u], j);
+        atomicAnd(&rmsnorm_bf16_bf16_out[k >> 1u], bf16_keep(k));
+        atomicOr(&rmsnorm_bf16_bf16_out[k >> 1u], bf16_put(v, k));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> rmsnorm_f32_bf16_x: array<f32>;
+@group(0) @binding(1) var<storage, read> rmsnorm_f32_bf16_weight: array<u32>;
+@group(0) @binding(2) var<storage, read_write> rmsnorm_f32_bf16_out: array<f32>;
+@group(0) @binding(3) var<uniform> rmsnorm_f32_bf16_p: Norm;
+
+@compute @workgroup_size(256)
+fn rmsnorm_f32_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= rmsnorm_f32_bf16_p.rows) {
+        return;
+    }
+    let n = rmsnorm_f32_bf16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = rmsnorm_f32_bf16_x[base + j];
+        acc += v * v;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc) / f32(n) + rmsnorm_f32_bf16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        rmsnorm_f32_bf16_out[k] = rmsnorm_f32_bf16_x[k] * r * bf16_at(rmsnorm_f32_bf16_weight[j >> 1u], j);
+    }
+}
+
+@group(0) @binding(0) var<storage, read> rmsnorm_f16_bf16_x: array<f16>;
+@group(0) @binding(1) var<storage, read> rmsnorm_f16_bf16_weight: array<u32>;
+@group(0) @binding(2) var<storage, read_write> rmsnorm_f16_bf16_out: array<f16>;
+@group(0) @binding(3) var<uniform> rmsnorm_f16_bf16_p: Norm;
+
+@compute @workgroup_size(256)
+fn rmsnorm_f16_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= rmsnorm_f16_bf16_p.rows) {
+        return;
+    }
+    let n = rmsnorm_f16_bf16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = f32(rmsnorm_f16_bf16_x[base + j]);
+        acc += v * v;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc) / f32(n) + rmsnorm_f16_bf16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        rmsnorm_f16_bf16_out[k] = f16(f32(rmsnorm_f16_bf16_x[k]) * r * bf16_at(rmsnorm_f16_bf16_weight[j >> 1u], j));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> layernorm_bf16_f32_x: array<u32>;
+@group(0) @binding(1) var<storage, read> layernorm_bf16_f32_weight: array<f32>;
+@group(0) @binding(2) var<storage, read> layernorm_bf16_f32_bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> layernorm_bf16_f32_out: array<atomic<u32>>;
+@group(0) @binding(4) var<uniform> layernorm_bf16_f32_p: Norm;
+
+@compute @workgroup_size(256)
+fn layernorm_bf16_f32(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= layernorm_bf16_f32_p.rows) {
+        return;
+    }
+    let n = layernorm_bf16_f32_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        acc += bf16_at(layernorm_bf16_f32_x[(base + j) >> 1u], base + j);
+    }
+    let mean = tree_sum(t, acc) / f32(n);
+    var acc2 = 0.0;  // the variance from a second pass: no cancellation
+    for (var j = t; j < n; j += BLOCK) {
+        let c = bf16_at(layernorm_bf16_f32_x[(base + j) >> 1u], base + j) - mean;
+        acc2 += c * c;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc2) / f32(n) + layernorm_bf16_f32_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = (bf16_at(layernorm_bf16_f32_x[k >> 1u], k) - mean) * r * layernorm_bf16_f32_weight[j] + layernorm_bf16_f32_bias[j];
+        atomicAnd(&layernorm_bf16_f32_out[k >> 1u], bf16_keep(k));
+        atomicOr(&layernorm_bf16_f32_out[k >> 1u], bf16_put(v, k));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> layernorm_bf16_f16_x: array<u32>;
+@group(0) @binding(1) var<storage, read> layernorm_bf16_f16_weight: array<f16>;
+@group(0) @binding(2) var<storage, read> layernorm_bf16_f16_bias: array<f16>;
+@group(0) @binding(3) var<storage, read_write> layernorm_bf16_f16_out: array<atomic<u32>>;
+@group(0) @binding(4) var<uniform> layernorm_bf16_f16_p: Norm;
+
+@compute @workgroup_size(256)
+fn layernorm_bf16_f16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= layernorm_bf16_f16_p.rows) {
+        return;
+    }
+    let n = layernorm_bf16_f16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        acc += bf16_at(layernorm_bf16_f16_x[(base + j) >> 1u], base + j);
+    }
+    let mean = tree_sum(t, acc) / f32(n);
+    var acc2 = 0.0;  // the variance from a second pass: no cancellation
+    for (var j = t; j < n; j += BLOCK) {
+        let c = bf16_at(layernorm_bf16_f16_x[(base + j) >> 1u], base + j) - mean;
+        acc2 += c * c;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc2) / f32(n) + layernorm_bf16_f16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = (bf16_at(layernorm_bf16_f16_x[k >> 1u], k) - mean) * r * f32(layernorm_bf16_f16_weight[j]) + f32(layernorm_bf16_f16_bias[j]);
+        atomicAnd(&layernorm_bf16_f16_out[k >> 1u], bf16_keep(k));
+        atomicOr(&layernorm_bf16_f16_out[k >> 1u], bf16_put(v, k));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> layernorm_bf16_bf16_x: array<u32>;
+@group(0) @binding(1) var<storage, read> layernorm_bf16_bf16_weight: array<u32>;
+@group(0) @binding(2) var<storage, read> layernorm_bf16_bf16_bias: array<u32>;
+@group(0) @binding(3) var<storage, read_write> layernorm_bf16_bf16_out: array<atomic<u32>>;
+@group(0) @binding(4) var<uniform> layernorm_bf16_bf16_p: Norm;
+
+@compute @workgroup_size(256)
+fn layernorm_bf16_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= layernorm_bf16_bf16_p.rows) {
+        return;
+    }
+    let n = layernorm_bf16_bf16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        acc += bf16_at(layernorm_bf16_bf16_x[(base + j) >> 1u], base + j);
+    }
+    let mean = tree_sum(t, acc) / f32(n);
+    var acc2 = 0.0;  // the variance from a second pass: no cancellation
+    for (var j = t; j < n; j += BLOCK) {
+        let c = bf16_at(layernorm_bf16_bf16_x[(base + j) >> 1u], base + j) - mean;
+        acc2 += c * c;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc2) / f32(n) + layernorm_bf16_bf16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = (bf16_at(layernorm_bf16_bf16_x[k >> 1u], k) - mean) * r * bf16_at(layernorm_bf16_bf16_weight[j >> 1u], j) + bf16_at(layernorm_bf16_bf16_bias[j >> 1u], j);
+        atomicAnd(&layernorm_bf16_bf16_out[k >> 1u], bf16_keep(k));
+        atomicOr(&layernorm_bf16_bf16_out[k >> 1u], bf16_put(v, k));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> layernorm_f32_bf16_x: array<f32>;
+@group(0) @binding(1) var<storage, read> layernorm_f32_bf16_weight: array<u32>;
+@group(0) @binding(2) var<storage, read> layernorm_f32_bf16_bias: array<u32>;
+@group(0) @binding(3) var<storage, read_write> layernorm_f32_bf16_out: array<f32>;
+@group(0) @binding(4) var<uniform> layernorm_f32_bf16_p: Norm;
+
+@compute @workgroup_size(256)
+fn layernorm_f32_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= layernorm_f32_bf16_p.rows) {
+        return;
+    }
+    let n = layernorm_f32_bf16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        acc += layernorm_f32_bf16_x[base + j];
+    }
+    let mean = tree_sum(t, acc) / f32(n);
+    var acc2 = 0.0;  // the variance from a second pass: no cancellation
+    for (var j = t; j < n; j += BLOCK) {
+        let c = layernorm_f32_bf16_x[base + j] - mean;
+        acc2 += c * c;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc2) / f32(n) + layernorm_f32_bf16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        layernorm_f32_bf16_out[k] = (layernorm_f32_bf16_x[k] - mean) * r * bf16_at(layernorm_f32_bf16_weight[j >> 1u], j) + bf16_at(layernorm_f32_bf16_bias[j >> 1u], j);
+    }
+}
+
+@group(0) @binding(0) var<storage, read> layernorm_f16_bf16_x: array<f16>;
+@group(0) @binding(1) var<storage, read> layernorm_f16_bf16_weight: array<u32>;
+@group(0) @binding(2) var<storage, read> layernorm_f16_bf16_bias: array<u32>;
+@group(0) @binding(3) var<storage, read_write> layernorm_f16_bf16_out: array<f16>;
+@group(0) @binding(4) var<uniform> layernorm_f16_bf16_p: Norm;
+
+@compute @workgroup_size(256)
+fn layernorm_f16_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= layernorm_f16_bf16_p.rows) {
+        return;
+    }
+    let n = layernorm_f16_bf16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        acc += f32(layernorm_f16_bf16_x[base + j]);
+    }
+    let mean = tree_sum(t, acc) / f32(n);
+    var acc2 = 0.0;  // the variance from a second pass: no cancellation
+    for (var j = t; j < n; j += BLOCK) {
+        let c = f32(layernorm_f16_bf16_x[base + j]) - mean;
+        acc2 += c * c;
+    }
+    let r = 1.0 / sqrt(tree_sum(t, acc2) / f32(n) + layernorm_f16_bf16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        layernorm_f16_bf16_out[k] = f16((f32(layernorm_f16_bf16_x[k]) - mean) * r * bf16_at(layernorm_f16_bf16_weight[j >> 1u], j) + bf16_at(layernorm_f16_bf16_bias[j >> 1u], j));
+    }
+}
+
+@group(0) @binding(0) var<storage, read> normalize_bf16_x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> normalize_bf16_out: array<atomic<u32>>;
+@group(0) @binding(2) var<uniform> normalize_bf16_p: Norm;
+
+@compute @workgroup_size(256)
+fn normalize_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) groups: vec3<u32>) {
+    let row = row_of(wid, groups);
+    if (row >= normalize_bf16_p.rows) {
+        return;
+    }
+    let n = normalize_bf16_p.length;
+    let base = row * n;
+    var acc = 0.0;
+    for (var j = t; j < n; j += BLOCK) {
+        let v = bf16_at(normalize_bf16_x[(base + j) >> 1u], base + j);
+        acc += v * v;
+    }
+    let norm = max(sqrt(tree_sum(t, acc)), normalize_bf16_p.eps);
+    for (var j = t; j < n; j += BLOCK) {
+        let k = base + j;
+        let v = bf16_at(normalize_bf16_x[k >> 1u], k) / norm;
+        atomicAnd(&normalize_bf16_out[k >> 1u], bf16_keep(k));
+        atomicOr(&normalize_bf16_out[k >> 1u], bf16_put(v, k));
     }
 }

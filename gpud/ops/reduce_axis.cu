@@ -2,15 +2,25 @@
 // interface). x points at its tensor's start and is read through an element offset and strides: the
 // reduced axis's, and those of x's other axes merged into 6 (padded in front with size 1). Outputs are
 // dense. One thread per output, walking the reduced axis. Everything accumulates in float32; float16
-// is unsigned short storage, read into float32 and rounded once when stored. The grid folds into y.
+// is unsigned short storage, bfloat16 a struct of one (rounded on the bits, as elementwise.cu does),
+// both read into float32 and rounded once when stored. The grid folds into y.
 
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 
+struct bf16 { unsigned short bits; };
+__device__ __forceinline__ unsigned short f2bf(float f) {  // nearest even; NaN: the quiet NaN of its sign
+    const unsigned int x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u);
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
 __device__ __forceinline__ float load(const float* p, unsigned int i) { return p[i]; }
 __device__ __forceinline__ float load(const unsigned short* p, unsigned int i) { return h2f(p[i]); }
+__device__ __forceinline__ float load(const bf16* p, unsigned int i) { return __uint_as_float((unsigned int)p[i].bits << 16); }
 __device__ __forceinline__ void store(float* p, unsigned int i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(unsigned short* p, unsigned int i, float v) { p[i] = f2h(v); }
+__device__ __forceinline__ void store(bf16* p, unsigned int i, float v) { p[i].bits = f2bf(v); }
 
 __device__ __forceinline__ unsigned int linear_index() {
     return blockIdx.x * blockDim.x + threadIdx.x + blockIdx.y * gridDim.x * blockDim.x;
@@ -128,6 +138,24 @@ extern "C" __global__ void softmax_axis_f32(const float* x, float* out, unsigned
 
 extern "C" __global__ void softmax_axis_f16(const unsigned short* x, unsigned short* out, unsigned int n,
                                             unsigned int length, unsigned int inner, VIEW_PARAMS) {
+    Axis p = AXIS_OF;
+    softmax_axis(x, out, p);
+}
+
+extern "C" __global__ void reduce_axis_bf16(const bf16* x, float* out, unsigned int n, unsigned int length,
+                                            unsigned int inner, unsigned int op, VIEW_PARAMS) {
+    Axis p = AXIS_OF;
+    reduce_axis(x, out, op, p);
+}
+
+extern "C" __global__ void argmax_axis_bf16(const bf16* x, int* out, unsigned int n, unsigned int length,
+                                            unsigned int inner, VIEW_PARAMS) {
+    Axis p = AXIS_OF;
+    argmax_axis(x, out, p);
+}
+
+extern "C" __global__ void softmax_axis_bf16(const bf16* x, bf16* out, unsigned int n, unsigned int length,
+                                             unsigned int inner, VIEW_PARAMS) {
     Axis p = AXIS_OF;
     softmax_axis(x, out, p);
 }

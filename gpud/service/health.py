@@ -9,8 +9,18 @@ watchdog is no longer fed, so systemd restarts a hung engine (`WatchdogSec=` in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
+
+import anyio
+
+from gpud.service.notify import Notifier, watchdog_interval
+
+log = logging.getLogger(__name__)
+
+STATUS_EVERY_S = 2.0  # how often systemd's STATUS= line is refreshed
 
 
 class Ledger(Protocol):
@@ -53,3 +63,28 @@ def assess(runtimes: Sequence[Runtime], stall_s: float, now: float, fatal: BaseE
                 f"for {stall:.1f} s (health_stall_s = {stall_s:g})"
             )
     return Health(not problems, tuple(problems), tuple(stalled))
+
+
+async def watch(assess_now: Callable[[float], Health], notifier: Notifier, status_line: Callable[[], str]) -> None:
+    """Health, STATUS= and the watchdog, from a task of the loop itself: a loop that stops
+    running stops feeding the watchdog too."""
+    watchdog = watchdog_interval()  # half of WatchdogSec=
+    tick = min(watchdog, 1.0) if watchdog else 1.0
+    last_status = last_ping = time.monotonic()
+    last = Health(True, (), ())
+    while True:
+        await anyio.sleep(tick)
+        now = time.monotonic()
+        health = assess_now(now)
+        changed = health.healthy != last.healthy
+        if changed and not health.healthy:
+            log.warning("unhealthy: %s", "; ".join(health.problems))
+        elif changed:
+            log.info("healthy again: work is completing")
+        last = health
+        if watchdog is not None and health.healthy and now - last_ping >= watchdog * 0.95:
+            notifier.send("WATCHDOG=1")
+            last_ping = now
+        if changed or now - last_status >= STATUS_EVERY_S:
+            notifier.send(f"STATUS={status_line()}")
+            last_status = now

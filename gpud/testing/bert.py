@@ -26,9 +26,11 @@ from typing import Any
 import numpy as np
 
 import gpud_client
-from gpud_client import nn
+from gpud_client.nn import Embedding, LayerNorm, Linear
+from gpud_protocol import LruCache
 
 MODES = ("eager", "replay")
+GRAPHS_KEPT = 8  # replay graphs an encoder keeps (one per batch shape); past it the least recent is freed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,7 @@ class BertConfig:
 
 CONFIGS = {
     "all-minilm-l6-v2": BertConfig(6, 384, 12, 1536, 30_522),
-    "tiny": BertConfig(2, 64, 4, 128, 100, max_positions=32),  # the tests' random BERT of the same code
+    "tiny": BertConfig(2, 64, 2, 128, 100, max_positions=32),  # the tests' random BERT: heads of 32 (CUDA: flash)
 }
 
 
@@ -104,14 +106,14 @@ class Layer:
 
     def __init__(self, gpu: gpud_client.Client, config: BertConfig, t: Mapping[str, Any], prefix: str) -> None:
         self.gpu, self.c = gpu, config
-        self.query = nn.Linear.from_dict(gpu, t, prefix + "attention.self.query")
-        self.key = nn.Linear.from_dict(gpu, t, prefix + "attention.self.key")
-        self.value = nn.Linear.from_dict(gpu, t, prefix + "attention.self.value")
-        self.out = nn.Linear.from_dict(gpu, t, prefix + "attention.output.dense")
-        self.norm1 = nn.LayerNorm.from_dict(gpu, t, prefix + "attention.output.LayerNorm", config.eps)
-        self.ffn_in = nn.Linear.from_dict(gpu, t, prefix + "intermediate.dense")
-        self.ffn_out = nn.Linear.from_dict(gpu, t, prefix + "output.dense")
-        self.norm2 = nn.LayerNorm.from_dict(gpu, t, prefix + "output.LayerNorm", config.eps)
+        self.query = Linear.from_dict(gpu, t, prefix + "attention.self.query")
+        self.key = Linear.from_dict(gpu, t, prefix + "attention.self.key")
+        self.value = Linear.from_dict(gpu, t, prefix + "attention.self.value")
+        self.out = Linear.from_dict(gpu, t, prefix + "attention.output.dense")
+        self.norm1 = LayerNorm.from_dict(gpu, t, prefix + "attention.output.LayerNorm", config.eps)
+        self.ffn_in = Linear.from_dict(gpu, t, prefix + "intermediate.dense")
+        self.ffn_out = Linear.from_dict(gpu, t, prefix + "output.dense")
+        self.norm2 = LayerNorm.from_dict(gpu, t, prefix + "output.LayerNorm", config.eps)
 
     def __call__(self, x: Any, mask: Any, graph: Any = None) -> Any:
         ops, c = self.gpu.ops, self.c
@@ -140,15 +142,15 @@ class Encoder:
         word = tensors["embeddings.word_embeddings.weight"]
         self.dtype = str(np.dtype(word.dtype).name)
         self.device = int(word.device)
-        self.words = nn.Embedding(gpu, word)
+        self.words = Embedding(gpu, word)
         # Every token type id is 0 (single sentences), so the type embedding's row 0 is folded into the
         # position table once, here: one table, one embedding lookup per forward.
         types = tensors["embeddings.token_type_embeddings.weight"].narrow(0, 0, 1)
-        self.positions = nn.Embedding(gpu, ops.add(tensors["embeddings.position_embeddings.weight"], types))
-        self.norm = nn.LayerNorm.from_dict(gpu, tensors, "embeddings.LayerNorm", config.eps)
+        self.positions = Embedding(gpu, ops.add(tensors["embeddings.position_embeddings.weight"], types))
+        self.norm = LayerNorm.from_dict(gpu, tensors, "embeddings.LayerNorm", config.eps)
         self.layers = [Layer(gpu, config, tensors, layer_prefix(i)) for i in range(config.layers)]
         self._position_ids: dict[int, gpud_client.Tensor] = {}
-        self._steps: dict[tuple[int, int], gpud_client.Step] = {}
+        self._steps: LruCache[tuple[int, int], gpud_client.Step] = LruCache(GRAPHS_KEPT, lambda _key, s: s.free())
 
     def position_ids(self, length: int) -> gpud_client.Tensor:
         """0 .. length-1 (int32), kept per length (it is freed with the scope it was made in, if any)."""
@@ -198,14 +200,13 @@ class Encoder:
         g = self.gpu.graph(f"bert-b{batch}-s{length}")
         ids, mask = g.input("ids", shape, "int32"), g.input("mask", shape, "float32")
         g.output("embeddings", self.forward(ids, mask, positions, graph=g))
-        step = self._steps[(batch, length)] = await g.build()
+        step = await g.build()
+        self._steps.put((batch, length), step)
         return step
 
     def free(self) -> None:
         """This session's own tensors and graphs (the weights are the caller's)."""
-        for step in self._steps.values():
-            step.free()
+        self._steps.clear()  # frees each graph
         for tensor in [*self._position_ids.values(), self.positions.table]:
             tensor.free()
-        self._steps.clear()
         self._position_ids.clear()

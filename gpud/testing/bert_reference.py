@@ -19,13 +19,15 @@ EMBEDDING_TOL = 1e-4  # max |gpud - reference| per element of a unit embedding, 
 
 
 def _erf(x: Array) -> Array:
-    return np.vectorize(math.erf, otypes=[np.float64])(x)
+    out: Array = np.vectorize(math.erf, otypes=[np.float64])(x)
+    return out
 
 
 def _layernorm(x: Array, weight: Array, bias: Array, eps: float) -> Array:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
+    out: Array = (x - mean) / np.sqrt(var + eps) * weight + bias
+    return out
 
 
 def _linear(x: Array, w: Mapping[str, Array], name: str) -> Array:
@@ -68,9 +70,12 @@ def reference_embeddings(config: BertConfig, weights: Mapping[str, Array], ids: 
         h = _linear(x, w, p + "intermediate.dense")
         h = 0.5 * h * (1.0 + _erf(h / math.sqrt(2.0)))  # exact GELU
         x = _layernorm(
-            x + _linear(h, w, p + "output.dense"), w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], c.eps
+            x + _linear(h, w, p + "output.dense"),
+            w[p + "output.LayerNorm.weight"],
+            w[p + "output.LayerNorm.bias"],
+            c.eps,
         )
     weights_ = keep.astype(np.float64)[:, :, None]
     pooled = (x * weights_).sum(1) / weights_.sum(1)
-    norms: Array = np.maximum(np.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
-    return pooled / norms
+    out: Array = pooled / np.maximum(np.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+    return out

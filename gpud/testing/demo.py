@@ -25,7 +25,8 @@ from gpud_client import default_address
 
 
 @contextlib.contextmanager
-def _daemon_for(backend: str) -> Iterator[str]:
+def daemon_for(backend: str) -> Iterator[str]:
+    """The running gpud at the default address (backend auto), else one started for the demo."""
     address = default_address()
     if backend == "auto" and answers(address):
         print(f"using the gpud already running at {address}")
@@ -72,7 +73,7 @@ def _model_for(address: str, model: str) -> tuple[str, str, dict[str, Any]]:
 
 
 def run_demo(backend: str, clients: int = 3, tokens: int = 16, model: str = "auto") -> int:
-    with _daemon_for(backend) as address:
+    with daemon_for(backend) as address:
         model, backend, device = _model_for(address, model)
         config = CONFIGS[model]
         print(

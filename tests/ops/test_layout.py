@@ -176,7 +176,8 @@ def test_the_wgsl_kernels_declare_what_their_specs_say(family: str) -> None:
     """Each entry's bindings (`<entry>_<tensor>`, in order, read-only but the written ones) and its
     uniform's members (the spec's scalars, names and kinds, in order): the daemon packs the scalars by
     the spec, the kernel reads them by its struct."""
-    from gpud.backends.webgpu.reflect import Member, reflect
+    from gpud.backends.webgpu.wgsl.model import Member
+    from gpud.backends.webgpu.wgsl.reflect import reflect
     from gpud.ops import source
 
     r = reflect(source(family, "webgpu"))

@@ -22,7 +22,7 @@ from support import axpb, run_axpb
 import gpud_client
 from gpud import __version__ as gpud_version
 from gpud.service import admin, config, metrics
-from gpud.service.lifecycle import JournalFormatter
+from gpud.service.logs import JournalFormatter
 from gpud.testing import spawn
 
 TENANT = textwrap.dedent(
@@ -251,10 +251,10 @@ async def test_under_journald_lines_have_priorities_and_sessions_are_logged(tmp_
     text = "\n".join(lines)
     name = Path(sys.argv[0]).name
     assert re.search(
-        rf"^<6>gpud\.service\.server: session \w+ opened by {re.escape(name)} \(pid {os.getpid()}\)", text, re.M
+        rf"^<6>gpud\.service\.registry: session \w+ opened by {re.escape(name)} \(pid {os.getpid()}\)", text, re.M
     )
     assert re.search(
-        rf"^<6>gpud\.service\.server: session \w+ of {re.escape(name)} \(pid {os.getpid()}\) ended after", text, re.M
+        rf"^<6>gpud\.service\.registry: session \w+ of {re.escape(name)} \(pid {os.getpid()}\) ended after", text, re.M
     )
     assert re.search(r"^<6>gpud\.service\.server: gpud .* serving ipc://", text, re.M)
 

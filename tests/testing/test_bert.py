@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import gpud_client
-from gpud.testing import minilm
+from gpud.testing import bert, minilm
 from gpud.testing.bert import CONFIGS, MODES, Encoder, random_weights
 from gpud.testing.bert_reference import EMBEDDING_TOL, reference_embeddings
 
@@ -73,8 +73,26 @@ async def test_float16_weights_run_in_float16_within_its_rounding(gpu: gpud_clie
     ids, mask = batch()
     got, _alone = await embed_with_shared_weights(gpu, path, "eager", ids, mask)
     want = reference_embeddings(CONFIG, weights, ids, mask)
-    assert np.abs(got - want).max() < 3e-3, np.abs(got - want).max()  # measured 3e-4
+    assert np.abs(got - want).max() < 5e-3, np.abs(got - want).max()  # measured 3e-4 (webgpu)
     assert np.min(np.sum(got * want, axis=1)) > 0.999  # cosine
+
+
+async def test_an_encoder_keeps_a_bounded_number_of_replay_graphs(
+    gpu: gpud_client.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bert, "GRAPHS_KEPT", 2)
+    weights = {name: gpu.tensor(value) for name, value in random_weights(CONFIG, SEED).items()}
+    encoder = Encoder(gpu, CONFIG, weights)
+    ids, mask = batch()
+    for length in (7, 6, 5, 7):  # the fourth shape was the least recent of three: rebuilt
+        got = await encoder.embed(ids[:, :length], mask[:, :length], "replay")
+    assert (await gpu.stats())["session"]["graphs"] == 2
+    want = reference_embeddings(CONFIG, random_weights(CONFIG, SEED), ids, mask)
+    assert np.abs(got - want).max() < EMBEDDING_TOL
+    encoder.free()
+    for tensor in weights.values():
+        tensor.free()
+    assert (await gpu.stats())["session"]["graphs"] == 0
 
 
 def test_prepare_keeps_the_encoders_tensors_in_float16(tmp_path: Path) -> None:

@@ -136,8 +136,7 @@ class _Loader:
         """After `first`: the failures still to come are this call's (each op after a failed one may
         fail too), so they are read here, not left to the caller's next request."""
         if isinstance(first, DaemonLost | SessionLost):
-            self.free()
-            return
+            return  # the session is gone, and what it held with it
         self.free()
         await asyncio.shield(_drain(self.client))
 

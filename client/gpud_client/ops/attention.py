@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.base import OpsBase, dtype_name, same_memory
 from gpud_protocol import ArgKind, LruCache
@@ -20,6 +21,7 @@ from gpud_protocol.ops.attention import (
     MAX_LOOP,
     MAX_SPLITS,
     SHORT,
+    STORED,
     STYLES,
     TILE,
     attention_rows,
@@ -29,6 +31,7 @@ from gpud_protocol.ops.attention import (
     mask_mode,
     rotary_freq,
 )
+from gpud_protocol.ops.attention_tiled import tiled_applies, tiled_grid, tiled_width
 
 if TYPE_CHECKING:
     from gpud_client.api import Client, Tensor
@@ -56,11 +59,11 @@ class AttentionOps(OpsBase):
         return tensor
 
     def embedding(self, ids: Any, table: Any, *, dtype: str = "float32", out: Any = None, graph: Any = None) -> Any:
-        """table[ids]: ids (...) int32, table (V, D) float32 or float16 -> (..., D) in `dtype`
-        (float32 or float16). An id outside 0 .. V-1 gives a row of zeros."""
-        td, od = dtype_name(table), str(dtype)
-        if td not in DTYPES or od not in DTYPES:
-            raise InvalidArgument(f"embedding: a float32 or float16 table and dtype, not {td} -> {od}")
+        """table[ids]: ids (...) int32, table (V, D) float32, float16 or bfloat16 -> (..., D) in `dtype`
+        (any of the three). An id outside 0 .. V-1 gives a row of zeros."""
+        td, od = dtype_name(table), name_of(dtype)
+        if td not in STORED or od not in STORED:
+            raise InvalidArgument(f"embedding: a table and dtype of {list(STORED)}, not {td} -> {od}")
         if len(table.shape) != 2:
             raise InvalidArgument(f"embedding: the table is {list(table.shape)}, not (V, D)")
         rows, dim = tuple(table.shape)
@@ -80,15 +83,15 @@ class AttentionOps(OpsBase):
         out: Any = None,
         graph: Any = None,
     ) -> Any:
-        """Rotary position embedding of x (B, T, H, D) (float32 or float16, D even): element (b, t)
+        """Rotary position embedding of x (B, T, H, D) (float32, float16 or bfloat16, D even): element (b, t)
         is at position pos[b] + t (pos (B,) int32). style "neox" rotates the pairs (j, j + D/2)
         (HF Llama, Qwen), "gptj" the pairs (2j, 2j+1); pair j turns by position * base^(-2j/D).
         Returns a new tensor, or `out`; `out=x` rotates x in place (a kernel that binds x read-write
         only: allowed on every backend), except a graph input while pos is an input too (a graph's
         inputs share one buffer)."""
         dtype = dtype_name(x)
-        if dtype not in DTYPES:
-            raise InvalidArgument(f"rotary: float32 or float16 x, not {dtype}")
+        if dtype not in STORED:
+            raise InvalidArgument(f"rotary: x is {dtype}, not one of {list(STORED)}")
         if style not in STYLES:
             raise InvalidArgument(f"rotary: style is one of {sorted(STYLES)}, not {style!r}")
         if not (math.isfinite(base) and base > 0):
@@ -114,11 +117,11 @@ class AttentionOps(OpsBase):
 
     def kv_append(self, cache: Any, x: Any, pos: Any, *, graph: Any = None) -> None:
         """cache[b, pos[b] + t] = x[b, t] (cast to the cache's dtype when stored): cache (B, L, H, D)
-        and x (B, T, H, D), float32 or float16 each; pos (B,) int32. A position outside 0 .. L-1 is
-        dropped; nothing else of the cache is touched."""
+        and x (B, T, H, D), float32, float16 or bfloat16 each; pos (B,) int32. A position outside 0 .. L-1
+        is dropped; nothing else of the cache is touched."""
         cd, xd = dtype_name(cache), dtype_name(x)
-        if cd not in DTYPES or xd not in DTYPES:
-            raise InvalidArgument(f"kv_append: a float32 or float16 cache and x, not {cd} and {xd}")
+        if cd not in STORED or xd not in STORED:
+            raise InvalidArgument(f"kv_append: a cache and x of {list(STORED)}, not {cd} and {xd}")
         if len(x.shape) != 4 or len(cache.shape) != 4:
             raise InvalidArgument(f"kv_append: x {list(x.shape)} and the cache {list(cache.shape)} must be 4-D")
         n = math.prod(x.shape)
@@ -169,22 +172,45 @@ class AttentionOps(OpsBase):
         zeros. Returns (B, T, Hq, D) float32.
         On CUDA, float16 q, k and v with D 32, 64 or 128 and no additive mask run the flash kernel
         (tensor cores, one pass; `splits` does not apply): P is rounded to float16 as flash attention
-        does, so results are within about 1e-3 of exact, not 1e-5."""
+        does, so results are within about 1e-3 of exact, not 1e-5. On WebGPU, D up to 256 runs one pass
+        in which blocks of query rows share tiles of keys (attention_tiled), unless `splits` is given or
+        a few query rows face many keys (then, as elsewhere, the keys are split over workgroups)."""
         if mask is not None and key_mask is not None:
             raise InvalidArgument("attention: pass mask or key_mask, not both (fold the key mask into the mask)")
-        if mask is None and self._client.backend == "cuda" and _flash_fits(q, k, v, key_mask):
-            return self._flash(q, k, v, key_mask, bool(causal), scale, out, graph)
+        backend = self._client.backend
+        if mask is None and backend == "cuda" and _flash_fits(q, k, v, key_mask):
+            grid = flash_grid(*(int(n) for n in q.shape[:3]))
+            name = f"attention_flash_d{int(q.shape[-1])}_f32"
+            return self._one_pass(name, grid, q, k, v, key_mask, bool(causal), scale, out, graph)
+        if backend == "webgpu" and splits is None and _tiled_fits(q, k, v):
+            grid = tiled_grid(*(int(n) for n in q.shape))
+            name = f"attention_tiled_d{tiled_width(int(q.shape[-1]))}_{SHORT[dtype_name(q)]}_{SHORT[dtype_name(k)]}"
+            masks = mask if key_mask is None else key_mask
+            return self._one_pass(name, grid, q, k, v, masks, bool(causal), scale, out, graph, key_mask is None)
         return self._attention("attention", q, k, v, None, mask, bool(causal), scale, splits, out, graph, key_mask)
 
-    def _flash(
-        self, q: Any, k: Any, v: Any, key_mask: Any, causal: bool, scale: float | None, out: Any, graph: Any
+    def _one_pass(
+        self,
+        name: str,
+        grid: tuple[int, int, int],
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any,
+        causal: bool,
+        scale: float | None,
+        out: Any,
+        graph: Any,
+        additive: bool = False,
     ) -> Any:
+        """A one-pass kernel (q, k, v, mask, out): `mask` a key mask (B, S), or an additive one if `additive`."""
         batch, steps, heads, dim = (int(n) for n in q.shape)
         shape = (batch, steps, heads, dim)
         mode = 0
-        if key_mask is not None:
+        if mask is not None:
             try:
-                mode = key_mask_mode(_tensor_info(key_mask), batch, int(k.shape[1]))
+                info, keys = _tensor_info(mask), int(k.shape[1])
+                mode = mask_mode(info, batch, steps, keys) if additive else key_mask_mode(info, batch, keys)
             except OpError as exc:
                 raise InvalidArgument(f"attention: {exc}") from None
         if out is not None and (tuple(out.shape), dtype_name(out)) != (shape, "float32"):
@@ -192,8 +218,8 @@ class AttentionOps(OpsBase):
         result = self._out(out, shape, "float32", q, graph)
         sizes = [batch, steps, int(k.shape[1]), heads, int(k.shape[2]), dim, int(causal), mode]
         scalars = [*sizes, 1.0 / math.sqrt(dim) if scale is None else scale]
-        tensors = [q, k, v, q if key_mask is None else key_mask, result]  # q stands in for no key mask: not read
-        self._run(f"attention_flash_d{dim}_f32", flash_grid(batch, steps, heads), tensors, scalars, graph)
+        tensors = [q, k, v, q if mask is None else mask, result]  # q stands in for no mask: not read
+        self._run(name, grid, tensors, scalars, graph)
         return result
 
     def _attention(
@@ -212,6 +238,12 @@ class AttentionOps(OpsBase):
         key_mask: Any = None,
     ) -> Any:
         qd, kd = dtype_name(q), dtype_name(k)
+        if "bfloat16" in (qd, kd, dtype_name(v)):
+            raise InvalidArgument(
+                f"{op}: bfloat16 q, k and v are not supported yet; cast them to float16 (gpu.ops.cast), or "
+                "append bfloat16 keys and values into a float16 cache (kv_append casts)",
+                op=op,
+            )
         if qd not in DTYPES or kd not in DTYPES:
             raise InvalidArgument(f"{op}: float32 or float16 q, k and v, not {qd} and {kd}")
         if (op == "attention" and len(q.shape) != 4) or len(k.shape) != 4:
@@ -263,6 +295,11 @@ def _flash_fits(q: Any, k: Any, v: Any, key_mask: Any) -> bool:
     """Whether the flash kernel computes this attention (CUDA; checked there against its spec)."""
     mask = None if key_mask is None else _tensor_info(key_mask)
     return flash_applies(_tensor_info(q), _tensor_info(k), dtype_name(v), mask)
+
+
+def _tiled_fits(q: Any, k: Any, v: Any) -> bool:
+    """Whether attention_tiled computes this attention (WebGPU; checked there against its spec)."""
+    return tiled_applies(_tensor_info(q), _tensor_info(k), dtype_name(v))
 
 
 def _graph_input(t: Any) -> bool:

@@ -31,7 +31,7 @@ class Plan(NamedTuple):
 def plan(op: str, x: Any, axis: int | None) -> Plan:
     dtype = dtype_name(x)
     if dtype not in SHORT:
-        raise InvalidArgument(f"float32 or float16 tensors, not {dtype}", op=op)
+        raise InvalidArgument(f"x is {dtype}, not one of {list(SHORT)}", op=op)
     if axis is None:
         if math.prod(x.shape) == 0:
             raise InvalidArgument(f"x {list(x.shape)} is empty: there is nothing to reduce", op=op)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 import gpud_protocol as proto
+from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument, PermissionDenied
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 from gpud_protocol.views import is_contiguous
@@ -86,7 +85,7 @@ class OpsBase:
 
 def _info(tensor: Any) -> TensorInfo:
     """What the op's rule sees: dtype, shape, and a view's offset and strides (None: contiguous)."""
-    dtype = np.dtype(tensor.dtype).name
+    dtype = name_of(tensor.dtype)
     shape = tuple(tensor.shape)
     strides = getattr(tensor, "strides", None)  # a recording's tensors have none: dense
     if strides is not None and is_contiguous(shape, strides):
@@ -108,4 +107,4 @@ def same_memory(a: Any, b: Any) -> bool:
 
 
 def dtype_name(tensor: Tensor | Any) -> str:
-    return np.dtype(tensor.dtype).name
+    return name_of(tensor.dtype)

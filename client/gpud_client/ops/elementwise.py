@@ -2,16 +2,15 @@
 minimum and where broadcast as numpy does; scale, exp, rsqrt, silu, gelu (exact erf form, or tanh), tanh,
 clamp; cast between any two dtypes of the daemon's elementwise table (gpud_protocol.ops.dtypes).
 
-Float16 and float32 mix: the result is the wider (float32) unless `out=` gives another float dtype.
-Everything is computed in float32 and rounded once when stored."""
+Float dtypes (float32, float16, bfloat16) mix: two different ones give float32 unless `out=` gives
+another float dtype. Everything is computed in float32 and rounded once when stored."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-import numpy as np
-
+from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.base import OpsBase, dtype_name
 from gpud_protocol.ops import OpError, grid_1d
@@ -96,7 +95,7 @@ class ElementwiseOps(OpsBase):
     def cast(self, x: Any, dtype: Any, *, out: Any = None, graph: Any = None) -> Any:
         """x as `dtype` (numpy's astype): floats round to nearest even; float to integer truncates toward
         zero and saturates at the integer's range (NaN gives 0); integer to integer keeps the low bits."""
-        src, dst = dtype_name(x), np.dtype(dtype).name
+        src, dst = dtype_name(x), name_of(dtype)
         for what, name in (("x", src), ("the target dtype", dst)):
             if name not in DTYPES:
                 raise InvalidArgument(f"{what} is {name}; cast takes {list(DTYPES)}", op="cast")

@@ -42,6 +42,11 @@ class MatmulOps(OpsBase):
         x and w with more than 8 rows per weight matrix run on the tensor cores: the same exact float16
         products summed in float32, in another order."""
         xd, wd = dtype_name(x), dtype_name(w)
+        if "bfloat16" in (xd, wd) or (bias is not None and dtype_name(bias) == "bfloat16"):
+            raise InvalidArgument(
+                "matmul: bfloat16 operands are not supported yet; cast to float16 (gpu.ops.cast(w, 'float16'))",
+                op="matmul",
+            )
         if xd not in DTYPES or wd not in DTYPES:
             raise InvalidArgument(f"matmul: float32 or float16 operands, not x {xd} and w {wd}")
         bias_kind = 0

@@ -1,6 +1,6 @@
 """Reductions: sum, mean, max, argmax and softmax over any axis (`axes` picks the kernel); softmax with
-an additive mask, rmsnorm and layernorm over the last axis. Inputs are float32 or float16; everything
-accumulates in float32."""
+an additive mask, rmsnorm and layernorm over the last axis. Inputs are float32, float16 or bfloat16;
+everything accumulates in float32."""
 
 from __future__ import annotations
 
@@ -73,14 +73,15 @@ class ReduceOps(OpsBase):
         return result
 
     def rmsnorm(self, x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None, graph: Any = None) -> Any:
-        """x / sqrt(mean(x^2 over the last axis) + eps) * weight; weight (L,) float32 or float16."""
+        """x / sqrt(mean(x^2 over the last axis) + eps) * weight; weight (L,) float32, float16 or bfloat16
+        (of any dtype: x's need not be weight's)."""
         return self._norm("rmsnorm", x, (weight,), eps, out, graph)
 
     def layernorm(
         self, x: Any, weight: Any, bias: Any, eps: float = 1e-5, *, out: Any = None, graph: Any = None
     ) -> Any:
         """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (the biased variance, as
-        torch's layer_norm); weight and bias (L,), both float32 or both float16."""
+        torch's layer_norm); weight and bias (L,), both of one float dtype (x's or another)."""
         return self._norm("layernorm", x, (weight, bias), eps, out, graph)
 
     def normalize(self, x: Any, eps: float = 1e-12, *, out: Any = None, graph: Any = None) -> Any:
@@ -102,7 +103,7 @@ class ReduceOps(OpsBase):
     def _rows(self, op: str, x: Any) -> tuple[str, int, int]:
         dtype = dtype_name(x)
         if dtype not in SHORT:
-            raise InvalidArgument(f"{op}: float32 or float16 tensors, not {dtype}")
+            raise InvalidArgument(f"{op}: x is {dtype}, not one of {list(SHORT)}")
         try:
             rows, length = rows_and_length(tuple(x.shape))
         except OpError as exc:
@@ -130,7 +131,7 @@ class ReduceOps(OpsBase):
         dtype, rows, length = self._rows(op, x)
         wdtype = dtype_name(params[0])
         if wdtype not in SHORT:
-            raise InvalidArgument(f"{op}: weight is float32 or float16, not {wdtype}")
+            raise InvalidArgument(f"{op}: weight is {wdtype}, not one of {list(SHORT)}")
         if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
             raise InvalidArgument(f"{op}: eps must be finite and >= 0, not {eps!r}")
         result = self._out(out, tuple(x.shape), dtype, x, graph)

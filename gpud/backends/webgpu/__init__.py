@@ -1,6 +1,6 @@
 """WebGPU backend (wgpu-py, WGSL): any Vulkan/Metal/D3D12 GPU, and lavapipe without a GPU.
 
-Parts: `compiler` (WGSL to a pipeline, the kernel's interface from `reflect`), `dispatch`
+Parts: `compiler` (WGSL to a pipeline, the kernel's interface from `wgsl`, the reflection), `dispatch`
 (checking, packing and encoding dispatches), `device` (memory, staging, commands, completion).
 """
 

@@ -12,7 +12,8 @@ import dataclasses
 from typing import Any
 
 from gpud.backends.base import Program
-from gpud.backends.webgpu.reflect import Binding, Reflection, reflect
+from gpud.backends.webgpu.wgsl.model import Binding, Reflection
+from gpud.backends.webgpu.wgsl.reflect import reflect
 from gpud_protocol import KernelOptions
 from gpud_protocol.errors import CompileError, InvalidArgument
 

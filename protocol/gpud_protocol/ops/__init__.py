@@ -146,6 +146,7 @@ def _registry() -> dict[str, KernelSpec]:
 
 from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers above)
     attention,
+    attention_tiled,
     elementwise,
     layout,
     matmul,
@@ -153,7 +154,7 @@ from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers abo
     reduce_axis,
 )
 
-FAMILIES = [elementwise, matmul, reduce, attention, layout, reduce_axis]
+FAMILIES = [elementwise, matmul, reduce, attention, attention_tiled, layout, reduce_axis]
 KERNELS: dict[str, KernelSpec] = _registry()
 
 

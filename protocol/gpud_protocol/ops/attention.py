@@ -34,6 +34,8 @@ attention_flash_d<D>_<out>(q, k, v, key_mask, out; b, t, s, hq, hkv, d, causal, 
     of a (batch, head)); tensors 16-byte aligned (gpud's allocations and graph arenas are).
 
 Float16 is read into float32 and rounded once when stored; attention accumulates in float32.
+bfloat16 (STORED): embedding tables and outputs, rotary's x, kv_append's x and cache; not attention's
+q, k and v yet (cast them, or append bfloat16 x into a float16 cache).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ from collections.abc import Sequence
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
 
 FAMILY = "attention"
-DTYPES = ("float32", "float16")
-SHORT = {"float32": "f32", "float16": "f16"}
+DTYPES = ("float32", "float16")  # attention's q, k and v
+STORED = (*DTYPES, "bfloat16")  # embedding, rotary and kv_append
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 STYLES = {"neox": 0, "gptj": 1}
 TILE = 256  # keys per tile of the attention kernel (its workgroup size)
 MAX_HEAD_DIM = 256  # attention's D: one query row per workgroup of 256 threads
@@ -305,10 +308,10 @@ def _flash(dim: int, out_dtype: str) -> KernelSpec:
 
 
 SPECS = [
-    *(_embedding(a, b) for a in DTYPES for b in DTYPES),
-    *(_rotary(d) for d in DTYPES),
-    *(_rotary_inplace(d) for d in DTYPES),
-    *(_kv_append(a, b) for a in DTYPES for b in DTYPES),
+    *(_embedding(a, b) for a in STORED for b in STORED),
+    *(_rotary(d) for d in STORED),
+    *(_rotary_inplace(d) for d in STORED),
+    *(_kv_append(a, b) for a in STORED for b in STORED),
     *(_attention(a, b) for a in DTYPES for b in DTYPES),
     _combine(),
     *(_flash(d, "float32") for d in FLASH_HEAD_DIMS),  # float16 out: the kernel has it, no entry point yet

@@ -30,6 +30,7 @@ DTYPES: dict[str, DType] = {
     "uint16": DType(7, 2, "uint"),
     "int64": DType(8, 8, "int"),
     "uint64": DType(9, 8, "uint"),
+    "bfloat16": DType(10, 2, "float"),  # the top 16 bits of a float32; numpy has no such dtype
 }
 FLOATS = tuple(name for name, d in DTYPES.items() if d.kind == "float")  # what arithmetic takes
 WIDEST = "float32"  # holds every other float dtype exactly: the result of mixing two

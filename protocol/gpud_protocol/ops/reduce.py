@@ -1,8 +1,10 @@
-"""Reductions and normalizations over the last axis of x (shape (..., length), float32 or float16).
+"""Reductions and normalizations over the last axis of x (shape (..., length), float32, float16 or
+bfloat16).
 
 One workgroup (CUDA block) of 256 threads per row, grid folded into y past 65,535 rows (the kernels
 compute their row as group.x + group.y * groups.x); the threads stride over the row, then a tree in
-workgroup memory combines them. Everything accumulates in float32; float16 is rounded once when stored.
+workgroup memory combines them. Everything accumulates in float32; float16 and bfloat16 are rounded
+once when stored (to nearest even).
 
 reduce_<x>(x, out; rows, length, op): out[r] (float32) = sum (op 0), mean (1), max (2) of row r.
 argmax_<x>(x, out; rows, length): out[r] (int32) = the first index of row r's maximum (NaN-free rows).
@@ -13,7 +15,7 @@ rmsnorm_<x>_<w>(x, weight, out; rows, length, eps): x / sqrt(mean(x^2) + eps) * 
 layernorm_<x>_<w>(x, weight, bias, out; rows, length, eps): (x - mean) / sqrt(var + eps) * weight + bias,
     the variance from a second pass over x - mean.
 normalize_<x>(x, out; rows, length, eps): x / max(sqrt(sum(x^2)), eps) (torch.nn.functional.normalize).
-<x> and <w> are f32 or f16: x's dtype, and that of weight and bias (which may differ from x's).
+<x> and <w> are f32, f16 or bf16: x's dtype, and that of weight and bias (which may differ from x's).
 
 `length` is at most MAX_LENGTH (65,535 * 256): no thread's loop runs more than 65,535 iterations,
 the most lavapipe runs.
@@ -26,8 +28,8 @@ from collections.abc import Sequence
 
 from gpud_protocol.ops import BLOCK, KernelSpec, TensorInfo, need
 
-DTYPES = ("float32", "float16")
-SHORT = {"float32": "f32", "float16": "f16"}
+DTYPES = ("float32", "float16", "bfloat16")
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 REDUCE_OPS = {"sum": 0, "mean": 1, "max": 2}
 MAX_LENGTH = 65_535 * BLOCK  # a thread strides over a row: length / 256 iterations at most
 FAMILY = "reduce"

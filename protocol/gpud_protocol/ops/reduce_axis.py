@@ -1,6 +1,7 @@
-"""Reductions over any axis of x, and of any view: x (float32 or float16) read through an element offset
-and strides, the axis reduced walked by one thread per output. The last axis of a dense x goes to the
-row kernels of `reduce` (a workgroup per row); this family takes the rest without a copy or a transpose.
+"""Reductions over any axis of x, and of any view: x (float32, float16 or bfloat16) read through an
+element offset and strides, the axis reduced walked by one thread per output. The last axis of a dense
+x goes to the row kernels of `reduce` (a workgroup per row); this family takes the rest without a copy
+or a transpose.
 
 The view is passed as scalars: its element offset into x's tensor (bound whole), the reduced axis's
 length and stride, and x's other axes (in order) merged by `views.coalesce` into at most MAX_RANK,

@@ -1,4 +1,4 @@
-"""WGSL binding reflection (`gpud.backends.webgpu.reflect`): pure Python, no GPU and no wgpu needed."""
+"""WGSL binding reflection (`gpud.backends.webgpu.wgsl`): pure Python, no GPU and no wgpu needed."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from support import ADD_WGSL, SCALE_WGSL
 
-from gpud.backends.webgpu import reflect as wgsl_reflect
-from gpud.backends.webgpu.reflect import Binding, Member, Reflection, reflect
+from gpud.backends.webgpu import wgsl
+from gpud.backends.webgpu.wgsl.model import Binding, Member, Reflection
+from gpud.backends.webgpu.wgsl.reflect import reflect
 from gpud.testing.workloads import AXPB_WGSL, AXPW_WGSL
 
 ARRAY = "array<f32>"
@@ -571,12 +572,14 @@ def test_reflection_is_frozen_and_hashable() -> None:
     assert hash(r.bindings[0])
 
 
-def test_the_module_uses_the_standard_library_only() -> None:
-    tree = ast.parse(Path(wgsl_reflect.__file__).read_text())
+def test_the_reflection_uses_the_standard_library_only() -> None:
     imported: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    for path in Path(wgsl.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+    own = {name for name in imported if name.startswith(f"{wgsl.__name__}.")}
+    assert own, "the package's modules import each other by their full names"
+    assert {name.split(".")[0] for name in imported - own} <= set(sys.stdlib_module_names) | {"__future__"}, imported
