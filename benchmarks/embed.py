@@ -80,14 +80,19 @@ def _torch_rows(weights: Path, batches: list[Batch], reps: int, results: dict[st
     for name, make in (("torch_eager", embed_torch.eager), ("torch_cuda_graph", embed_torch.graphed)):
         embed = make(model)
         seconds, out = [], []
-        for batch in batches:
-            out.append(embed(batch.ids, batch.mask))  # warm-up (and the capture)
-            times = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                embed(batch.ids, batch.mask)
-                times.append(time.perf_counter() - t0)
-            seconds.append(times)
+        try:
+            for batch in batches:
+                out.append(embed(batch.ids, batch.mask))  # warm-up (and the capture)
+                times = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    embed(batch.ids, batch.mask)
+                    times.append(time.perf_counter() - t0)
+                seconds.append(times)
+        except Exception as exc:  # one way failing (a capture, say) leaves the other's figures
+            results.setdefault("torch_failed", {})[name] = repr(exc)
+            print(f"{name} failed: {exc!r}")
+            continue
         rows[name] = (seconds, out)
     return rows
 
@@ -187,14 +192,16 @@ def _report(results: dict[str, Any], k: int, backend: str, reps: int) -> None:
     for row in results["sizes"]:
         shape = f"{row['sentences']}x{row['length']}"
         print(f"{row['sentences']:>9} {shape:>10} " + " ".join(f"{row[f'{key}_ms']:12.2f}" for key, _label in ways))
-    if "torch_cuda_graph_ms" not in results["sizes"][0]:
+    pairs = [
+        ("gpud_eager", "torch_eager"),
+        ("gpud_replay", "torch_cuda_graph"),
+        (f"gpud_{k}_processes", "torch_cuda_graph"),
+    ]
+    pairs = [(ours, theirs) for ours, theirs in pairs if f"{theirs}_ms" in results["sizes"][0]]
+    if not pairs:
         return
     print("\nratios (gpud / torch; above 1: gpud slower)")
     for row in results["sizes"]:
-        ratios = {
-            "eager / torch eager": row["gpud_eager_ms"] / row["torch_eager_ms"],
-            "replay / torch graph": row["gpud_replay_ms"] / row["torch_cuda_graph_ms"],
-            f"K={k} / torch graph": row[f"gpud_{k}_processes_ms"] / row["torch_cuda_graph_ms"],
-        }
+        ratios = {f"{ours} / {theirs}": row[f"{ours}_ms"] / row[f"{theirs}_ms"] for ours, theirs in pairs}
         row["ratios"] = ratios
         print(f"{row['sentences']:>9} " + "   ".join(f"{name} {value:5.2f}" for name, value in ratios.items()))

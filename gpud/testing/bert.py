@@ -123,15 +123,16 @@ class Layer:
         k = self.key(x, graph).reshape(heads)
         v = self.value(x, graph).reshape(heads)
         a = ops.attention(q, k, v, key_mask=mask, graph=graph)  # float32, (B, S, heads, head_dim)
-        if x.dtype != a.dtype:
-            a = ops.cast(a, x.dtype, graph=graph)  # float16 into the output projection (tensor cores on CUDA)
+        if x.dtype != a.dtype:  # WORKAROUND(attention out dtype): attention writes float32 only; one cast op
+            a = ops.cast(a, x.dtype, graph=graph)  # feeds float16 to the output projection (tensor cores on CUDA)
         x = self.norm1(ops.add(x, self.out(a.reshape(batch, length, hidden), graph), graph=graph), graph)
         h = ops.gelu(self.ffn_in(x, graph), graph=graph)
         return self.norm2(ops.add(x, self.ffn_out(h, graph), graph=graph), graph)
 
 
 class Encoder:
-    """One session's encoder over weights it loaded or opened (read-only residents do)."""
+    """One session's encoder over weights it loaded or opened (read-only residents do). It makes one
+    tensor of its own at once (the position table, below): make it outside a `gpu.scope()`, or keep it."""
 
     def __init__(self, gpu: gpud_client.Client, config: BertConfig, tensors: Mapping[str, Any]) -> None:
         missing = [name for name, _shape in weight_shapes(config) if name not in tensors]
@@ -149,18 +150,7 @@ class Encoder:
         self.positions = Embedding(gpu, ops.add(tensors["embeddings.position_embeddings.weight"], types))
         self.norm = LayerNorm.from_dict(gpu, tensors, "embeddings.LayerNorm", config.eps)
         self.layers = [Layer(gpu, config, tensors, layer_prefix(i)) for i in range(config.layers)]
-        self._position_ids: dict[int, gpud_client.Tensor] = {}
         self._steps: LruCache[tuple[int, int], gpud_client.Step] = LruCache(GRAPHS_KEPT, lambda _key, s: s.free())
-
-    def position_ids(self, length: int) -> gpud_client.Tensor:
-        """0 .. length-1 (int32), kept per length (it is freed with the scope it was made in, if any)."""
-        if length > self.c.max_positions:
-            raise ValueError(f"{length} tokens: the model has {self.c.max_positions} positions")
-        tensor = self._position_ids.get(length)
-        if tensor is None or tensor.freed:
-            tensor = self.gpu.tensor(np.arange(length, dtype=np.int32), device=self.device)
-            self._position_ids[length] = tensor
-        return tensor
 
     def forward(self, ids: Any, mask: Any, positions: Any, graph: Any = None) -> Any:
         """Queue (or record into `graph`) the embeddings of `ids` (B, S) int32 with `mask` (B, S) float32
@@ -178,27 +168,30 @@ class Encoder:
 
     async def embed(self, ids: np.ndarray[Any, Any], mask: np.ndarray[Any, Any], mode: str = "eager") -> Any:
         """The (B, hidden) float32 embeddings of `ids` (B, S) with `mask` (B, S) (nonzero: a real token)."""
-        ids32 = np.ascontiguousarray(ids, np.int32)
+        ids32 = np.ascontiguousarray(ids, np.int32)  # WORKAROUND(int64 ids): embedding takes int32 ids only
         maskf = np.ascontiguousarray(mask != 0, np.float32)
         if ids32.ndim != 2 or ids32.shape != maskf.shape:
             raise ValueError(f"ids {ids32.shape} and mask {maskf.shape} must be one (batch, length) shape")
-        positions = self.position_ids(ids32.shape[1])  # made outside the scope below: kept across calls
+        length = ids32.shape[1]
+        if length > self.c.max_positions:
+            raise ValueError(f"{length} tokens: the model has {self.c.max_positions} positions")
+        positions = np.arange(length, dtype=np.int32)  # an input like the others: S * 4 bytes per call
         if mode == "replay":
-            step = self._steps.get(ids32.shape) or await self._build(ids32.shape, positions)
-            return (await step.replay(ids=ids32, mask=maskf))["embeddings"]
+            step = self._steps.get(ids32.shape) or await self._build(ids32.shape)
+            return (await step.replay(ids=ids32, mask=maskf, positions=positions))["embeddings"]
         if mode != "eager":
             raise ValueError(f"mode is one of {MODES}, not {mode!r}")
         gpu = self.gpu
-        async with gpu.scope():  # every intermediate of this forward is freed at the end
-            ids_t = gpu.tensor(ids32, device=self.device)
-            mask_t = gpu.tensor(maskf, device=self.device)
-            return await self.forward(ids_t, mask_t, positions).numpy()
+        async with gpu.scope():  # the inputs and every intermediate of this forward are freed at the end
+            inputs = [gpu.tensor(a, device=self.device) for a in (ids32, maskf, positions)]
+            return await self.forward(*inputs).numpy()
 
-    async def _build(self, shape: tuple[int, int], positions: gpud_client.Tensor) -> gpud_client.Step:
+    async def _build(self, shape: tuple[int, int]) -> gpud_client.Step:
         """The forward for one (batch, length), recorded once into a replay graph of this session."""
         batch, length = shape
         g = self.gpu.graph(f"bert-b{batch}-s{length}")
         ids, mask = g.input("ids", shape, "int32"), g.input("mask", shape, "float32")
+        positions = g.input("positions", length, "int32")
         g.output("embeddings", self.forward(ids, mask, positions, graph=g))
         step = await g.build()
         self._steps.put((batch, length), step)
@@ -207,6 +200,4 @@ class Encoder:
     def free(self) -> None:
         """This session's own tensors and graphs (the weights are the caller's)."""
         self._steps.clear()  # frees each graph
-        for tensor in [*self._position_ids.values(), self.positions.table]:
-            tensor.free()
-        self._position_ids.clear()
+        self.positions.table.free()

@@ -25,7 +25,7 @@ from gpud_client.dtypes import (
 
 EDGE_BITS = [
     0x00000000, 0x80000000, 0x7F800000, 0xFF800000,  # zeros, infinities
-    0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF, 0x7FA50000, 0xFFFFFFFF,  # NaN: quiet, signalling, payloads
+    0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF, 0x7FA50000, 0xFFFFFFFF,  # NaN of every kind
     0x00000001, 0x00007FFF, 0x00008000, 0x00008001, 0x00018000, 0x00010000, 0x007FFFFF, 0x00800000,  # subnormals
     0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0xBF808000, 0xBF818000,  # ties (to even) around 1.0
     0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0xFF7F8000, 0x7F7F0000,  # the largest finite bfloat16 and past it
@@ -97,15 +97,13 @@ def test_float64_rounds_once_not_through_float32() -> None:
     assert float32_to_bits(np.array([one_tie_and_more], np.float32))[0] == 0x3F80
     assert to_bits(np.array([one_tie_and_more]), "x")[0] == 0x3F81  # the nearest bfloat16 of the float64
     rng = np.random.default_rng()
-    tricky = np.array(
-        [one_tie_and_more, -one_tie_and_more, 1.0 + 2.0**-8, 1.0 + 2.0**-8 - 2.0**-40, 3.3961e38, 3.3962e38,
-         3.4028234663852886e38, 3.5e38, 1e300, -1e300, 2.0**-134, 2.0**-134 + 2.0**-160, 2.0**-134 - 2.0**-170,
-         1e-50, -0.0, 0.0, 2.0**-133 * 1.5, 5e-324]  # fmt: skip
-    )
+    tricky = [one_tie_and_more, -one_tie_and_more, 1.0 + 2.0**-8, 1.0 + 2.0**-8 - 2.0**-40, 3.3961e38, 3.3962e38,
+              3.4028234663852886e38, 3.5e38, 1e300, -1e300, 2.0**-134, 2.0**-134 + 2.0**-160, 2.0**-134 - 2.0**-170,
+              1e-50, -0.0, 0.0, 2.0**-133 * 1.5, 5e-324]  # fmt: skip
     mantissas = rng.integers(0, 2**52, 4000, dtype=np.uint64)
     exponents = rng.integers(1023 - 140, 1023 + 130, 4000).astype(np.uint64)  # bfloat16's range and past it
     signs = rng.integers(0, 2, 4000).astype(np.uint64) << np.uint64(63)
-    values = np.concatenate([tricky, (signs | (exponents << np.uint64(52)) | mantissas).view(np.float64)])
+    values = np.concatenate([np.array(tricky), (signs | (exponents << np.uint64(52)) | mantissas).view(np.float64)])
     got = to_bits(values, "x")
     want = np.array([nearest_bits(v) for v in values.tolist()], np.uint16)
     np.testing.assert_array_equal(got, want)
@@ -135,7 +133,8 @@ def test_uploads_take_float32_or_bfloat16_values_only() -> None:
 
 def test_the_dtype_stands_in_for_numpys() -> None:
     assert gpud_client.bfloat16 is bfloat16
-    assert bfloat16 == "bfloat16" and "bfloat16" == bfloat16 and bfloat16 != "float16"
+    assert bfloat16 == "bfloat16" and bfloat16.__eq__("bfloat16") and bfloat16 != "float16"
+    assert "bfloat16" == bfloat16  # noqa: SIM300  (str's == defers to the dtype's)
     assert bfloat16 != np.dtype("float32") and np.dtype("float32") != bfloat16
     assert bfloat16.name == "bfloat16" and bfloat16.itemsize == 2 and str(bfloat16) == "bfloat16"
     assert hash(bfloat16) == hash("bfloat16") and len({bfloat16, "bfloat16"}) == 1

@@ -17,7 +17,7 @@ from gpud_client import InvalidArgument
 from gpud_protocol.ops.dtypes import DTYPES
 
 INTS = [d for d, entry in DTYPES.items() if entry.kind != "float"]
-ALL = list(DTYPES)
+ALL = [d for d in DTYPES if d != "bfloat16"]  # numpy has no bfloat16: its casts are test_bfloat16.py's
 
 
 def poison(gpu: gpud_client.Client, shape: tuple[int, ...], dtype: str) -> gpud_client.Tensor:

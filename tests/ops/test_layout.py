@@ -171,7 +171,7 @@ def test_the_rule_of_contiguous_bounds_what_it_reads() -> None:
         geometry(many)
 
 
-@pytest.mark.parametrize("family", ["layout", "reduce_axis"])
+@pytest.mark.parametrize("family", ["layout", "reduce", "reduce_axis"])
 def test_the_wgsl_kernels_declare_what_their_specs_say(family: str) -> None:
     """Each entry's bindings (`<entry>_<tensor>`, in order, read-only but the written ones) and its
     uniform's members (the spec's scalars, names and kinds, in order): the daemon packs the scalars by

@@ -1,13 +1,11 @@
 """The BERT sentence encoder (gpud.testing.bert) against its numpy float64 reference, on a tiny random
 BERT of the same code: weights loaded from a safetensors file into residents by one session and opened
-by another, eager and replay-graph forwards, a batch padded to its longest row. Also the model files'
-preparation and the padding of tokenized rows (no tokenizer or model package needed)."""
+by another, eager and replay-graph forwards, a batch padded to its longest row (no tokenizer or model
+package needed)."""
 
 from __future__ import annotations
 
-import json
 import uuid
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -93,49 +91,3 @@ async def test_an_encoder_keeps_a_bounded_number_of_replay_graphs(
     for tensor in weights.values():
         tensor.free()
     assert (await gpu.stats())["session"]["graphs"] == 0
-
-
-def test_prepare_keeps_the_encoders_tensors_in_float16(tmp_path: Path) -> None:
-    weights = random_weights(CONFIG, SEED)
-    folder = tmp_path / "model"
-    folder.mkdir()
-    minilm.write_safetensors(folder / "model.safetensors", {**weights, "pooler.dense.weight": np.ones((4, 4), "f4")})
-    (folder / "tokenizer.json").write_text("{}")
-    (folder / "config.json").write_text(json.dumps({"hidden_size": CONFIG.hidden}))
-    package = tmp_path / "model.zip"
-    with zipfile.ZipFile(package, "w") as zf:
-        for name in minilm.FILES:
-            zf.write(folder / name, name)
-    dest = minilm.prepare(tmp_path / "out", package, config=CONFIG)
-    got = minilm.read_safetensors(dest / "model.safetensors")
-    assert set(got) == set(weights)
-    for name, value in weights.items():
-        assert got[name].dtype == np.float16
-        np.testing.assert_array_equal(got[name], value.astype(np.float16))
-    assert minilm.weights_dir(dest) == dest
-    with pytest.raises(minilm.MissingModel, match="prepare-embed-weights"):
-        minilm.weights_dir(tmp_path)
-
-
-class Encoding:
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = ids
-
-
-class Tokenizer:
-    def encode_batch(self, sentences: list[str]) -> list[Encoding]:
-        return [Encoding([101, *range(1000, 1000 + len(s.split())), 102]) for s in sentences]
-
-
-def test_rows_are_padded_to_the_longest_of_the_batch() -> None:
-    ids, mask = minilm.tokenize(Tokenizer(), ["one two three", "one"])
-    assert ids.dtype == mask.dtype == np.int32
-    np.testing.assert_array_equal(ids, [[101, 1000, 1001, 1002, 102], [101, 1000, 102, 0, 0]])
-    np.testing.assert_array_equal(mask, [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-
-
-def test_the_stored_reference_is_sentence_transformers_unit_embeddings() -> None:
-    stored = minilm.stored_reference()
-    assert stored.embeddings.shape == (len(stored.sentences), CONFIGS["all-minilm-l6-v2"].hidden)
-    np.testing.assert_allclose(np.linalg.norm(stored.embeddings, axis=1), 1.0, atol=2e-3)
-    assert stored.ids.shape[0] == len(stored.sentences) and np.all(stored.ids[:, 0] == 101)  # [CLS] first

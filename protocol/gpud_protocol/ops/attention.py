@@ -32,6 +32,7 @@ attention_flash_d<D>_<out>(q, k, v, key_mask, out; b, t, s, hq, hkv, d, causal, 
     that sees no key gives zeros. P is rounded to float16 before P V, as flash attention does: results
     within about 1e-3 of float64. Grid `flash_grid` (one block of FLASH_BLOCK threads per 64 query rows
     of a (batch, head)); tensors 16-byte aligned (gpud's allocations and graph arenas are).
+attention_tiled_d<W>_<q>_<kv>: WebGPU's one-pass full attention, in gpud_protocol.ops.attention_tiled.
 
 Float16 is read into float32 and rounded once when stored; attention accumulates in float32.
 bfloat16 (STORED): embedding tables and outputs, rotary's x, kv_append's x and cache; not attention's

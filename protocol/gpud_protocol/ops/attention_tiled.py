@@ -63,7 +63,7 @@ def tiled_loop(keys: int, width: int) -> int:
     partial sums' loop only with several threads per row)."""
     per_tile = tiled_keys(width)
     tiles = -(-keys // per_tile)
-    return tiles * (8 + (per_tile + 1) * (2 + (width > TILED_SLICE))) // 3
+    return tiles * (8 + (per_tile + 1) * (2 + (width > TILED_SLICE)))
 
 
 def tiled_grid(batch: int, steps: int, heads: int, dim: int) -> tuple[int, int, int]:
