@@ -5,8 +5,8 @@ attention_tiled_d<W>_<q>_<kv>(q, k, v, mask, out; b, t, s, hq, hkv, d, causal, m
     head h reads KV head h // (Hq / Hkv)), float32 or float16 each (<q>, <kv>: k and v alike); out
     (B, T, Hq, D) float32. causal, the additive mask (mask_mode 1, 2) and the key mask (mask_mode 3 to 6)
     as attention_<q>_<kv> (gpud_protocol.ops.attention); a mask value <= -1e30 or a zero in the key mask
-    hides its key, which is then never read; a query that sees no key gives zeros. mask is read only when
-    mask_mode says so: otherwise any tensor may stand in for it.
+    hides its key, whose k and v then never reach the result (NaN there is harmless); a query that sees no
+    key gives zeros. mask is read only when mask_mode says so: otherwise any tensor may stand in for it.
     One workgroup of TILED_THREADS threads per (block of `tiled_rows` query rows, head, batch row): grid
     `tiled_grid`. Each row is held by W / 32 threads, and the keys go by in tiles of `tiled_keys` that
     the block's rows share in workgroup memory, so short sequences (an encoder's 62 keys) keep every
