@@ -132,7 +132,7 @@ def flash(kern: Kernels, q: Any, k: Any, v: Any, out: Any, causal: bool, key_mas
 def two_pass(
     kern: Kernels, q: Any, k: Any, v: Any, out: Any, part: Any, causal: bool, key_mask: Any, mode: int
 ) -> None:
-    """Today's kernels (attention_f16_f16 then attention_combine), float32 out, as the client runs them."""
+    """Today's kernels (attention_f16_f16 then attention_combine_f32), float32 out, as the client runs them."""
     b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]
     splits = part.shape[-2]
@@ -141,7 +141,7 @@ def two_pass(
     scalars = [(n, "u32") for n in sizes] + [(1.0 / math.sqrt(d), "f32")]
     kern.launch("attention_f16_f16", grid_1d(b * t * hq * splits, 1), 256, [q, k, v, q, mask, part], scalars)
     n = out.numel()
-    kern.launch("attention_combine", grid_1d(n, 256), 256, [part, out], [(n, "u32"), (d, "u32"), (splits, "u32")])
+    kern.launch("attention_combine_f32", grid_1d(n, 256), 256, [part, out], [(n, "u32"), (d, "u32"), (splits, "u32")])
 
 
 def grid_1d(threads: int, block: int) -> tuple[int, int, int]:
@@ -287,7 +287,7 @@ def bench_shape(kern: Kernels, rng: np.random.Generator, kind: str, b: int, s: i
         q, k, v, keep = inputs[i % sets]
         return q, k, v, keep, masks[i % sets]
 
-    if kern.has(f"attention_flash_d{d}_f16"):  # no entry point for it today (see attention.cu)
+    if kern.has(f"attention_flash_d{d}_f16"):  # the client's default for float16 q (an older attention.cu lacks it)
         ways["gpud flash, f16 out"] = [
             (lambda i=i: flash(kern, *pick(i)[:3], out16, causal, pick(i)[4], mode)) for i in range(calls)
         ]

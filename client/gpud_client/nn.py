@@ -102,8 +102,8 @@ class RMSNorm:
 
 
 class Embedding:
-    """table[ids]: ids (...) int32, table (num_embeddings, dim) -> (..., dim), in the table's dtype
-    unless `dtype` is given. An id outside the table gives a row of zeros."""
+    """table[ids]: ids (...) int32, uint32, int64 or uint64, table (num_embeddings, dim) -> (..., dim), in the
+    table's dtype unless `dtype` is given. An id outside the table gives a row of zeros."""
 
     def __init__(self, gpu: Client, table: Any, dtype: str | None = None) -> None:
         _check("Embedding", "table", table, 2)

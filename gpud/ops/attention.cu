@@ -194,8 +194,9 @@ ATTENTION(attention_f32_f16, float, unsigned short)
 ATTENTION(attention_f16_f32, unsigned short, float)
 ATTENTION(attention_f16_f16, unsigned short, unsigned short)
 
-extern "C" __global__ void attention_combine(const float* part, float* out, unsigned int n, unsigned int d,
-                                             unsigned int splits) {
+// attention_combine_<out>: the splits of each row merged and normalised, stored as O.
+template <typename O>
+__device__ void combine(const float* part, O* out, unsigned int n, unsigned int d, unsigned int splits) {
     const unsigned int i = linear_index();
     if (i >= n) return;
     const unsigned int width = d + 2u;
@@ -211,8 +212,17 @@ extern "C" __global__ void attention_combine(const float* part, float* out, unsi
         den += w * part[at + 1u];
         num += w * part[at + 2u + i % d];
     }
-    out[i] = den > 0.0f ? num / den : 0.0f;
+    store(out, i, den > 0.0f ? num / den : 0.0f);
 }
+
+#define COMBINE(NAME, O)                                                                                          \
+    extern "C" __global__ void NAME(const float* part, O* out, unsigned int n, unsigned int d,                   \
+                                    unsigned int splits) {                                                       \
+        combine(part, out, n, d, splits);                                                                         \
+    }
+
+COMBINE(attention_combine_f32, float)
+COMBINE(attention_combine_f16, unsigned short)
 
 // ------------------------------------------------------------------------------------------------
 // attention_flash_d<D>_<out>(q, k, v, key_mask, out): full attention of float16 q, k, v on the tensor
@@ -510,27 +520,35 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
         flash<D, O>(q, k, v, key_mask, out, nb, nt, ns, hq, hkv, causal, mask_mode, scale);                       \
     }
 
-// float32 out, as the client's attention returns; a float16 out is one line each (O = unsigned short)
-// and a spec: left out while nothing calls it, since every entry of this file compiles all of it
+// out float32 or float16 (the client's default: q's dtype, float16 here)
 FLASH(attention_flash_d32_f32, 32, float)
 FLASH(attention_flash_d64_f32, 64, float)
 FLASH(attention_flash_d128_f32, 128, float)
+FLASH(attention_flash_d32_f16, 32, unsigned short)
+FLASH(attention_flash_d64_f16, 64, unsigned short)
+FLASH(attention_flash_d128_f16, 128, unsigned short)
 
 // ------------------------------------------------------------------------------------------------
-// embedding_<table>_<out>: out[i, c] = table[ids[i], c], zeros for an id outside 0 .. V-1.
+// embedding_<table>_<out>: out[i, c] = table[ids[i], c], zeros for an id outside 0 .. V-1. ids_mode:
+// 0 int32, 1 uint32, 2 int64, 3 uint64; read as 32-bit words as attention.wgsl does (a 64-bit id: the low
+// word, and a high word other than 0 is outside).
 
 template <typename T, typename O>
-__device__ void embed(const int* ids, const T* table, O* out, unsigned int n, unsigned int d, unsigned int v) {
+__device__ void embed(const unsigned int* ids, const T* table, O* out, unsigned int n, unsigned int d,
+                      unsigned int v, unsigned int ids_mode) {
     const unsigned int i = linear_index();
     if (i >= n) return;
-    const int id = ids[i / d];
-    store(out, i, (id < 0 || (unsigned int)id >= v) ? 0.0f : load(table, (unsigned int)id * d + i % d));
+    const unsigned long long j = i / d;
+    const bool wide = ids_mode >= 2u;
+    const unsigned int id = ids[wide ? 2ull * j : j];
+    const bool outside = id >= v || (wide ? ids[2ull * j + 1ull] != 0u : ids_mode == 0u && (int)id < 0);
+    store(out, i, outside ? 0.0f : load(table, id * d + i % d));
 }
 
 #define EMBEDDING(NAME, T, O)                                                                                     \
-    extern "C" __global__ void NAME(const int* ids, const T* table, O* out, unsigned int n, unsigned int d,      \
-                                    unsigned int v) {                                                            \
-        embed(ids, table, out, n, d, v);                                                                          \
+    extern "C" __global__ void NAME(const unsigned int* ids, const T* table, O* out, unsigned int n,             \
+                                    unsigned int d, unsigned int v, unsigned int ids_mode) {                     \
+        embed(ids, table, out, n, d, v, ids_mode);                                                                \
     }
 
 EMBEDDING(embedding_f32_f32, float, float)

@@ -246,21 +246,17 @@ fn attention_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     attend(true, true, wid, groups, tid);
 }
 
-// attention_combine(part, out): out[row, d] = sum_s w_s acc_s[d] / sum_s w_s l_s, w_s = exp(m_s - max m).
-// One thread per output element; a row no key reached (every l_s = 0) gives zeros.
+// attention_combine_<out>(part, out): out[row, d] = sum_s w_s acc_s[d] / sum_s w_s l_s, w_s = exp(m_s -
+// max m). One thread per output element; a row no key reached (every l_s = 0) gives zeros.
 
 struct Combine { n: u32, d: u32, splits: u32 }
 
 @group(0) @binding(0) var<storage, read> cpart: array<f32>;
-@group(0) @binding(1) var<storage, read_write> cout: array<f32>;
+@group(0) @binding(1) var<storage, read_write> cout32: array<f32>;
+@group(0) @binding(1) var<storage, read_write> cout16: array<f16>;
 @group(0) @binding(2) var<uniform> cp: Combine;
 
-@compute @workgroup_size(256)
-fn attention_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = index(gid, groups);
-    if (i >= cp.n) {
-        return;
-    }
+fn combine(i: u32) -> f32 {
     let width = cp.d + 2u;
     let row = i / cp.d;
     let base = row * cp.splits * width;
@@ -276,11 +272,27 @@ fn attention_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
         den += w * cpart[at + 1u];
         num += w * cpart[at + 2u + i % cp.d];
     }
-    cout[i] = select(0.0, num / den, den > 0.0);
+    return select(0.0, num / den, den > 0.0);
+}
+
+@compute @workgroup_size(256)
+fn attention_combine_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < cp.n) {
+        cout32[i] = combine(i);
+    }
+}
+
+@compute @workgroup_size(256)
+fn attention_combine_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < cp.n) {
+        cout16[i] = f16(combine(i));
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
-// attention_tiled_d<W>_<q>_<kv>(q, k, v, mask, out): full attention in one pass for D <= W (32, 64,
+// attention_tiled_d<W>_<q>_<kv>_<out>(q, k, v, mask, out): full attention in one pass for D <= W (32, 64,
 // 128, 256), one workgroup of 64 threads per (block of query rows, query head, batch row). A row is
 // held by L = W / 32 threads, each owning 32 of its dims (its q, scaled, and its accumulator in
 // registers), so a workgroup holds R = 64 / L rows; the keys go by in tiles of C = 32 / L keys, whose
@@ -290,7 +302,9 @@ fn attention_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 // once, then adds exp(score - max) * v for the keys its row sees. A block stops at the last key its
 // last row sees (causal). L is a constant of each entry point, so that lavapipe, which runs both sides
 // of every branch, runs no code of the other widths. Loop iterations per tile (lavapipe's budget): at
-// most 8 + (C + 1) (2 + [L > 1]), `tiled_loop` in gpud_protocol/ops/attention_tiled.py.
+// most 8 + (C + 1) (2 + [L > 1]), `tiled_loop` in gpud_protocol/ops/attention_tiled.py. The entry point
+// stores the thread's dims of its row (out float32 or float16: a binding of each type, and an entry point
+// binds only those it uses).
 
 const TT: u32 = 64u; // threads of a workgroup of attention_tiled
 
@@ -300,7 +314,8 @@ struct Tiled { b: u32, t: u32, s: u32, hq: u32, hkv: u32, d: u32, causal: u32, m
 @group(0) @binding(1) var<storage, read> tk: array<u32>;
 @group(0) @binding(2) var<storage, read> tv: array<u32>;
 @group(0) @binding(3) var<storage, read> tmask: array<u32>; // as amask
-@group(0) @binding(4) var<storage, read_write> tout: array<f32>;
+@group(0) @binding(4) var<storage, read_write> tout32: array<f32>;
+@group(0) @binding(4) var<storage, read_write> tout16: array<f16>;
 @group(0) @binding(5) var<uniform> tp: Tiled;
 
 var<workgroup> wk: array<vec4<f32>, 256>; // the tile's keys: dims 4i .. 4i+3 of key c at c * 8L + i
@@ -423,7 +438,12 @@ fn tiled_row_sum(at: u32, rows: u32, lanes: u32) -> f32 {
     return total;
 }
 
-fn attend_tiled(qh: bool, kvh: bool, lanes: u32, wid: vec3<u32>, tid: u32) {
+// Where a thread's dims of its row go: from element `at` of out, `dims` of them (0: the thread has no row).
+struct TiledRow { at: u32, dims: u32 }
+
+// Attention of the thread's row on its 32 dims into acc (normalised), and where they go.
+fn attend_tiled(qh: bool, kvh: bool, lanes: u32, wid: vec3<u32>, tid: u32,
+                acc: ptr<function, array<vec4<f32>, 8>>) -> TiledRow {
     let d = tp.d;
     let s = tp.s;
     let rows = TT / lanes;
@@ -439,7 +459,6 @@ fn attend_tiled(qh: bool, kvh: bool, lanes: u32, wid: vec3<u32>, tid: u32) {
     let d0 = 32u * lane;
 
     var q: array<vec4<f32>, 8>;
-    var acc: array<vec4<f32>, 8>;
     if (live) {
         for (var i = 0u; i < 8u; i++) {
             q[i] = tiled4(0u, qh, row * d + d0 + 4u * i, d0 + 4u * i, d) * tp.scale;
@@ -497,129 +516,303 @@ fn attend_tiled(qh: bool, kvh: bool, lanes: u32, wid: vec3<u32>, tid: u32) {
         let correction = exp(m - top);
         m = top;
         l *= correction;
-        tiled_scale(&acc, correction);
+        tiled_scale(acc, correction);
         for (var c = 0u; c < keys; c++) {
             let sc = score[c];
             if (sc > NONE) { // a hidden key is never read: its v may be anything, NaN included
                 let p = exp(sc - top);
                 l += p;
-                tiled_axpy(&acc, p, c * width + 8u * lane);
+                tiled_axpy(acc, p, c * width + 8u * lane);
             }
         }
         workgroupBarrier(); // the next tile overwrites wk, wv, won and wpart
     }
+    var out: TiledRow;
     if (live) {
-        let inv = select(0.0, 1.0 / l, l > 0.0); // a row that sees no key: zeros
-        for (var i = 0u; i < 8u; i++) {
-            let dim = d0 + 4u * i;
-            let o = acc[i] * inv;
-            for (var c = 0u; c < 4u; c++) {
-                if (dim + c < d) {
-                    tout[row * d + dim + c] = o[c];
-                }
+        tiled_scale(acc, select(0.0, 1.0 / l, l > 0.0)); // a row that sees no key: zeros
+        out.at = row * d + d0;
+        out.dims = min(d - min(d0, d), 32u);
+    }
+    return out;
+}
+
+fn tiled_store32(acc: ptr<function, array<vec4<f32>, 8>>, r: TiledRow) {
+    for (var i = 0u; i < 8u; i++) {
+        for (var c = 0u; c < 4u; c++) {
+            if (4u * i + c < r.dims) {
+                tout32[r.at + 4u * i + c] = (*acc)[i][c];
+            }
+        }
+    }
+}
+
+fn tiled_store16(acc: ptr<function, array<vec4<f32>, 8>>, r: TiledRow) {
+    for (var i = 0u; i < 8u; i++) {
+        for (var c = 0u; c < 4u; c++) {
+            if (4u * i + c < r.dims) {
+                tout16[r.at + 4u * i + c] = f16((*acc)[i][c]);
             }
         }
     }
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(false, false, 1u, wid, tid);
+fn attention_tiled_d32_f32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, false, 1u, wid, tid, &acc);
+    tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(false, true, 1u, wid, tid);
+fn attention_tiled_d32_f32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, false, 1u, wid, tid, &acc);
+    tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(true, false, 1u, wid, tid);
+fn attention_tiled_d32_f32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, true, 1u, wid, tid, &acc);
+    tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(true, true, 1u, wid, tid);
+fn attention_tiled_d32_f32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, true, 1u, wid, tid, &acc);
+    tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d64_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(false, false, 2u, wid, tid);
+fn attention_tiled_d32_f16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, false, 1u, wid, tid, &acc);
+    tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d64_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(false, true, 2u, wid, tid);
+fn attention_tiled_d32_f16_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, false, 1u, wid, tid, &acc);
+    tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d64_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(true, false, 2u, wid, tid);
+fn attention_tiled_d32_f16_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, true, 1u, wid, tid, &acc);
+    tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d64_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(true, true, 2u, wid, tid);
+fn attention_tiled_d32_f16_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, true, 1u, wid, tid, &acc);
+    tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d128_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(false, false, 4u, wid, tid);
+fn attention_tiled_d64_f32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, false, 2u, wid, tid, &acc);
+    tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d128_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(false, true, 4u, wid, tid);
+fn attention_tiled_d64_f32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, false, 2u, wid, tid, &acc);
+    tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d128_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(true, false, 4u, wid, tid);
+fn attention_tiled_d64_f32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, true, 2u, wid, tid, &acc);
+    tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d128_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(true, true, 4u, wid, tid);
+fn attention_tiled_d64_f32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, true, 2u, wid, tid, &acc);
+    tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d256_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(false, false, 8u, wid, tid);
+fn attention_tiled_d64_f16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, false, 2u, wid, tid, &acc);
+    tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d256_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(false, true, 8u, wid, tid);
+fn attention_tiled_d64_f16_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, false, 2u, wid, tid, &acc);
+    tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d256_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(true, false, 8u, wid, tid);
+fn attention_tiled_d64_f16_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, true, 2u, wid, tid, &acc);
+    tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
-fn attention_tiled_d256_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    attend_tiled(true, true, 8u, wid, tid);
+fn attention_tiled_d64_f16_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, true, 2u, wid, tid, &acc);
+    tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, false, 4u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, false, 4u, wid, tid, &acc);
+    tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, true, 4u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, true, 4u, wid, tid, &acc);
+    tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, false, 4u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f16_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, false, 4u, wid, tid, &acc);
+    tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f16_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, true, 4u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f16_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, true, 4u, wid, tid, &acc);
+    tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, false, 8u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, false, 8u, wid, tid, &acc);
+    tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, true, 8u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(false, true, 8u, wid, tid, &acc);
+    tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, false, 8u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f16_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, false, 8u, wid, tid, &acc);
+    tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f16_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, true, 8u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f16_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(true, true, 8u, wid, tid, &acc);
+    tiled_store16(&acc, r);
 }
 
 // ------------------------------------------------------------------------------------------------
 // embedding_<table>_<out>(ids, table, out): out[i, c] = table[ids[i], c], zeros for an id outside
-// 0 .. V-1. One thread per output element.
+// 0 .. V-1. One thread per output element. WGSL has no 64-bit integers: an int64 or uint64 id is two
+// words, the low one first, and a high word other than 0 (a negative id, or one past 2^32) is outside.
 
-struct Embed { n: u32, d: u32, v: u32 }
+struct Embed { n: u32, d: u32, v: u32, ids_mode: u32 } // ids_mode: 0 int32, 1 uint32, 2 int64, 3 uint64
 
-@group(0) @binding(0) var<storage, read> eids: array<i32>;
+@group(0) @binding(0) var<storage, read> eids: array<u32>;
 @group(0) @binding(1) var<storage, read> etable: array<u32>;
 @group(0) @binding(2) var<storage, read_write> eout32: array<f32>;
 @group(0) @binding(2) var<storage, read_write> eout16: array<f16>;
 @group(0) @binding(3) var<uniform> ep: Embed;
 
+// The table row id j names, or V for an id outside 0 .. V-1.
+fn embed_row(j: u32) -> u32 {
+    var id: u32;
+    var outside: bool;
+    if (ep.ids_mode >= 2u) {
+        id = eids[2u * j];
+        outside = eids[2u * j + 1u] != 0u;
+    } else {
+        id = eids[j];
+        outside = ep.ids_mode == 0u && bitcast<i32>(id) < 0;
+    }
+    return select(id, ep.v, outside || id >= ep.v);
+}
+
 fn embed(half: bool, i: u32) -> f32 {
-    let id = eids[i / ep.d];
-    if (id < 0 || u32(id) >= ep.v) {
+    let row = embed_row(i / ep.d);
+    if (row >= ep.v) {
         return 0.0;
     }
-    let at = u32(id) * ep.d + i % ep.d;
+    let at = row * ep.d + i % ep.d;
     if (half) {
         return unpack2x16float(etable[at >> 1u])[at & 1u];
     }
@@ -871,11 +1064,11 @@ fn eoutbf_put(i: u32, v: f32) {
 
 // A bfloat16 table's element for output i (zeros for an id outside 0 .. V-1).
 fn embed_bf16(i: u32) -> f32 {
-    let id = eids[i / ep.d];
-    if (id < 0 || u32(id) >= ep.v) {
+    let row = embed_row(i / ep.d);
+    if (row >= ep.v) {
         return 0.0;
     }
-    let at = u32(id) * ep.d + i % ep.d;
+    let at = row * ep.d + i % ep.d;
     return bf16_of(etable[at >> 1u], at);
 }
 

@@ -100,8 +100,9 @@ __device__ __forceinline__ void store_f(unsigned char* p, unsigned int c, size_t
         case U8: p[i] = (unsigned char)clamp_int(__float2int_rz(v), 0, 255); break;
         case I16: reinterpret_cast<short*>(p)[i] = (short)clamp_int(__float2int_rz(v), -32768, 32767); break;
         case U16: reinterpret_cast<unsigned short*>(p)[i] = (unsigned short)clamp_int(__float2int_rz(v), 0, 65535); break;
-        case I64: reinterpret_cast<long long*>(p)[i] = __float2ll_rz(v); break;
-        default: reinterpret_cast<unsigned long long*>(p)[i] = __float2ull_rz(v);
+        // cvt.rzi to 64 bits gives 0x8000... for NaN (the 32-bit forms give 0): NaN is 0 here too.
+        case I64: reinterpret_cast<long long*>(p)[i] = v != v ? 0 : __float2ll_rz(v); break;
+        default: reinterpret_cast<unsigned long long*>(p)[i] = v != v ? 0 : __float2ull_rz(v);
     }
 }
 

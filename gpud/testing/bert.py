@@ -122,9 +122,7 @@ class Layer:
         q = self.query(x, graph).reshape(heads)
         k = self.key(x, graph).reshape(heads)
         v = self.value(x, graph).reshape(heads)
-        a = ops.attention(q, k, v, key_mask=mask, graph=graph)  # float32, (B, S, heads, head_dim)
-        if x.dtype != a.dtype:  # WORKAROUND(attention out dtype): attention writes float32 only; one cast op
-            a = ops.cast(a, x.dtype, graph=graph)  # feeds float16 to the output projection (tensor cores on CUDA)
+        a = ops.attention(q, k, v, key_mask=mask, graph=graph)  # (B, S, heads, head_dim), x's dtype as q's
         x = self.norm1(ops.add(x, self.out(a.reshape(batch, length, hidden), graph), graph=graph), graph)
         h = ops.gelu(self.ffn_in(x, graph), graph=graph)
         return self.norm2(ops.add(x, self.ffn_out(h, graph), graph=graph), graph)
@@ -153,9 +151,9 @@ class Encoder:
         self._steps: LruCache[tuple[int, int], gpud_client.Step] = LruCache(GRAPHS_KEPT, lambda _key, s: s.free())
 
     def forward(self, ids: Any, mask: Any, positions: Any, graph: Any = None) -> Any:
-        """Queue (or record into `graph`) the embeddings of `ids` (B, S) int32 with `mask` (B, S) float32
-        (1 where a token is real, 0 where padding) and `positions` (S,) int32: (B, hidden) float32, each
-        row of L2 norm 1."""
+        """Queue (or record into `graph`) the embeddings of `ids` (B, S) (int32, uint32, int64 or uint64) with
+        `mask` (B, S) float32 (1 where a token is real, 0 where padding) and `positions` (S,) int32:
+        (B, hidden) float32, each row of L2 norm 1."""
         ops = self.gpu.ops
         batch, length = ids.shape
         x = ops.add(self.words(ids, graph), self.positions(positions, graph), graph=graph)  # (B, S, H) + (S, H)
@@ -167,30 +165,31 @@ class Encoder:
         return ops.normalize(ops.div(summed, counts, graph=graph), 1e-12, graph=graph)
 
     async def embed(self, ids: np.ndarray[Any, Any], mask: np.ndarray[Any, Any], mode: str = "eager") -> Any:
-        """The (B, hidden) float32 embeddings of `ids` (B, S) with `mask` (B, S) (nonzero: a real token)."""
-        ids32 = np.ascontiguousarray(ids, np.int32)  # WORKAROUND(int64 ids): embedding takes int32 ids only
+        """The (B, hidden) float32 embeddings of `ids` (B, S) (integers, a tokenizer's int64 as they are) with
+        `mask` (B, S) (nonzero: a real token)."""
+        ids64 = np.ascontiguousarray(ids, np.int64)  # one graph input dtype, whatever integers are given
         maskf = np.ascontiguousarray(mask != 0, np.float32)
-        if ids32.ndim != 2 or ids32.shape != maskf.shape:
-            raise ValueError(f"ids {ids32.shape} and mask {maskf.shape} must be one (batch, length) shape")
-        length = ids32.shape[1]
+        if ids64.ndim != 2 or ids64.shape != maskf.shape:
+            raise ValueError(f"ids {ids64.shape} and mask {maskf.shape} must be one (batch, length) shape")
+        length = ids64.shape[1]
         if length > self.c.max_positions:
             raise ValueError(f"{length} tokens: the model has {self.c.max_positions} positions")
         positions = np.arange(length, dtype=np.int32)  # an input like the others: S * 4 bytes per call
         if mode == "replay":
-            step = self._steps.get(ids32.shape) or await self._build(ids32.shape)
-            return (await step.replay(ids=ids32, mask=maskf, positions=positions))["embeddings"]
+            step = self._steps.get(ids64.shape) or await self._build(ids64.shape)
+            return (await step.replay(ids=ids64, mask=maskf, positions=positions))["embeddings"]
         if mode != "eager":
             raise ValueError(f"mode is one of {MODES}, not {mode!r}")
         gpu = self.gpu
         async with gpu.scope():  # the inputs and every intermediate of this forward are freed at the end
-            inputs = [gpu.tensor(a, device=self.device) for a in (ids32, maskf, positions)]
+            inputs = [gpu.tensor(a, device=self.device) for a in (ids64, maskf, positions)]
             return await self.forward(*inputs).numpy()
 
     async def _build(self, shape: tuple[int, int]) -> gpud_client.Step:
         """The forward for one (batch, length), recorded once into a replay graph of this session."""
         batch, length = shape
         g = self.gpu.graph(f"bert-b{batch}-s{length}")
-        ids, mask = g.input("ids", shape, "int32"), g.input("mask", shape, "float32")
+        ids, mask = g.input("ids", shape, "int64"), g.input("mask", shape, "float32")
         positions = g.input("positions", length, "int32")
         g.output("embeddings", self.forward(ids, mask, positions, graph=g))
         step = await g.build()

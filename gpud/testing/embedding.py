@@ -27,7 +27,7 @@ BARRIER_S = 600.0  # the longest a process waits for the others before a timed r
 
 
 class Batch(NamedTuple):
-    ids: np.ndarray[Any, Any]  # (B, S) int32
+    ids: np.ndarray[Any, Any]  # (B, S) integers (minilm.tokenize: int64)
     mask: np.ndarray[Any, Any]  # (B, S), nonzero where a token is real
 
 

@@ -156,12 +156,12 @@ def load_tokenizer(folder: Path) -> Any:
 
 
 def tokenize(tokenizer: Any, sentences: Sequence[str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """(ids, mask), both (B, S) int32, S the longest row; padding is id 0 with mask 0.
-    WORKAROUND(int64 ids): int32 ids, which `gpu.ops.embedding` takes (int64 ids have not landed)."""
+    """(ids, mask), both (B, S) int64 as Hugging Face's tokenizers give them (and `gpu.ops.embedding` takes
+    them), S the longest row; padding is id 0 with mask 0."""
     rows = [encoding.ids for encoding in tokenizer.encode_batch(list(sentences))]
     length = max(len(row) for row in rows)
-    ids = np.zeros((len(rows), length), np.int32)
-    mask = np.zeros((len(rows), length), np.int32)
+    ids = np.zeros((len(rows), length), np.int64)
+    mask = np.zeros((len(rows), length), np.int64)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = row
         mask[i, : len(row)] = 1

@@ -56,10 +56,10 @@ async def test_full_attention_on_webgpu_is_one_pass_of_the_tiled_kernel(gpu: gpu
     got = await gpu.ops.attention(qt, kt, vt, key_mask=mask).numpy()
     close(got, ref, TOL["float32"])
     np.testing.assert_array_equal(got[0], 0)
-    assert set(gpu.ops._kernels) == {"attention_tiled_d32_f32_f32"}
+    assert set(gpu.ops._kernels) == {"attention_tiled_d32_f32_f32_f32"}
     split = await gpu.ops.attention(qt, kt, vt, key_mask=mask, splits=1).numpy()
     close(split, ref, TOL["float32"])
-    assert set(gpu.ops._kernels) == {"attention_tiled_d32_f32_f32", "attention_f32_f32", "attention_combine"}
+    assert set(gpu.ops._kernels) == {"attention_tiled_d32_f32_f32_f32", "attention_f32_f32", "attention_combine_f32"}
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ async def test_the_longest_sequence_within_the_loop_budget(gpu: gpud_client.Clie
     v = rng.standard_normal(k.shape).astype(np.float16)
     k[0, keys - 1, 0] = (q[0, -1, 0] * 4).astype(np.float16)  # the last row's peak: the last key it sees
     for count, used in [
-        (keys, {f"attention_tiled_d{width}_f32_f16"}),
+        (keys, {f"attention_tiled_d{width}_f32_f16_f32"}),
         (keys + tiled_keys(width), {"attention_f32_f16"}),
     ]:
         got = await gpu.ops.attention(gpu.tensor(q), gpu.tensor(k[:, :count]), gpu.tensor(v[:, :count])).numpy()
@@ -126,7 +126,7 @@ async def test_the_longest_sequence_within_the_loop_budget(gpu: gpud_client.Clie
         close(got, ref, TOL["float32"])
         assert np.abs(ref[0, -1, 0] - v[0, keys - 1, 0]).max() < 0.05  # the peak dominates: it was read
         assert used <= set(gpu.ops._kernels), used
-    assert kernels(gpu, "attention_tiled_") == {f"attention_tiled_d{width}_f32_f16"}
+    assert kernels(gpu, "attention_tiled_") == {f"attention_tiled_d{width}_f32_f16_f32"}
 
 
 async def test_the_daemon_checks_a_tiled_dispatch_too(gpu: gpud_client.Client) -> None:
@@ -134,16 +134,16 @@ async def test_the_daemon_checks_a_tiled_dispatch_too(gpu: gpud_client.Client) -
     webgpu_only(gpu)
     x = gpu.tensor(np.ones((2, 3, 4, 32), np.float32))
     out = gpu.empty((2, 3, 4, 32), "float32")
-    kernel = gpu.ops._kernel("attention_tiled_d32_f32_f32")
+    kernel = gpu.ops._kernel("attention_tiled_d32_f32_f32_f32")
     sizes = [u32(n) for n in (2, 3, 3, 4, 3, 32, 0, 0)]  # 3 KV heads claimed
     gpu.dispatch(kernel, (1, 4, 2), [x, x, x, x, out, *sizes, 0.5])
-    with pytest.raises(InvalidArgument, match="attention_tiled_d32_f32_f32"):
+    with pytest.raises(InvalidArgument, match="attention_tiled_d32_f32_f32_f32"):
         await out.numpy()
 
 
 def test_the_tiled_rule_itself() -> None:
     """What the client and the daemon check before attention_tiled runs, and when the client picks it."""
-    check = KERNELS["attention_tiled_d64_f16_f32"].check
+    check = KERNELS["attention_tiled_d64_f16_f32_f32"].check
     q, kv = TensorInfo("float16", (2, 5, 6, 40)), TensorInfo("float32", (2, 7, 2, 40))
     out, key_mask, additive = (
         TensorInfo("float32", (2, 5, 6, 40)),

@@ -91,3 +91,22 @@ async def test_an_encoder_keeps_a_bounded_number_of_replay_graphs(
     for tensor in weights.values():
         tensor.free()
     assert (await gpu.stats())["session"]["graphs"] == 0
+
+
+async def test_float16_weights_and_int64_ids_need_no_cast(gpu: gpud_client.Client) -> None:
+    """Regression: the encoder cast every attention's output to float16 (attention wrote float32 only) and
+    the ids to int32 on the host (embedding took int32 only). Now a tokenizer's int64 ids go as they are,
+    attention writes q's float16, and the forward queues no cast."""
+    weights = random_weights(CONFIG, SEED, np.float16)
+    tensors = {name: gpu.tensor(value) for name, value in weights.items()}
+    encoder = Encoder(gpu, CONFIG, tensors)
+    ids, mask = batch()
+    got = await encoder.embed(ids.astype(np.int64), mask.astype(np.int64))
+    assert np.abs(got - reference_embeddings(CONFIG, weights, ids, mask)).max() < 5e-3
+    kernels = set(gpu.ops._kernels)
+    assert "ew_cast" not in kernels, kernels
+    attention = {"webgpu": "attention_tiled_d32_f16_f16_f16", "cuda": "attention_flash_d32_f16"}[gpu.backend]
+    assert attention in kernels and "embedding_f16_f16" in kernels, kernels
+    encoder.free()
+    for tensor in tensors.values():
+        tensor.free()

@@ -18,8 +18,10 @@ from gpud_protocol import ArgKind, LruCache
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.attention import (
     DTYPES,
+    ID_MODES,
     MAX_LOOP,
     MAX_SPLITS,
+    OUT_DTYPES,
     SHORT,
     STORED,
     STYLES,
@@ -59,9 +61,12 @@ class AttentionOps(OpsBase):
         return tensor
 
     def embedding(self, ids: Any, table: Any, *, dtype: str = "float32", out: Any = None, graph: Any = None) -> Any:
-        """table[ids]: ids (...) int32, table (V, D) float32, float16 or bfloat16 -> (..., D) in `dtype`
-        (any of the three). An id outside 0 .. V-1 gives a row of zeros."""
-        td, od = dtype_name(table), name_of(dtype)
+        """table[ids]: ids (...) int32, uint32, int64 or uint64 (a tokenizer's int64 ids as they are), table
+        (V, D) float32, float16 or bfloat16 -> (..., D) in `dtype` (any of the three). An id outside
+        0 .. V-1 (negative, or past the table) gives a row of zeros."""
+        td, od, ids_dtype = dtype_name(table), name_of(dtype), dtype_name(ids)
+        if ids_dtype not in ID_MODES:
+            raise InvalidArgument(f"embedding: ids are {ids_dtype}, not int32, uint32, int64 or uint64", op="embedding")
         if td not in STORED or od not in STORED:
             raise InvalidArgument(f"embedding: a table and dtype of {list(STORED)}, not {td} -> {od}")
         if len(table.shape) != 2:
@@ -70,7 +75,8 @@ class AttentionOps(OpsBase):
         shape = (*tuple(ids.shape), dim)
         result = self._out(out, shape, od, table, graph)
         n = math.prod(shape)
-        self._run(f"embedding_{SHORT[td]}_{SHORT[od]}", grid_1d(n), [ids, table, result], [n, dim, rows], graph)
+        scalars = [n, dim, rows, ID_MODES[ids_dtype]]
+        self._run(f"embedding_{SHORT[td]}_{SHORT[od]}", grid_1d(n), [ids, table, result], scalars, graph)
         return result
 
     def rotary(
@@ -144,7 +150,8 @@ class AttentionOps(OpsBase):
         reads KV head h // (Hq / Hkv)), attending over cache positions 0 .. pos[b] (the new token's
         keys appended before); pos (B,) int32. A pos[b] past L - 1 attends over the whole cache, a
         negative one over nothing (zeros). q float32 or float16, caches float32 or float16 (both
-        alike), D <= 256; scale defaults to 1/sqrt(D). Returns (B, Hq, D) float32.
+        alike), D <= 256; scale defaults to 1/sqrt(D). Returns (B, Hq, D) in q's dtype, or writes `out`
+        (float32 or float16).
         q may also be (B, T, Hq, D): a chunk of T new tokens, query t seeing positions 0 .. pos[b] + t.
         `splits`: how many workgroups share a row's keys (default: enough to fill a GPU)."""
         return self._attention("attention_decode", q, k_cache, v_cache, pos, None, False, scale, splits, out, graph)
@@ -169,7 +176,7 @@ class AttentionOps(OpsBase):
         or (B, 1, T, S); a value <= -1e30 (-inf, float32's minimum) hides its key. key_mask: a
         padding mask (B, S) (uint8, int32, int64 or float32), nonzero where a key takes part
         (Hugging Face's attention_mask); not together with mask. A query that sees no key gives
-        zeros. Returns (B, T, Hq, D) float32.
+        zeros. Returns (B, T, Hq, D) in q's dtype (as torch's SDPA), or writes `out` (float32 or float16).
         On CUDA, float16 q, k and v with D 32, 64 or 128 and no additive mask run the flash kernel
         (tensor cores, one pass; `splits` does not apply): P is rounded to float16 as flash attention
         does, so results are within about 1e-3 of exact, not 1e-5. On WebGPU, D up to 256 runs one pass
@@ -180,11 +187,12 @@ class AttentionOps(OpsBase):
         backend = self._client.backend
         if mask is None and backend == "cuda" and _flash_fits(q, k, v, key_mask):
             grid = flash_grid(*(int(n) for n in q.shape[:3]))
-            name = f"attention_flash_d{int(q.shape[-1])}_f32"
+            name = f"attention_flash_d{int(q.shape[-1])}_{SHORT[_out_dtype('attention', q, out)]}"
             return self._one_pass(name, grid, q, k, v, key_mask, bool(causal), scale, out, graph)
         if backend == "webgpu" and splits is None and _tiled_fits(q, k, v):
             grid = tiled_grid(*(int(n) for n in q.shape))
-            name = f"attention_tiled_d{tiled_width(int(q.shape[-1]))}_{SHORT[dtype_name(q)]}_{SHORT[dtype_name(k)]}"
+            dtypes = "_".join(SHORT[d] for d in (dtype_name(q), dtype_name(k), _out_dtype("attention", q, out)))
+            name = f"attention_tiled_d{tiled_width(int(q.shape[-1]))}_{dtypes}"
             masks = mask if key_mask is None else key_mask
             return self._one_pass(name, grid, q, k, v, masks, bool(causal), scale, out, graph, key_mask is None)
         return self._attention("attention", q, k, v, None, mask, bool(causal), scale, splits, out, graph, key_mask)
@@ -213,9 +221,7 @@ class AttentionOps(OpsBase):
                 mode = mask_mode(info, batch, steps, keys) if additive else key_mask_mode(info, batch, keys)
             except OpError as exc:
                 raise InvalidArgument(f"attention: {exc}") from None
-        if out is not None and (tuple(out.shape), dtype_name(out)) != (shape, "float32"):
-            raise InvalidArgument(f"attention: out is {dtype_name(out)}{list(out.shape)}, not float32{list(shape)}")
-        result = self._out(out, shape, "float32", q, graph)
+        result = self._result("attention", q, shape, out, graph)
         sizes = [batch, steps, int(k.shape[1]), heads, int(k.shape[2]), dim, int(causal), mode]
         scalars = [*sizes, 1.0 / math.sqrt(dim) if scale is None else scale]
         tensors = [q, k, v, q if mask is None else mask, result]  # q stands in for no mask: not read
@@ -263,8 +269,6 @@ class AttentionOps(OpsBase):
         shape = tuple(q.shape)
         if min(*shape, *k.shape) < 1:
             raise InvalidArgument(f"{op}: an empty dimension in q {list(shape)} or k {list(k.shape)}")
-        if out is not None and (tuple(out.shape), dtype_name(out)) != (shape, "float32"):
-            raise InvalidArgument(f"{op}: out is {dtype_name(out)}{list(out.shape)}, not float32{list(shape)}")
         rows = batch * steps * heads
         if splits is None:
             tiles = -(-keys // TILE)
@@ -278,13 +282,31 @@ class AttentionOps(OpsBase):
             part = graph.empty(part_shape, "float32")
         else:
             part = self._scratch(part_shape, "float32", int(q.device))
-        result = self._out(out, shape, "float32", q, graph)
+        result = self._result(op, q, shape, out, graph)
         sizes = [batch, steps, keys, heads, kv_heads, dim, splits, int(causal), mode, int(pos is not None)]
         tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]  # q stands in: not read
         self._run(f"attention_{SHORT[qd]}_{SHORT[kd]}", grid_1d(rows * splits, 1), tensors, [*sizes, scale], graph)
         n = math.prod(shape)
-        self._run("attention_combine", grid_1d(n), [part, result], [n, dim, splits], graph)
+        combine = f"attention_combine_{SHORT[dtype_name(result)]}"
+        self._run(combine, grid_1d(n), [part, result], [n, dim, splits], graph)
         return result
+
+    def _result(self, op: str, q: Any, shape: tuple[int, ...], out: Any, graph: Any) -> Any:
+        """attention's output: `out` (checked), else a new tensor of q's dtype."""
+        dtype = _out_dtype(op, q, out)
+        if out is not None and tuple(out.shape) != shape:
+            raise InvalidArgument(f"{op}: out is {dtype}{list(out.shape)}, not {dtype}{list(shape)}", op=op)
+        return self._out(out, shape, dtype, q, graph)
+
+
+def _out_dtype(op: str, q: Any, out: Any) -> str:
+    """The dtype attention writes: out's, else q's (as torch's SDPA). InvalidArgument past OUT_DTYPES."""
+    dtype = dtype_name(q if out is None else out)
+    if dtype not in OUT_DTYPES:
+        raise InvalidArgument(
+            f"{op}: out is {dtype}; attention writes float32 or float16 (cast the result for bfloat16)", op=op
+        )
+    return dtype
 
 
 def _tensor_info(t: Any) -> TensorInfo:

@@ -3,8 +3,10 @@ append, and attention (full sequence, or one step against a KV cache). Positions
 tensor `pos` (B,) int32, never from a scalar, so a decode step can be recorded once into a replay
 graph and replayed per token with a fresh `pos`.
 
-embedding_<table>_<out>(ids, table, out; n, d, v): out[..., c] = table[ids[...], c]; an id outside
-    0 .. V-1 gives zeros (never read outside the table). ids int32, table (V, D).
+embedding_<table>_<out>(ids, table, out; n, d, v, ids_mode): out[..., c] = table[ids[...], c]; an id
+    outside 0 .. V-1 gives zeros (never read outside the table). ids int32, uint32, int64 or uint64
+    (ids_mode: ID_MODES; a 64-bit id is read as two 32-bit words, the low one first: a high word other
+    than 0 is an id outside the table), table (V, D).
 rotary_<dtype>(x, pos, out; n, t, h, d, style, freq_hi, freq_lo), and rotary_inplace_<dtype>(x, pos;
     ...) which rotates x itself (WebGPU cannot bind one buffer read-only and read-write at once):
     x (B, T, H, D), element (b, t) at position pos[b] + t; n = the number of pairs (x.size / 2);
@@ -23,20 +25,21 @@ attention_<q>_<kv>(q, k, v, pos, mask, part; b, t, s, hq, hkv, d, splits, causal
     otherwise any tensor may stand in for them.
     mask_mode 3 to 6: `mask` is a key mask (B, S) instead (`key_mask_mode`: uint8, int32, float32, int64),
     nonzero where a key takes part (Hugging Face's attention_mask).
-attention_combine(part, out; n, d, splits): out[..., c] = the splits merged and normalised, float32;
-    a row that sees no key gives zeros.
+attention_combine_<out>(part, out; n, d, splits): out[..., c] = the splits merged and normalised, in
+    float32 or float16 (OUT_DTYPES); a row that sees no key gives zeros.
 attention_flash_d<D>_<out>(q, k, v, key_mask, out; b, t, s, hq, hkv, d, causal, mask_mode, scale): full
     attention in one pass on CUDA's tensor cores (no WGSL twin): q (B, T, Hq, D), k and v (B, S, Hkv, D),
-    all float16, D in FLASH_HEAD_DIMS; out (B, T, Hq, D) float32 (<out> f32). causal and the key mask
+    all float16, D in FLASH_HEAD_DIMS; out (B, T, Hq, D) float32 or float16 (<out>). causal and the key mask
     (mask_mode 0, or 3 to 6 with key_mask (B, S); at most FLASH_MASKED_KEYS keys) as above; a query
     that sees no key gives zeros. P is rounded to float16 before P V, as flash attention does: results
     within about 1e-3 of float64. Grid `flash_grid` (one block of FLASH_BLOCK threads per 64 query rows
     of a (batch, head)); tensors 16-byte aligned (gpud's allocations and graph arenas are).
-attention_tiled_d<W>_<q>_<kv>: WebGPU's one-pass full attention, in gpud_protocol.ops.attention_tiled.
+attention_tiled_d<W>_<q>_<kv>_<out>: WebGPU's one-pass full attention, in gpud_protocol.ops.attention_tiled.
 
-Float16 is read into float32 and rounded once when stored; attention accumulates in float32.
+Float16 is read into float32 and rounded once when stored; attention accumulates in float32, and writes
+float32 or float16 (OUT_DTYPES: the client's default is q's dtype, as torch's SDPA).
 bfloat16 (STORED): embedding tables and outputs, rotary's x, kv_append's x and cache; not attention's
-q, k and v yet (cast them, or append bfloat16 x into a float16 cache).
+q, k, v and output yet (cast them, or append bfloat16 x into a float16 cache).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from gpud_protocol.ops import KernelSpec, TensorInfo, need
 
 FAMILY = "attention"
 DTYPES = ("float32", "float16")  # attention's q, k and v
+OUT_DTYPES = DTYPES  # attention's output
 STORED = (*DTYPES, "bfloat16")  # embedding, rotary and kv_append
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 STYLES = {"neox": 0, "gptj": 1}
@@ -59,6 +63,7 @@ FREQ_BITS = 12  # significant bits of freq_hi: j * freq_hi is exact for j < 2^12
 MAX_ROTARY_DIM = 8192
 HIDDEN = -1e30  # a mask value at or below this hides its key
 KEY_MASK_MODES = {"uint8": 3, "int32": 4, "float32": 5, "int64": 6}  # mask_mode of a key mask (B, S), by dtype
+ID_MODES = {"int32": 0, "uint32": 1, "int64": 2, "uint64": 3}  # embedding's ids_mode, by the ids' dtype
 FLASH_HEAD_DIMS = (32, 64, 128)
 FLASH_ROWS = 64  # query rows per block of the flash kernel
 FLASH_BLOCK = 128  # its threads per block
@@ -95,8 +100,9 @@ def _positions(pos: TensorInfo, batch: int) -> None:
 def _embedding(table_dtype: str, out_dtype: str) -> KernelSpec:
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         ids, table, out = t
-        n, d, v = s
-        need(ids.dtype == "int32", f"ids are {ids.dtype}, not int32")
+        n, d, v, ids_mode = s
+        need(ids.dtype in ID_MODES, f"ids are {ids.dtype}, not int32, uint32, int64 or uint64")
+        need(ids_mode == ID_MODES[ids.dtype], f"ids_mode {ids_mode} is not that of {ids.dtype} ids")
         need(table.dtype == table_dtype, f"the table is {table.dtype}, not {table_dtype}")
         need(out.dtype == out_dtype, f"out is {out.dtype}, not {out_dtype}")
         need(len(table.shape) == 2, f"the table is {list(table.shape)}, not (V, D)")
@@ -107,7 +113,8 @@ def _embedding(table_dtype: str, out_dtype: str) -> KernelSpec:
         need((n, d, v) == (out.size, dim, rows), "the sizes passed do not match the tensors")
 
     name = f"embedding_{SHORT[table_dtype]}_{SHORT[out_dtype]}"
-    return KernelSpec(name, FAMILY, "embedding", ("ids", "table", "out"), (2,), _u32s("n", "d", "v"), check)
+    scalars = _u32s("n", "d", "v", "ids_mode")
+    return KernelSpec(name, FAMILY, "embedding", ("ids", "table", "out"), (2,), scalars, check)
 
 
 def _rotary_shapes(x: TensorInfo, pos: TensorInfo, s: Sequence[int | float], dtype: str) -> None:
@@ -243,11 +250,12 @@ def _attention(q_dtype: str, kv_dtype: str) -> KernelSpec:
     return KernelSpec(name, FAMILY, "attention", tensors, (5,), ATTENTION_SCALARS, check)
 
 
-def _combine() -> KernelSpec:
+def _combine(out_dtype: str) -> KernelSpec:
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         part, out = t
         n, d, splits = s
-        need(part.dtype == "float32" and out.dtype == "float32", "part and out are float32")
+        need(part.dtype == "float32", f"part is {part.dtype}, not float32")
+        need(out.dtype == out_dtype, f"out is {out.dtype}, not {out_dtype}")
         need(len(part.shape) >= 3, f"part is {list(part.shape)}, not (..., splits, D + 2)")
         dim = part.shape[-1] - 2
         need(dim >= 1 and 1 <= part.shape[-2] <= MAX_SPLITS, f"part is {list(part.shape)}")
@@ -255,7 +263,8 @@ def _combine() -> KernelSpec:
         need(out.shape == want, f"out is {list(out.shape)}, not {list(want)}")
         need((n, d, splits) == (out.size, dim, part.shape[-2]), "the sizes passed do not match the tensors")
 
-    return KernelSpec("attention_combine", FAMILY, "attention", ("part", "out"), (1,), _u32s("n", "d", "splits"), check)
+    name = f"attention_combine_{SHORT[out_dtype]}"
+    return KernelSpec(name, FAMILY, "attention", ("part", "out"), (1,), _u32s("n", "d", "splits"), check)
 
 
 def flash_grid(batch: int, steps: int, heads: int) -> tuple[int, int, int]:
@@ -314,6 +323,6 @@ SPECS = [
     *(_rotary_inplace(d) for d in STORED),
     *(_kv_append(a, b) for a in STORED for b in STORED),
     *(_attention(a, b) for a in DTYPES for b in DTYPES),
-    _combine(),
-    *(_flash(d, "float32") for d in FLASH_HEAD_DIMS),  # float16 out: the kernel has it, no entry point yet
+    *(_combine(o) for o in OUT_DTYPES),
+    *(_flash(d, o) for d in FLASH_HEAD_DIMS for o in OUT_DTYPES),
 ]

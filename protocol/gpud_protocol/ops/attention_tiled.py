@@ -1,12 +1,13 @@
 """attention_tiled: full attention in one pass on WebGPU, query rows sharing tiles of keys.
 
-attention_tiled_d<W>_<q>_<kv>(q, k, v, mask, out; b, t, s, hq, hkv, d, causal, mask_mode, scale), for a head
-    dim D <= W (W in TILED_HEAD_DIMS): q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq % Hkv == 0 (query
+attention_tiled_d<W>_<q>_<kv>_<out>(q, k, v, mask, out; b, t, s, hq, hkv, d, causal, mask_mode, scale), for a
+    head dim D <= W (W in TILED_HEAD_DIMS): q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq % Hkv == 0 (query
     head h reads KV head h // (Hq / Hkv)), float32 or float16 each (<q>, <kv>: k and v alike); out
-    (B, T, Hq, D) float32. causal, the additive mask (mask_mode 1, 2) and the key mask (mask_mode 3 to 6)
-    as attention_<q>_<kv> (gpud_protocol.ops.attention); a mask value <= -1e30 or a zero in the key mask
-    hides its key, whose k and v then never reach the result (NaN there is harmless); a query that sees no
-    key gives zeros. mask is read only when mask_mode says so: otherwise any tensor may stand in for it.
+    (B, T, Hq, D) float32 or float16 (<out>). causal, the additive mask (mask_mode 1, 2) and the key mask
+    (mask_mode 3 to 6) as attention_<q>_<kv> (gpud_protocol.ops.attention); a mask value <= -1e30 or a zero
+    in the key mask hides its key, whose k and v then never reach the result (NaN there is harmless); a query
+    that sees no key gives zeros. mask is read only when mask_mode says so: otherwise any tensor may stand
+    in for it.
     One workgroup of TILED_THREADS threads per (block of `tiled_rows` query rows, head, batch row): grid
     `tiled_grid`. Each row is held by W / 32 threads, and the keys go by in tiles of `tiled_keys` that
     the block's rows share in workgroup memory, so short sequences (an encoder's 62 keys) keep every
@@ -26,6 +27,7 @@ from gpud_protocol.ops.attention import (
     FAMILY,
     KEY_MASK_MODES,
     MAX_LOOP,
+    OUT_DTYPES,
     SHORT,
     TILE,
     key_mask_mode,
@@ -90,7 +92,7 @@ def tiled_applies(q: TensorInfo, k: TensorInfo, v_dtype: str) -> bool:
     )
 
 
-def _tiled(width: int, q_dtype: str, kv_dtype: str) -> KernelSpec:
+def _tiled(width: int, q_dtype: str, kv_dtype: str, out_dtype: str) -> KernelSpec:
     def check(tensors: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         q, k, v, mask, out = tensors
         b, t, keys, hq, hkv, d, causal, mode, scale = s
@@ -106,8 +108,8 @@ def _tiled(width: int, q_dtype: str, kv_dtype: str) -> KernelSpec:
         sizes = (batch, steps, k.shape[1], heads, k.shape[2], dim)
         need((b, t, keys, hq, hkv, d) == sizes, "the sizes passed do not match the tensors")
         need(
-            out.dtype == "float32" and out.shape == q.shape,
-            f"out is {out.dtype}{list(out.shape)}, not float32{list(q.shape)}",
+            out.dtype == out_dtype and out.shape == q.shape,
+            f"out is {out.dtype}{list(out.shape)}, not {out_dtype}{list(q.shape)}",
         )
         need(causal in (0, 1), "causal is 0 or 1")
         if mode in KEY_MASK_MODES.values():
@@ -122,10 +124,10 @@ def _tiled(width: int, q_dtype: str, kv_dtype: str) -> KernelSpec:
         )
         need(math.isfinite(scale), "the scale is not finite")
 
-    name = f"attention_tiled_d{width}_{SHORT[q_dtype]}_{SHORT[kv_dtype]}"
+    name = f"attention_tiled_d{width}_{SHORT[q_dtype]}_{SHORT[kv_dtype]}_{SHORT[out_dtype]}"
     scalars = (*((n, "u32") for n in ("b", "t", "s", "hq", "hkv", "d", "causal", "mask_mode")), ("scale", "f32"))
     tensors = ("q", "k", "v", "mask", "out")
     return KernelSpec(name, FAMILY, "attention", tensors, (4,), scalars, check, block=TILED_THREADS)
 
 
-SPECS = [_tiled(w, a, b) for w in TILED_HEAD_DIMS for a in DTYPES for b in DTYPES]
+SPECS = [_tiled(w, a, b, o) for w in TILED_HEAD_DIMS for a in DTYPES for b in DTYPES for o in OUT_DTYPES]
