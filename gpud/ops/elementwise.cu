@@ -21,8 +21,21 @@
 #define BF16 10u
 #define MAX_RANK 6
 
-__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+// NaN keeps its sign and payload, as numpy and elementwise.wgsl (cvt gives 0x7fffffff for every NaN).
+__device__ __forceinline__ float h2f(unsigned short h) {
+    if ((h & 0x7fffu) > 0x7c00u) return __uint_as_float(((unsigned int)(h & 0x8000u) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13));
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+// NaN keeps its sign and payload with the quiet bit set, as elementwise.wgsl (cvt gives 0x7fff for every NaN).
+__device__ __forceinline__ unsigned short f2h(float f) {
+    const unsigned int x = __float_as_uint(f), a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7e00u | ((a >> 13) & 0x3ffu));
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
 __device__ __forceinline__ float bf2f(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
 // Rounded to nearest even; NaN gives the quiet NaN of its sign, as ml_dtypes does (as elementwise.wgsl).
 __device__ __forceinline__ unsigned short f2bf(float f) {

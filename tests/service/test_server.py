@@ -389,7 +389,7 @@ async def test_abuse_while_a_good_client_works(address: str, daemon: Daemon) -> 
                 s = [peer.next_seq() for _ in range(5)]
                 await peer.batch(
                     [
-                        [Opcode.ALLOC, s[0], 1, "float32", [1 << 30], 0],
+                        [Opcode.ALLOC, s[0], 1, "float32", [1 << 35], 0],  # past max_tensor_bytes
                         [Opcode.ALLOC, s[1], 2, [], [3], 0],
                         [Opcode.DISPATCH, s[2], 5, [1, 1, 1], [[TENSOR, 2]], None],
                         [Opcode.UPLOAD, s[3], 1, 0, 3],
