@@ -59,6 +59,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import hostile_library
+import hostile_messages
 import msgpack
 import numpy as np
 import pytest
@@ -505,6 +507,7 @@ class Expect:
     fail: bool | None  # True: must fail; False: must succeed; None: either
     codes: frozenset[int] | None  # the codes its own failure may carry (None: any)
     note: str
+    names: str = ""  # a text its failure's message must hold (the op the user called, what was wrong)
 
     def __str__(self) -> str:
         return f"{self.op} ({self.note})"
@@ -514,12 +517,15 @@ def ok(op: str, note: str) -> Expect:
     return Expect(op, False, None, note)
 
 
-def fails(op: str, note: str, *codes: int) -> Expect:
-    return Expect(op, True, frozenset(int(c) for c in codes) or None, note)
+def fails(op: str, note: str, *codes: int, names: str = "") -> Expect:
+    return Expect(op, True, frozenset(int(c) for c in codes) or None, note, names)
 
 
 def either(op: str, note: str, *codes: int) -> Expect:
     return Expect(op, None, frozenset(int(c) for c in codes) or None, note)
+
+
+EXPECT = hostile_library.Expectations(ok, fails, either)  # for the generators of hostile_library and _messages
 
 
 Then = Callable[["Sent", bool], None]  # (the op, whether it failed); for requests called on the reply
@@ -911,6 +917,9 @@ class Tenant(Peer):
         self.graph: int | None = None  # a valid graph: x (input) -> t (temp, the output) -> out (bound)
         self.graph_out: int | None = None  # the tensor bound as its `out`
         self.graph_names: set[str] = set()  # graph names this session published
+        self.lib = hostile_library.Lib()  # built-in kernels and their tensors (`hostile_library.setup`)
+        self.copy_graph: int | None = None  # a graph of copy steps (`hostile_messages.setup`)
+        self.copy_tensors: list[int] = []
 
     # ------------------------------------------------------------------ numbering
 
@@ -1056,6 +1065,10 @@ class Tenant(Peer):
                     Kind.CODE,
                     f"{self.name}: #{sent.seq} {sent.exp} failed with {code} {message!r}, want {set(sent.exp.codes)}",
                 )
+            elif type(message) is str and sent.exp.names not in message:
+                self.findings.add(
+                    Kind.CODE, f"{self.name}: #{sent.seq} {sent.exp}: {message!r} lacks {sent.exp.names!r}"
+                )
             return
         self.attribute(failed_seq, code, message, op, sent)
 
@@ -1086,6 +1099,9 @@ class Tenant(Peer):
                 Kind.CODE,
                 f"{self.name}: #{failed_seq} {failed.exp} failed with {code} {message!r}, want {set(failed.exp.codes)}",
             )
+        elif type(message) is str and failed.exp.names not in message:
+            lacks = f"{message!r} lacks {failed.exp.names!r}"
+            self.findings.add(Kind.CODE, f"{self.name}: #{failed_seq} {failed.exp}: {lacks}")
         if not failed.reported:
             failed.reported = True
             if failed.acked_in is None:
@@ -1255,6 +1271,13 @@ class Tenant(Peer):
         await self.send_batch(b, hostile=False)
         await self.settle()
         self.run.published[ro_name] = Published(self.index, "ro", canary.dtype, canary.shape, canary.data)
+        b = Builder(self)
+        self.lib = hostile_library.setup(self, b, EXPECT)
+        hostile_messages.setup(self, b, EXPECT, self.lib)
+        await self.send_batch(b, hostile=False)
+        await self.settle()
+        if self.index == 0 and life == 0:
+            await hostile_messages.mass_residents(self, partial(Builder, self), EXPECT, SEED)
         if self.kernel is not None:
             b = Builder(self)
             self.graph_out = self.alloc(b, "float32", (GRAPH_N,))
@@ -1425,6 +1448,11 @@ class Tenant(Peer):
             (1, self.bad_copy),
             (3, self.residents),
             (4, self.graph_ops),
+            (3, partial(hostile_library.library, self, e=EXPECT)),
+            (2, partial(hostile_library.views, self, e=EXPECT)),
+            (2, partial(hostile_messages.graph_copies, self, e=EXPECT)),
+            (2, partial(hostile_messages.upload_parts, self, e=EXPECT)),
+            (2, partial(hostile_messages.prefixes, self, e=EXPECT)),
         ]
         if self.compiles < 4:
             gens.append((0.3, self.garbage_kernel))

@@ -56,6 +56,12 @@ def open_prefix(session: Session, op: proto.OpenPrefix, _batch: proto.Batch) -> 
             f"{total} resident tensors start with {op.prefix!r}, more than the {LIMIT} one open_prefix opens: "
             "open a longer prefix (nothing was opened)"
         )
+    last, max_handle = op.handle + len(found) - 1, session._settings.limits.max_handle
+    if last > max_handle:  # a handle past it could never be named again: not even freed
+        raise InvalidArgument(
+            f"{len(found)} resident tensors start with {op.prefix!r}: handles {op.handle} to {last} pass the "
+            f"largest handle, {max_handle} (nothing was opened)"
+        )
     room = session._settings.session_max_handles - len(session.handles)
     if len(found) > room:
         raise OutOfMemory(

@@ -54,6 +54,9 @@ Send = Callable[[list[Any]], None]
 
 class Settings(Protocol):
     @property
+    def limits(self) -> proto.Limits: ...  # the protocol's bounds, as the welcome told the client
+
+    @property
     def session_memory_bytes(self) -> int: ...
 
     @property

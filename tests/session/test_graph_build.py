@@ -26,6 +26,7 @@ from gpud_protocol import ArgKind
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    limits: proto.Limits = proto.DEFAULT_LIMITS
     session_memory_bytes: int = 1 << 30
     session_max_requests: int = 64
     session_max_handles: int = 1024

@@ -1,0 +1,292 @@
+"""test_hostile's generators for the op library and views on the wire (issue 14 §2).
+
+Each tenant registers two built-in kernels (`gpud:ew_binary`, `gpud:ew_cast`) in its setup and keeps
+tensors of its own for them (`Lib`); the generators here send raw dispatches of those kernels with
+lying scalars, tensors and grids, and tensor refs as views `[handle, offset, [shape], [strides]]`
+that reach outside their base. Every one must fail with the code predicted, naming the op, and never
+run: a valid add and cast now and then, and the tenant's readbacks, check the library's tensors.
+
+The generators take the tenant and its batch builder (test_hostile's `Tenant` and `Builder`) and
+the expectation makers (`Expectations`), so this module imports nothing from the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from gpud_protocol import ErrorCode, Opcode
+from gpud_protocol.ops.broadcast import broadcast_layout
+from gpud_protocol.ops.dtypes import DTYPES
+
+INVALID, NOT_FOUND, PERMISSION = ErrorCode.INVALID_ARGUMENT, ErrorCode.NOT_FOUND, ErrorCode.PERMISSION_DENIED
+TENSOR, F32, U32 = 0, 1, 3
+N = 256  # elements of the library's tensors
+F32_BYTES = N * 4
+
+
+class Expectations(NamedTuple):
+    ok: Callable[[str, str], Any]
+    fails: Callable[..., Any]  # (op, note, *codes, names=a text the error message must hold)
+    either: Callable[..., Any]
+
+
+@dataclasses.dataclass
+class Lib:
+    """One session's built-in kernels and the tensors it runs them on (float32 [N]: x, y, out; int32 [N])."""
+
+    binary: int | None = None
+    cast: int | None = None
+    x: int = 0
+    y: int = 0
+    out: int = 0
+    ints: int = 0
+    x_values: np.ndarray[Any, Any] | None = None
+    y_values: np.ndarray[Any, Any] | None = None
+
+
+def setup(t: Any, b: Any, e: Expectations) -> Lib:
+    """Register the kernels and make the tensors (kept off the other generators: marked published)."""
+    lib = Lib()
+    rng = np.random.default_rng(t.rng.getrandbits(32))
+    lib.x_values = rng.integers(-1000, 1000, N).astype(np.float32)  # sums and casts exact on every backend
+    lib.y_values = rng.integers(-1000, 1000, N).astype(np.float32)
+    lib.x, lib.y, lib.out = (t.alloc(b, "float32", (N,)) for _ in range(3))
+    lib.ints = t.alloc(b, "int32", (N,))
+    t.upload(b, lib.x, lib.x_values.tobytes())
+    t.upload(b, lib.y, lib.y_values.tobytes())
+    for h in (lib.x, lib.y, lib.out, lib.ints):
+        t.tensors[h].published = True  # keeps the other generators from writing or freeing them
+
+    def registered(field: str) -> Callable[[Any, bool], None]:
+        def then(sent: Any, failed: bool) -> None:
+            if not failed and sent.reply is not None and type(sent.reply.get("handle")) is int:
+                setattr(lib, field, sent.reply["handle"])
+                t.kernel_handles.add(sent.reply["handle"])
+
+        return then
+
+    for name, field in (("ew_binary", "binary"), ("ew_cast", "cast")):
+        b.op(Opcode.KERNEL, [t.new_handle(), f"gpud:{name}", name, {}], e.ok("kernel", name), then=registered(field))
+    b.op(
+        Opcode.KERNEL,
+        [t.new_handle(), "gpud:ew_binary", "main", {}],
+        e.fails("kernel", "a built-in kernel under another entry", INVALID, names="entry point"),
+    )
+    b.op(
+        Opcode.KERNEL,
+        [t.new_handle(), "gpud:no_such_kernel", "no_such_kernel", {}],
+        e.fails("kernel", "an unknown built-in kernel", ErrorCode.NOT_FOUND, names="no_such_kernel"),
+    )
+    return lib
+
+
+def _code(dtype: str) -> int:
+    return int(DTYPES[dtype].code)
+
+
+def binary_scalars(n: int = N, op: int = 0) -> list[list[Any]]:
+    layout = broadcast_layout((n,), (n,), (n,)).scalars()
+    codes = [_code("float32")] * 3
+    return [[U32, v] for v in [n, op, *layout, *codes]]
+
+
+def library(t: Any, b: Any, e: Expectations) -> None:
+    """Raw dispatches of the built-in kernels: valid ones checked, hostile ones refused naming the op."""
+    lib: Lib = t.lib
+    if lib.binary is None or lib.cast is None or lib.x_values is None or lib.y_values is None:
+        return
+    rng = t.rng
+    tensors = [[TENSOR, lib.x], [TENSOR, lib.y], [TENSOR, lib.out]]
+    scalars = binary_scalars()
+    kind = rng.randrange(16)
+    what, args, codes, names = "", tensors + scalars, (INVALID,), "ew_binary"
+    if kind == 0:  # a valid add, its result read back
+        b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.ok("dispatch", "add (ew_binary)"))
+        t.tensors[lib.out].data = (lib.x_values + lib.y_values).astype(np.float32).tobytes()
+        return
+    if kind == 1:  # a valid cast to int32
+        cast_args = [[TENSOR, lib.x], [TENSOR, lib.ints], [U32, N], [U32, _code("float32")], [U32, _code("int32")]]
+        b.op(Opcode.DISPATCH, [lib.cast, [1, 1, 1], cast_args, None], e.ok("dispatch", "cast (ew_cast)"))
+        t.tensors[lib.ints].data = lib.x_values.astype(np.int32).tobytes()
+        return
+    if kind == 2:
+        args, what = tensors + scalars[: rng.randrange(len(scalars))], "too few scalars"
+    elif kind == 3:
+        args, what = tensors + scalars + [[U32, 0]], "an extra scalar"
+    elif kind == 4:
+        args, what = tensors[:2] + scalars, "two tensors for three"
+    elif kind == 5:
+        i = rng.randrange(len(scalars))
+        args, what = tensors + scalars[:i] + [[F32, 1.0]] + scalars[i + 1 :], f"f32 for u32 scalar {i}"
+    elif kind == 6:
+        n = rng.choice([N + 1, N - 1, 0, 2**32 - 1, 1 << 20])
+        args, what = [*tensors, [U32, n], *scalars[1:]], f"n {n} for {N} elements"
+    elif kind == 7:
+        i = len(scalars) - 1 - rng.randrange(3)
+        lie = rng.choice([c for name, c in ((k, v.code) for k, v in DTYPES.items()) if name != "float32"] + [99])
+        args, what = tensors + scalars[:i] + [[U32, lie]] + scalars[i + 1 :], f"dtype code {lie} that lies"
+    elif kind == 8:
+        layout = rng.choice(
+            [
+                [6, N, 1, 1, 1, 1, 1, 0, 0],
+                [1, N * 2, 1, 1, 1, 1, 1, 0, 0],
+                [1, N, 1, 1, 1, 1, 1, 1, 0],
+                [0, 1, 1, 1, 1, 1, 1, 0, 0],
+                [2, 16, 16, 1, 1, 1, 1, 0, 0],
+                [7, N, 1, 1, 1, 1, 1, 63, 63],
+            ]
+        )
+        args, what = tensors + scalars[:2] + [[U32, v] for v in layout] + scalars[11:], f"a lying layout {layout}"
+    elif kind == 9:
+        args, what = [*tensors, [U32, N], [U32, rng.choice([7, 99, 2**32 - 1])], *scalars[2:]], "an unknown op code"
+    elif kind == 10:  # tensors that break the rule: another shape, another dtype
+        other = rng.choice([t.pick(lambda i: i.shape != (N,)), lib.ints])
+        if other is None:
+            return
+        args, what = [tensors[0], [TENSOR, other], tensors[2], *scalars], "y of another shape or dtype"
+    elif kind == 11:
+        args, what = [tensors[0], tensors[1], tensors[0], *scalars], "out is x (in place)"
+        codes = (INVALID,)
+        # WebGPU refuses a buffer bound read-only and read-write; the rule of the op allows it: either
+        b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.either("dispatch", what, INVALID))
+        t.tensors[lib.x].data = None
+        lib.x_values = None  # unknown from now on: no more valid adds this life
+        return
+    elif kind == 12 and t.opened:
+        ro = rng.choice(list(t.opened))
+        _name, published = t.opened[ro]
+        if published.shape != (N,) or published.dtype != "float32":
+            return
+        args, what, codes, names = (
+            [*tensors[:2], [TENSOR, ro], *scalars],
+            "out= a read-only resident",
+            (PERMISSION,),
+            "out",
+        )
+    elif kind == 13:
+        grid = rng.choice([[1, 1 << 20, 1], [1, 1, 1 << 17], [1, 65536, 65536]])
+        args, what, names = tensors + scalars, f"grid {grid} past the device limit", "grid"
+        b.op(Opcode.DISPATCH, [lib.binary, grid, args, None], e.fails("dispatch", what, *codes, names=names))
+        return
+    elif kind == 14:
+        args, what = (
+            [[TENSOR, lib.x], [TENSOR, lib.out], [U32, N], [U32, _code("int32")], [U32, _code("float32")]],
+            "cast x_dtype lies",
+        )
+        b.op(Opcode.DISPATCH, [lib.cast, [1, 1, 1], args, None], e.fails("dispatch", what, INVALID, names="ew_cast"))
+        return
+    else:
+        foreign = t.run.foreign_handle(t.index, rng)
+        args, what, codes, names = (
+            [tensors[0], [TENSOR, foreign], tensors[2], *scalars],
+            "another session's y",
+            (NOT_FOUND,),
+            "unknown",
+        )
+    b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.fails("dispatch", what, *codes, names=names))
+
+
+# ---------------------------------------------------------------------------- views on the wire
+
+
+def views(t: Any, b: Any, e: Expectations) -> None:
+    """Tensor refs as views: valid ones read back, ones that reach outside their base refused."""
+    lib: Lib = t.lib
+    if not lib.x:
+        return
+    rng = t.rng
+    x, out = lib.x, lib.out
+    xdata = t.tensors[x].data
+    kind = rng.randrange(12)
+    codes: tuple[int, ...] = (INVALID,)
+    if kind == 0:  # valid: a contiguous view at an offset, and a strided one (its span comes back)
+        if rng.random() < 0.5:
+            view, lo, hi = [x, 64, [64], [1]], 256, 512
+        else:
+            view, lo, hi = [x, 3, [4], [64]], 12, 4 * (3 + 1 + 3 * 64)
+        data = None if xdata is None else xdata[lo:hi]
+        b.op(Opcode.READBACK, [view], e.ok("readback", f"a view {view}"), nbytes=hi - lo, data=data)
+        return
+    if kind == 1:  # valid: a copy of a view into a view
+        src, dst = [x, 0, [64], [1]], [out, 128, [64], [1]]
+        b.op(Opcode.COPY, [src, dst], e.ok("copy", "a view into a view"))
+        before = t.tensors[out].data
+        t.tensors[out].data = None if before is None or xdata is None else before[:512] + xdata[:256] + before[768:]
+        return
+    if kind == 2:
+        view, what = rng.choice(
+            [
+                ([x, -1, [4], [1]], "a negative offset"),
+                ([x, 0, [4], [-1]], "a negative stride"),
+                ([x, 8, [2, 2], [-4, 1]], "a negative stride"),
+                ([x, 0, [4, 4], [4]], "fewer strides than dims"),
+                ([x, 0, [16], [1, 1]], "more strides than dims"),
+                ([x, 0, [1] * 9, [1] * 9], "9 dims"),
+                ([x, 0, [1] * 64, [1] * 64], "64 dims"),
+                ([x, 0, [2**40], [1]], "a huge dim"),
+                ([x, 2**40, [1], [1]], "a huge offset"),
+                ([x, 0, [2, 2], [2**40, 1]], "a huge stride"),
+                ([x, 0, [4]], "three fields"),
+                ([x, 0, [4], [1], 0], "five fields"),
+                ([0, 0, [4], [1]], "handle 0"),
+                ([x, 0.0, [4], [1]], "a float offset"),
+                ([x, 0, "4", [1]], "a str shape"),
+            ]
+        )
+    elif kind in (3, 4, 5):
+        view, what = rng.choice(
+            [
+                ([x, N - 63, [64], [1]], "reaching one past the base"),
+                ([x, N, [1], [1]], "starting at the base's end"),
+                ([x, 0, [2, N], [N, 1]], "twice the base"),
+                ([x, 0, [3], [N // 2]], "a stride past the base"),
+                ([x, 200, [8, 8], [1, 8]], "a transposed view past the base"),
+                ([x, 10**9, [1], [1]], "far past the base"),
+            ]
+        )
+    elif kind == 6:
+        view, what, codes = (
+            [t.run.foreign_handle(t.index, rng), 0, [4], [1]],
+            "a view of another session's tensor",
+            (NOT_FOUND,),
+        )
+    elif kind == 7:
+        view, what, codes = [t.stale_handle(), 0, [4], [1]], "a view of a stale handle", (NOT_FOUND,)
+    else:
+        view, what = [x, 0, [2, 2], [1, 4]], "a non-contiguous view where a dense one is needed"
+        where = rng.randrange(3)
+        if where == 0:
+            b.op(Opcode.UPLOAD, [view, b.frame(bytes(16)), 16], e.fails("upload", what, INVALID))
+        elif where == 1:
+            b.op(Opcode.COPY, [[x, 0, [4], [1]], view], e.fails("copy", what, INVALID))
+        elif t.opened and (ro := rng.choice(list(t.opened))):
+            b.op(
+                Opcode.UPLOAD,
+                [[ro, 0, [4], [1]], b.frame(bytes(16)), 16],
+                e.fails("upload", "a view of a ro resident", PERMISSION),
+            )
+        return
+    _use(t, b, e, view, what, codes)
+
+
+def _use(t: Any, b: Any, e: Expectations, view: list[Any], what: str, codes: tuple[int, ...]) -> None:
+    """Send a bad view where a tensor ref goes: a readback, a copy, an upload, a dispatch argument, a free."""
+    lib: Lib = t.lib
+    where = t.rng.randrange(6)
+    if where == 0:
+        b.op(Opcode.READBACK, [view], e.fails("readback", what, *codes))
+    elif where == 1:
+        b.op(Opcode.COPY, [view, [lib.out, 0, [4], [1]]], e.fails("copy", f"from {what}", *codes))
+    elif where == 2:
+        b.op(Opcode.COPY, [[lib.x, 0, [4], [1]], view], e.fails("copy", f"into {what}", *codes))
+    elif where == 3:
+        b.op(Opcode.UPLOAD, [view, b.frame(bytes(16)), 16], e.fails("upload", what, *codes))
+    elif where == 4 and lib.binary is not None:
+        args = [[TENSOR, view], [TENSOR, lib.y], [TENSOR, lib.out], *binary_scalars()]
+        b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.fails("dispatch", f"x is {what}", *codes))
+    else:
+        b.op(Opcode.FREE, [view], e.fails("free", f"{what} (free takes a handle)", INVALID))
