@@ -44,6 +44,9 @@ def _serve(args: argparse.Namespace) -> int:
         config = Config.load(path, **overrides_from_args(args))
     except ConfigError as exc:
         return _fail(str(exc))
+    from gpud.service.heapdump import install_from_env
+
+    install_from_env()
     try:
         if args.profile is not None:
             import cProfile
