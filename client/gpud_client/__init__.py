@@ -1,7 +1,6 @@
 """Async client for gpud. Needs anyio, pyzmq, numpy and msgpack; no GPU packages."""
 
-from gpud_client.api import Client, Kernel, Scalar, Tensor, connect, f32, i32, u32
-from gpud_client.connection import Trace, default_address
+from gpud_client.client import Client, connect
 from gpud_client.dtypes import bfloat16
 from gpud_client.errors import (
     AlreadyExists,
@@ -20,7 +19,11 @@ from gpud_client.errors import (
 )
 from gpud_client.graphs import Graph, GraphScalar, GraphTensor, Step
 from gpud_client.residents import Resident
+from gpud_client.rpc import Trace
 from gpud_client.scope import Scope
+from gpud_client.tensor import Tensor
+from gpud_client.transport import default_address
+from gpud_client.values import Kernel, Scalar, f32, i32, u32
 
 __version__ = "0.1.0"
 

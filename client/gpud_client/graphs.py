@@ -26,10 +26,12 @@ import numpy as np
 import gpud_protocol as proto
 from gpud_client.dtypes import HostDType, exact_bits, from_storage, host_dtype, is_bfloat16
 from gpud_client.errors import InvalidArgument
+from gpud_client.values import dim3, reshaped
 from gpud_protocol import ArgKind
 
 if TYPE_CHECKING:
-    from gpud_client.api import Client, Kernel
+    from gpud_client.client import Client
+    from gpud_client.values import Kernel
 
 ALIGN = 256  # the packing of a replay's inputs: each at an offset aligned to this many bytes
 _KINDS = {"f32": int(ArgKind.F32), "i32": int(ArgKind.I32), "u32": int(ArgKind.U32)}
@@ -134,8 +136,6 @@ class Graph:
 
     def view(self, tensor: Any, shape: int | Sequence[Any]) -> GraphTensor:
         """`tensor` (of this graph, or a session tensor) seen with another shape; no copy."""
-        from gpud_client.api import reshaped
-
         dims = reshaped(tuple(tensor.shape), shape)
         self._views.append((self._ref(tensor), dims))
         view = GraphTensor(self, ArgKind.VIEW, len(self._views) - 1, host_dtype(tensor.dtype), dims)
@@ -150,10 +150,8 @@ class Graph:
         *,
         writes: Sequence[int] | None = None,
     ) -> None:
-        from gpud_client.api import _dim3
-
         encoded = tuple(self._arg(a) for a in args)
-        dims = (grid, 1, 1) if type(grid) is int else _dim3(grid)
+        dims = (grid, 1, 1) if type(grid) is int else dim3(grid)
         self._steps.append(proto.GraphDispatch(kernel.handle, dims, encoded, None if writes is None else tuple(writes)))
 
     def copy(self, src: Any, dst: Any) -> None:

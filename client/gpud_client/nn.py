@@ -22,7 +22,7 @@ from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from gpud_client.api import Client
+    from gpud_client.client import Client
 
 FLOATS = ("float32", "float16", "bfloat16")
 

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import gpud_protocol as proto
 from gpud_client.dtypes import host_dtype
 from gpud_client.errors import InvalidArgument
+from gpud_client.tensor import Tensor
 
 if TYPE_CHECKING:
-    from gpud_client.api import Client, Tensor
+    from gpud_client.client import Client
 
 PER_REPLY = proto.RESIDENTS_PER_REPLY  # names one open_prefix opens, or one residents() lists, at most
 _NAME = re.compile(r"[A-Za-z0-9_.:/-]*")
@@ -39,8 +40,6 @@ def check_name(name: str, limit: int, op: str, what: str = "name", *, empty: boo
 
 
 async def open_prefix(client: Client, prefix: str) -> dict[str, Tensor]:
-    from gpud_client.api import Tensor
-
     check_name(prefix, client.limits.max_name_len, "open_prefix", "prefix", empty=True)
     first = next(client._handles)
     client._handles = itertools.count(first + PER_REPLY)  # the daemon numbers the handles from `first`

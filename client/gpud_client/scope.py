@@ -15,7 +15,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from gpud_client.api import Client, Tensor
+    from gpud_client.client import Client
+    from gpud_client.tensor import Tensor
 
 T = TypeVar("T", bound="Tensor")
 Task = Any  # asyncio.Task, or None outside a task

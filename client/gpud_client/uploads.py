@@ -11,7 +11,8 @@ from gpud_client.batch import frame_budget
 from gpud_client.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from gpud_client.api import Client, Tensor
+    from gpud_client.client import Client
+    from gpud_client.tensor import Tensor
 
 
 def part_bytes(limits: proto.Limits, wanted: int | None = None) -> int:

@@ -21,10 +21,11 @@ from numpy.lib.stride_tricks import as_strided
 
 from gpud_client.dtypes import from_storage, storage_dtype, values_dtype
 from gpud_client.errors import InvalidArgument
+from gpud_client.values import reshaped
 from gpud_protocol import views as geometry
 
 if TYPE_CHECKING:
-    from gpud_client.api import Tensor
+    from gpud_client.tensor import Tensor
 
 
 class TensorViews:
@@ -48,8 +49,6 @@ class TensorViews:
         A non-contiguous view reshapes only where its strides allow it without a copy (torch's rule
         for `view`); otherwise call `gpu.ops.contiguous(t)` first. A view lives as long as its base:
         freeing the base ends its views; freeing a view ends only that view."""
-        from gpud_client.api import reshaped
-
         dims = reshaped(self.shape, shape)
         strides = geometry.view_strides(self.shape, self.strides, dims)
         if strides is None:

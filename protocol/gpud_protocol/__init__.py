@@ -5,33 +5,29 @@ plus a raw ZeroMQ frame.
 """
 
 from gpud_protocol import ops
-from gpud_protocol.codec import (
+from gpud_protocol.client_encode import (
     BYE,
     PING,
-    PONG,
     DispatchEncoder,
-    DispatchMemo,
-    decode_client_message,
-    decode_op,
-    decode_server_message,
-    describe,
     encode_batch,
     encode_beat,
-    encode_error,
-    encode_error_reply,
     encode_hello,
     encode_op,
     encode_ops,
-    encode_part,
-    encode_receipt,
-    encode_reply,
-    f32_fits,
-    new_dispatch_memo,
-    pack,
 )
+from gpud_protocol.daemon_decode import DispatchMemo, decode_client_message, decode_op, new_dispatch_memo
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
 from gpud_protocol.limits import DEFAULT_LIMITS, DTYPE_SIZES, Limits
 from gpud_protocol.lru import LruCache
+from gpud_protocol.replies import (
+    PONG,
+    decode_server_message,
+    encode_error,
+    encode_error_reply,
+    encode_part,
+    encode_receipt,
+    encode_reply,
+)
 from gpud_protocol.schema import (
     GRAPH_TENSOR_KINDS,
     OPS,
@@ -88,6 +84,7 @@ from gpud_protocol.schema import (
     op_name,
 )
 from gpud_protocol.views import TensorRef, TensorView, contiguous_strides, extent, is_contiguous, view_of_shape
+from gpud_protocol.wire import describe, f32_fits, pack
 
 __version__ = "0.1.0"
 

@@ -23,7 +23,8 @@ from gpud_client.uploads import part_bytes, queue_part
 from gpud_protocol.schema import RESIDENT_MODES
 
 if TYPE_CHECKING:
-    from gpud_client.api import Client, Tensor
+    from gpud_client.client import Client
+    from gpud_client.tensor import Tensor
 
 OP = "load_safetensors"
 CHUNK_BYTES = 16 << 20

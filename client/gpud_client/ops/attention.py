@@ -36,7 +36,8 @@ from gpud_protocol.ops.attention import (
 from gpud_protocol.ops.attention_tiled import tiled_applies, tiled_grid, tiled_width
 
 if TYPE_CHECKING:
-    from gpud_client.api import Client, Tensor
+    from gpud_client.client import Client
+    from gpud_client.tensor import Tensor
 
 SPLIT_TARGET = 1024  # workgroups an attention aims for when it splits the keys: enough for a big GPU
 MAX_AUTO_SPLITS = 64

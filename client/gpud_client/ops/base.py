@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 import gpud_protocol as proto
 from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument, PermissionDenied
+from gpud_client.values import Kernel, f32, i32, u32
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 from gpud_protocol.views import is_contiguous
 
 if TYPE_CHECKING:
-    from gpud_client.api import Client, Kernel, Tensor
+    from gpud_client.client import Client
     from gpud_client.graphs import Graph
+    from gpud_client.tensor import Tensor
 
 
 class OpsBase:
@@ -23,8 +25,6 @@ class OpsBase:
 
     def _kernel(self, name: str) -> Kernel:
         """The built-in kernel `name`, registered on first use without a round trip."""
-        from gpud_client.api import Kernel
-
         kernel = self._kernels.get(name)
         if kernel is None:
             client = self._client
@@ -94,8 +94,6 @@ def _info(tensor: Any) -> TensorInfo:
 
 
 def _scalar(kind: str, value: Any) -> Any:
-    from gpud_client.api import f32, i32, u32
-
     if hasattr(value, "kind") and hasattr(value, "graph"):  # a graph scalar: its kind is declared
         return value
     return {"f32": f32, "i32": i32, "u32": u32}[kind](value)

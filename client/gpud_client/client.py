@@ -13,218 +13,37 @@ cost a round trip.
 from __future__ import annotations
 
 import contextlib
-import itertools
-import math
 import os
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 import gpud_protocol as proto
 from gpud_client import residents as resident_calls
 from gpud_client.batch import frame_budget
-from gpud_client.connection import HANDSHAKE_TIMEOUT_S, Connection, Trace, default_address, open_connection
-from gpud_client.dtypes import (
-    HostDType,
-    bfloat16,
-    exact_bits,
-    from_storage,
-    host_dtype,
-    is_bfloat16,
-    to_bits,
-    values_dtype,
-)
-from gpud_client.errors import GpudError, InvalidArgument
+from gpud_client.client_base import ClientBase
+from gpud_client.dtypes import bfloat16, exact_bits, host_dtype, is_bfloat16, to_bits
+from gpud_client.errors import InvalidArgument
 from gpud_client.graphs import Graph, Step
+from gpud_client.liveness import Connection, open_connection
 from gpud_client.loaders import load as loader
 from gpud_client.ops import Ops
 from gpud_client.residents import Resident
 from gpud_client.scope import Scope
-from gpud_client.scope import made as scope_made
+from gpud_client.tensor import Tensor
+from gpud_client.transport import HANDSHAKE_TIMEOUT_S, default_address
 from gpud_client.uploads import part_bytes, upload_in_parts
-from gpud_client.views import TensorViews, dense_range, picked
-from gpud_protocol import ArgKind, KernelOptions
+from gpud_client.values import F32, Kernel, Scalar, dim3
+from gpud_client.views import dense_range
+from gpud_protocol import KernelOptions
 
 
-class Scalar(NamedTuple):
-    kind: int  # an ArgKind
-    value: int | float
-
-
-_TENSOR, _F32, _I32, _U32 = (int(k) for k in (ArgKind.TENSOR, ArgKind.F32, ArgKind.I32, ArgKind.U32))
-
-
-def f32(value: float) -> Scalar:
-    return Scalar(_F32, float(value))
-
-
-def i32(value: int) -> Scalar:
-    return Scalar(_I32, int(value))
-
-
-def u32(value: int) -> Scalar:
-    return Scalar(_U32, int(value))
-
-
-class Kernel(NamedTuple):
-    handle: int
-    entry: str
-    writes: tuple[int, ...] | None  # tensor-argument positions the kernel writes, as the daemon sees it
-    unchecked: tuple[str, ...] = ()  # what the daemon could not check about this kernel
-
-
-class Tensor(TensorViews):
-    """A device tensor owned by a session (or opened from a resident name). Zero-filled when made.
-
-    A view (`reshape`, `transpose`, `permute`, `narrow`: gpud_client.views) is a Tensor too: its `base`
-    is the tensor whose memory it is, `handle` is the base's, and it travels as a `TensorView` (the
-    base's handle with its own offset, shape and strides)."""
-
-    def __init__(
-        self,
-        client: Client,
-        handle: int,
-        dtype: HostDType,
-        shape: tuple[int, ...],
-        device: int,
-        mode: str = "rw",
-        base: Tensor | None = None,
-        offset: int = 0,
-        strides: tuple[int, ...] | None = None,
-    ) -> None:
-        self._client = client
-        self.handle = handle
-        self.dtype = dtype
-        self.shape = shape
-        self.device = device
-        self.mode = mode
-        self._freed = False
-        self.base: Tensor = self if base is None else base  # the tensor whose memory this is
-        self.offset = offset  # in elements, into the base's memory
-        self.strides = proto.contiguous_strides(shape) if strides is None else strides  # in elements
-        # how the daemon is told which tensor: the handle, or the base's handle with this view's geometry
-        self.ref: int | proto.TensorView = (
-            handle if base is None else proto.TensorView(handle, offset, shape, self.strides)
-        )
-        self._wire = (_TENSOR, self.ref)  # as a dispatch argument
-        if client._scopes:  # a scope is open: the tensor is its
-            scope_made(client, self)
-
-    @property
-    def freed(self) -> bool:
-        """Freed, or a view of a freed tensor: no longer usable."""
-        return self._freed or self.base._freed
-
-    @freed.setter
-    def freed(self, value: bool) -> None:
-        self._freed = value
-
-    @property
-    def is_view(self) -> bool:
-        return self.base is not self
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    async def numpy(self) -> np.ndarray[Any, Any]:
-        """Flush queued work and read the tensor back (a bfloat16 tensor as float32 values, exact)."""
-        client = self._client
-        seq = client._next_seq()
-        client._queue(proto.Readback(seq, client._ref_of(self)), request=seq)
-        _header, data = await client._connection.request(seq)
-        if data is None:
-            return np.zeros(self.shape, values_dtype(self.dtype))
-        if self.base is not self and not self._whole:  # the bytes of the span it reaches over
-            return picked(data, self)
-        if isinstance(data, np.ndarray):  # assembled from several parts: already a private copy
-            return from_storage(data, self.dtype).reshape(self.shape)
-        return from_storage(np.frombuffer(data, np.uint8), self.dtype, copy=True).reshape(self.shape)
-
-    def upload(self, array: Any) -> None:
-        """Queue a host-to-device copy of `array` (same dtype and shape) into this tensor."""
-        self._client.upload(self, array)
-
-    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
-        """A view of this tensor's memory (no copy, no message, no daemon handle)."""
-        self._client._ref_of(self)  # refuse a view of a freed tensor now, not at its first use
-        base = self.base
-        return Tensor(self._client, base.handle, self.dtype, shape, self.device, self.mode, base, offset, strides)
-
-    @property
-    def _whole(self) -> bool:
-        """All of its base's memory, in order (the tensor itself, or a reshape of it)."""
-        return not self.offset and self.is_contiguous and math.prod(self.shape) == math.prod(self.base.shape)
-
-    def free(self) -> None:
-        """Queue the free; the daemon releases the memory once work using it has completed. A view's
-        free is the client's alone: the base, and its other views, stay."""
-        if not self._freed:
-            self._freed = True
-            if self.base is self:
-                client = self._client
-                client._queue(proto.Free(client._next_seq(), self.handle))
-
-    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray[Any, Any]:
-        raise TypeError(f"{self!r} lives on the GPU: use `await tensor.numpy()` to read it")
-
-    def __repr__(self) -> str:
-        state = " freed" if self.freed else ""
-        view = " (a view)" if self.base is not self else ""
-        return f"<gpud Tensor #{self.handle}{view} {self.dtype}{list(self.shape)} device {self.device}{state}>"
-
-
-class Client:
+class Client(ClientBase):
     def __init__(self, connection: Connection) -> None:
-        self._connection = connection
-        self._seqs = itertools.count(1)
-        self._handles = itertools.count(1)
-        self._dispatches = proto.DispatchEncoder()
+        super().__init__(connection)
         self._kernels: dict[tuple[str, str, KernelOptions], Kernel] = {}
         self.ops = Ops(self)  # the built-in op library
-        self._scopes: dict[Any, list[Scope]] = {}  # the open scopes of each task, innermost last
-
-    # ------------------------------------------------------------------ info
-
-    @property
-    def address(self) -> str:
-        return self._connection.address
-
-    @property
-    def welcome(self) -> dict[str, Any]:
-        return self._connection.welcome
-
-    @property
-    def limits(self) -> proto.Limits:
-        return self._connection.limits
-
-    @property
-    def backend(self) -> str:
-        return str(self.welcome.get("backend", ""))
-
-    @property
-    def session_id(self) -> str:
-        return str(self.welcome.get("session", ""))
-
-    @property
-    def devices(self) -> list[dict[str, Any]]:
-        """What the daemon serves, one dict per device (index, name, memory...)."""
-        return list(self.welcome.get("devices", []))
-
-    @property
-    def device(self) -> int:
-        """This session's default device (chosen at connect, or the least loaded one)."""
-        return int(self.welcome.get("device", 0))
-
-    @property
-    def last_trace(self) -> Trace | None:
-        return self._connection.last_trace
-
-    @property
-    def _last_seq(self) -> int:
-        """The sequence number of the op queued last (tests use it to check which op an error names)."""
-        return self._seq_last
 
     # ------------------------------------------------------------------ tensors
 
@@ -312,7 +131,7 @@ class Client:
         source, entry and options give the same kernel, without a second round trip.
         """
         options = KernelOptions(
-            None if block is None else _dim3(block),
+            None if block is None else dim3(block),
             tuple(flags),
             None if writes is None else tuple(int(w) for w in writes),
         )
@@ -348,12 +167,12 @@ class Client:
             if kind is Tensor and arg._client is self and not arg._freed and not arg.base._freed:
                 encoded.append(arg._wire)
             elif kind is float:
-                encoded.append((_F32, arg))
+                encoded.append((F32, arg))
             elif kind is Scalar:
                 encoded.append((arg[0], arg[1]))
             else:
                 encoded.append(self._arg(arg))
-        dims = (grid, 1, 1) if type(grid) is int else _dim3(grid)
+        dims = (grid, 1, 1) if type(grid) is int else dim3(grid)
         seq = next(self._seqs)
         self._seq_last = seq
         body = self._dispatches.encode(
@@ -363,27 +182,6 @@ class Client:
             raise self._connection.lost
         if self._connection.queue.add(body):
             self._connection.send_batch()
-
-    # ------------------------------------------------------------------ requests
-
-    async def sync(self) -> None:
-        """Wait until the device has finished all work this session queued."""
-        await self._simple_request(proto.Sync)
-
-    async def flush(self) -> None:
-        """Send queued ops and return once the daemon executed them (no wait for the GPU)."""
-        await self._simple_request(proto.FlushOp)
-
-    async def stats(self) -> dict[str, Any]:
-        header = await self._simple_request(proto.Stats)
-        stats: dict[str, Any] = header["stats"]
-        return stats
-
-    async def _simple_request(self, op: type[Any]) -> dict[str, Any]:
-        seq = self._next_seq()
-        self._queue(op(seq), request=seq)
-        header, _ = await self._connection.request(seq)
-        return header
 
     # ------------------------------------------------------------------ resident tensors
 
@@ -476,76 +274,6 @@ class Client:
     def unpublish_graph(self, name: str) -> None:
         self._queue(proto.UnpublishGraph(self._next_seq(), name))
 
-    # ------------------------------------------------------------------ plumbing
-
-    def _next_seq(self) -> int:
-        seq = self._seq_last = next(self._seqs)
-        return seq
-
-    def _handle_of(self, tensor: Tensor) -> int:
-        """The handle of `tensor`'s memory (a view's base's), checked to be usable here."""
-        if not isinstance(tensor, Tensor):
-            raise InvalidArgument(f"expected a gpud Tensor, got {type(tensor).__name__}")
-        if tensor._client is not self or tensor.freed:
-            raise InvalidArgument(f"{tensor!r} is freed (or a view of a freed tensor) or belongs to another connection")
-        return tensor.handle
-
-    def _ref_of(self, tensor: Tensor) -> int | proto.TensorView:
-        """How a tensor operand travels: its handle, or a view's `TensorView`."""
-        self._handle_of(tensor)
-        return tensor.ref
-
-    def _arg(self, value: Any) -> tuple[int, int | float | proto.TensorView]:
-        if isinstance(value, Tensor):
-            return (_TENSOR, self._ref_of(value))
-        if isinstance(value, Scalar):
-            return (value.kind, value.value)
-        if isinstance(value, bool):
-            raise InvalidArgument("bool is not a kernel argument; pass i32(int(flag))")
-        if isinstance(value, float | np.floating):
-            return (_F32, float(value))
-        if isinstance(value, np.unsignedinteger):
-            return (_U32, int(value))
-        if isinstance(value, int | np.integer):
-            return (_I32, int(value))
-        raise InvalidArgument(f"cannot pass {type(value).__name__} to a kernel")
-
-    def _queue(self, op: proto.Op, request: int | None = None) -> None:
-        connection = self._connection
-        if connection.lost is not None:
-            raise connection.lost
-        if connection.queue.add(proto.encode_op(op), request):
-            connection.send_batch()
-
-    _seq_last = 0
-
-
-def reshaped(old: tuple[int, ...], new: int | Sequence[Any]) -> tuple[int, ...]:
-    """`new` (a shape, or a shape's dimensions as a sequence of one shape) with a -1 resolved, checked
-    to hold as many elements as `old`."""
-    if not isinstance(new, int) and len(new) == 1 and not isinstance(new[0], int):
-        new = new[0]
-    dims = [int(new)] if isinstance(new, int) else [int(d) for d in new]
-    total = math.prod(old)
-    if dims.count(-1) > 1 or any(d < -1 for d in dims):
-        raise InvalidArgument(f"reshape to {dims}: dimensions are >= 0, with at most one -1")
-    if -1 in dims:
-        known = math.prod(d for d in dims if d != -1)
-        if known == 0 or total % known:
-            raise InvalidArgument(f"cannot reshape {list(old)} to {dims}")
-        dims[dims.index(-1)] = total // known
-    if math.prod(dims) != total:
-        raise InvalidArgument(f"cannot reshape {list(old)} to {dims}: {total} elements, not {math.prod(dims)}")
-    return tuple(dims)
-
-
-def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
-    dims = (value,) if isinstance(value, int) else tuple(int(v) for v in value)
-    if not 1 <= len(dims) <= 3:
-        raise InvalidArgument(f"grid/block needs 1 to 3 dimensions, got {value!r}")
-    padded = dims + (1,) * (3 - len(dims))
-    return (padded[0], padded[1], padded[2])
-
 
 @contextlib.asynccontextmanager
 async def connect(
@@ -571,6 +299,3 @@ async def connect(
         device=device,
     ) as connection:
         yield Client(connection)
-
-
-__all__ = ["Client", "GpudError", "Graph", "Kernel", "Scalar", "Step", "Tensor", "connect", "f32", "i32", "u32"]

@@ -1,0 +1,131 @@
+"""What every call of the client API uses: the connection, sequence numbers and handles, the op
+queue, argument encoding, the session's info and the plain requests (sync, flush, stats)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+import gpud_protocol as proto
+from gpud_client.errors import InvalidArgument
+from gpud_client.liveness import Connection
+from gpud_client.rpc import Trace
+from gpud_client.scope import Scope
+from gpud_client.tensor import Tensor
+from gpud_client.values import F32, I32, TENSOR, U32, Scalar
+
+
+class ClientBase:
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._seqs = itertools.count(1)
+        self._handles = itertools.count(1)
+        self._dispatches = proto.DispatchEncoder()
+        self._scopes: dict[Any, list[Scope]] = {}  # the open scopes of each task, innermost last
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def address(self) -> str:
+        return self._connection.address
+
+    @property
+    def welcome(self) -> dict[str, Any]:
+        return self._connection.welcome
+
+    @property
+    def limits(self) -> proto.Limits:
+        return self._connection.limits
+
+    @property
+    def backend(self) -> str:
+        return str(self.welcome.get("backend", ""))
+
+    @property
+    def session_id(self) -> str:
+        return str(self.welcome.get("session", ""))
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        """What the daemon serves, one dict per device (index, name, memory...)."""
+        return list(self.welcome.get("devices", []))
+
+    @property
+    def device(self) -> int:
+        """This session's default device (chosen at connect, or the least loaded one)."""
+        return int(self.welcome.get("device", 0))
+
+    @property
+    def last_trace(self) -> Trace | None:
+        return self._connection.last_trace
+
+    @property
+    def _last_seq(self) -> int:
+        """The sequence number of the op queued last (tests use it to check which op an error names)."""
+        return self._seq_last
+
+    # ------------------------------------------------------------------ requests
+
+    async def sync(self) -> None:
+        """Wait until the device has finished all work this session queued."""
+        await self._simple_request(proto.Sync)
+
+    async def flush(self) -> None:
+        """Send queued ops and return once the daemon executed them (no wait for the GPU)."""
+        await self._simple_request(proto.FlushOp)
+
+    async def stats(self) -> dict[str, Any]:
+        header = await self._simple_request(proto.Stats)
+        stats: dict[str, Any] = header["stats"]
+        return stats
+
+    async def _simple_request(self, op: type[Any]) -> dict[str, Any]:
+        seq = self._next_seq()
+        self._queue(op(seq), request=seq)
+        header, _ = await self._connection.request(seq)
+        return header
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _next_seq(self) -> int:
+        seq = self._seq_last = next(self._seqs)
+        return seq
+
+    def _handle_of(self, tensor: Tensor) -> int:
+        """The handle of `tensor`'s memory (a view's base's), checked to be usable here."""
+        if not isinstance(tensor, Tensor):
+            raise InvalidArgument(f"expected a gpud Tensor, got {type(tensor).__name__}")
+        if tensor._client is not self or tensor.freed:
+            raise InvalidArgument(f"{tensor!r} is freed (or a view of a freed tensor) or belongs to another connection")
+        return tensor.handle
+
+    def _ref_of(self, tensor: Tensor) -> int | proto.TensorView:
+        """How a tensor operand travels: its handle, or a view's `TensorView`."""
+        self._handle_of(tensor)
+        return tensor.ref
+
+    def _arg(self, value: Any) -> tuple[int, int | float | proto.TensorView]:
+        if isinstance(value, Tensor):
+            return (TENSOR, self._ref_of(value))
+        if isinstance(value, Scalar):
+            return (value.kind, value.value)
+        if isinstance(value, bool):
+            raise InvalidArgument("bool is not a kernel argument; pass i32(int(flag))")
+        if isinstance(value, float | np.floating):
+            return (F32, float(value))
+        if isinstance(value, np.unsignedinteger):
+            return (U32, int(value))
+        if isinstance(value, int | np.integer):
+            return (I32, int(value))
+        raise InvalidArgument(f"cannot pass {type(value).__name__} to a kernel")
+
+    def _queue(self, op: proto.Op, request: int | None = None) -> None:
+        connection = self._connection
+        if connection.lost is not None:
+            raise connection.lost
+        if connection.queue.add(proto.encode_op(op), request):
+            connection.send_batch()
+
+    _seq_last = 0

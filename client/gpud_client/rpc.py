@@ -1,0 +1,247 @@
+"""Requests and replies: futures resolved by sequence number by the one reader of the socket.
+
+A cancelled await never loses another reply (futures are resolved by seq, and messages stay in the
+socket until the one reader takes them). Every future resolves: with data, or with an error
+(DaemonLost when the daemon stops answering or goes away, SessionLost when it ended the session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import anyio
+import numpy as np
+import zmq
+
+import gpud_protocol as proto
+from gpud_client.errors import DaemonLost, GpudError, ProtocolError, SessionLost, from_code
+from gpud_client.transport import Transport
+
+NAMED_OPS = 65536  # op-library calls whose name a failure reported later can still be given
+
+Reply = tuple[dict[str, Any], Any]  # (header, data: a frame's buffer, an assembled array, or None)
+
+
+class Trace(NamedTuple):
+    """perf_counter stamps of one readback (same clock in every process of a host)."""
+
+    sent: float  # client: batch handed to ZeroMQ
+    received: float  # daemon: message read from the socket
+    executed: float  # daemon: the readback's copy encoded
+    flushed: float  # daemon: the command buffer submitted
+    completed: float  # daemon: the copy completed, reply about to be sent
+    replied: float  # client: reply read from the socket
+    resumed: float  # client: the awaiting task resumed
+
+    @staticmethod
+    def median_stages_us(traces: list[Trace]) -> dict[str, float]:
+        """Where round trips go: each stage's median over `traces`, in microseconds."""
+        stages = {
+            "client_to_daemon": [t.received - t.sent for t in traces],
+            "daemon_decode_execute": [t.executed - t.received for t in traces],
+            "until_flush": [t.flushed - t.executed for t in traces],
+            "gpu_and_completion": [t.completed - t.flushed for t in traces],
+            "daemon_to_client": [t.replied - t.completed for t in traces],
+            "client_resume": [t.resumed - t.replied for t in traces],
+        }
+        return {name: 1e6 * statistics.median(values) for name, values in stages.items() if values}
+
+
+class _Parts:
+    """A readback arriving in several messages, copied into one array as the parts come."""
+
+    __slots__ = ("data", "header", "left", "offset")
+
+    def __init__(self, header: dict[str, Any]) -> None:
+        self.header = header
+        self.data = np.empty(int(header["n"]), np.uint8)
+        self.offset = 0
+        self.left = int(header["parts"])
+
+    def add(self, frame: Any) -> bool:
+        view = np.frombuffer(frame.buffer if hasattr(frame, "buffer") else frame, np.uint8)
+        self.data[self.offset : self.offset + view.size] = view
+        self.offset += view.size
+        self.left -= 1
+        return self.left == 0
+
+
+class Rpc(Transport):
+    """A transport whose requests are awaited: futures by seq, the reader resolving them."""
+
+    def __init__(self, sock: zmq.Socket[bytes], address: str, spin_us: float = 0.0) -> None:
+        super().__init__(sock, address)
+        self._spin_s = spin_us / 1e6
+        self._futures: dict[int, asyncio.Future[Reply]] = {}
+        self._parts: dict[int, _Parts] = {}
+        self._unreported: GpudError | None = None  # a daemon error that arrived while nothing waited
+        self._last_heard = time.monotonic()
+        self._received_at = 0.0
+        self.welcome: dict[str, Any] = {}
+        self.limits = proto.DEFAULT_LIMITS
+        self.last_trace: Trace | None = None
+        self._op_names: OrderedDict[int, str] = OrderedDict()  # seq of an op-library dispatch -> its op
+
+    async def request(self, seq: int) -> Reply:
+        """Send what is queued (the request `seq` is its last op) and wait for the reply."""
+        if (unreported := self._unreported) is not None:
+            self._unreported = None
+            raise unreported
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._futures[seq] = future
+        sent_at = time.perf_counter()
+        self.send_batch()
+        try:
+            if self.queue.held:
+                await self.send_held()
+            if self._spin_s:
+                self._spin_until(future)
+            header, data = await future
+        finally:
+            self._futures.pop(seq, None)  # a cancelled await leaves no entry behind
+        if "tr" in header:
+            received, executed, flushed, completed = header["tr"]
+            self.last_trace = Trace(
+                sent_at, received, executed, flushed, completed, self._received_at, time.perf_counter()
+            )
+        return header, data
+
+    def expect(self, seq: int) -> None:
+        """A request nobody awaits (a kernel the op library registers on first use): its error, if
+        any, is raised by the next request, so it is not lost."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._futures[seq] = future
+
+        def done(f: asyncio.Future[Reply]) -> None:
+            self._futures.pop(seq, None)
+            error = None if f.cancelled() else f.exception()
+            lost = isinstance(error, DaemonLost | SessionLost)
+            if isinstance(error, GpudError) and not lost and self._unreported is None:
+                self._unreported = error
+
+        future.add_done_callback(done)
+
+    def name_op(self, seq: int, op: str) -> None:
+        """The dispatch `seq` is the op-library call `op`: its failure says "add", not "dispatch"."""
+        names = self._op_names
+        names[seq] = op
+        if len(names) > NAMED_OPS:
+            names.popitem(last=False)
+
+    def _spin_until(self, future: asyncio.Future[Any]) -> None:
+        """Poll the socket for up to `spin_us` before yielding to the loop (lower latency, more CPU)."""
+        deadline = time.perf_counter() + self._spin_s
+        while not future.done() and time.perf_counter() < deadline:
+            if (frames := self._incoming.try_recv()) is not None:
+                self._on_message(frames)
+
+    # ------------------------------------------------------------------ receiving
+
+    async def reader(self) -> None:
+        while True:
+            self._on_message(await self._incoming.recv())
+
+    def _on_message(self, frames: list[Any]) -> None:
+        self._last_heard = time.monotonic()
+        self._received_at = time.perf_counter()
+        try:
+            header, payload = proto.decode_server_message(frames, self.limits)
+        except proto.ProtocolViolation as exc:
+            self._fail_all(ProtocolError(f"undecodable message from the daemon: {exc.message}"))
+            return
+        kind = header["t"]
+        if kind == "reply":
+            self._resolve(header, payload)
+        elif kind == "part":
+            self._part(header, payload)
+        elif kind == "receipt":
+            self.queue.receipt(int(header.get("b", 0)))
+            self._window_moved.set()
+        elif kind == "welcome":
+            self._resolve_welcome(header)
+        elif kind == "error":
+            error = from_code(header.get("code", 0), str(header.get("msg", "")))
+            if isinstance(error, SessionLost):
+                self.mark_lost(error)
+            else:
+                self._fail_all(error)
+
+    def _resolve(self, header: dict[str, Any], payload: list[Any]) -> None:
+        seq = header.get("seq", -1)
+        self.queue.replied(seq)
+        self._window_moved.set()
+        future = self._futures.get(seq)
+        if header.get("ok"):
+            names = self._op_names
+            while names and next(iter(names)) < seq:  # answered: nothing before it failed unreported
+                names.popitem(last=False)
+            parts = int(header.get("parts", 1))
+            if parts > 1:
+                assembly = self._parts[seq] = _Parts(header)
+                assembly.add(payload[0])
+                return
+            if future is not None and not future.done():
+                future.set_result((header, payload[0].buffer if payload else None))
+            return
+        code, message, failed_seq, op = header["err"]
+        if op == "dispatch":
+            op = self._op_names.get(failed_seq, op)
+        self.queue.acks.add(failed_seq)
+        self._parts.pop(seq, None)
+        if future is not None and not future.done():
+            future.set_exception(from_code(code, message, seq=failed_seq, op=op))
+
+    def _part(self, header: dict[str, Any], payload: list[Any]) -> None:
+        seq = header.get("seq", -1)
+        assembly = self._parts.get(seq)
+        if assembly is None or not payload:
+            return
+        if assembly.add(payload[0]):
+            del self._parts[seq]
+            future = self._futures.get(seq)
+            if future is not None and not future.done():
+                future.set_result((assembly.header, assembly.data))
+
+    def _resolve_welcome(self, header: dict[str, Any]) -> None:
+        self.welcome = header
+        known = {k: v for k, v in header.get("limits", {}).items() if k in proto.Limits.__dataclass_fields__}
+        self.limits = proto.Limits(**known)
+        self.queue.limits = self.limits
+        self.queue.window = int(header.get("window", self.queue.window))
+        if (future := self._futures.get(0)) is not None and not future.done():
+            future.set_result((header, None))
+
+    def _fail_all(self, error: GpudError) -> None:
+        futures, self._futures = self._futures, {}
+        self._parts.clear()
+        pending = [future for future in futures.values() if not future.done()]
+        for future in pending:
+            future.set_exception(error)
+        if not pending and not isinstance(error, DaemonLost | SessionLost):
+            self._unreported = error  # nobody waits: the next request raises it, so it is not lost
+
+    def mark_lost(self, error: GpudError) -> None:
+        if self.lost is None:
+            self.lost = error
+        self._window_moved.set()
+        self._fail_all(error)
+
+    async def handshake(self, timeout: float, device: int | None) -> None:
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._futures[0] = future
+        name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+        self._send_control(proto.encode_hello(name, os.getpid(), device))
+        try:
+            with anyio.fail_after(timeout):
+                await future
+        except TimeoutError:
+            raise DaemonLost(f"no gpud answered at {self.address} within {timeout:.0f} s") from None
+        finally:
+            self._futures.pop(0, None)
