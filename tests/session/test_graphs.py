@@ -7,7 +7,7 @@ import uuid
 
 import numpy as np
 import pytest
-from support import axpb, device_memory, wait_for_memory
+from support import Daemon, axpb, device_memory, wait_for_memory
 
 import gpud_client
 from gpud_client import InvalidArgument, NotFound, PermissionDenied, u32
@@ -197,10 +197,11 @@ async def test_freeing_graphs_returns_their_memory(address: str) -> None:
     await wait_for_memory(address, baseline)
 
 
-async def test_graph_bounds(address: str) -> None:
+async def test_graph_bounds(daemon: Daemon) -> None:
     from gpud.testing import spawn
 
-    with spawn.daemon("webgpu", extra_args=("--session-max-graphs", "2", "--graph-instances", "2")) as (addr, _):
+    bounds = ("--session-max-graphs", "2", "--graph-instances", "2", "--devices", "0")
+    with spawn.daemon(daemon.backend, extra_args=bounds) as (addr, _):  # the parameter's backend, not always webgpu
         async with gpud_client.connect(addr) as gpu:
             await _chain_graph(gpu, "g1")
             await _chain_graph(gpu, "g2")
