@@ -151,6 +151,9 @@ class Dispatcher:
         for key in self._keys_of_buffer.pop(native, ()):
             self._bind_groups.pop(key)
             self._probed.pop((key[0], *key[2:]))
+            # The key's other buffers drop it too: a long-lived buffer (weights) kept every key it
+            # shared with freed ones, and those keys kept the freed buffers (the lavapipe soak's RSS).
+            self._forget(key, None)
 
     def _forget(self, key: tuple[Any, ...], _bind_group: Any) -> None:
         for native, _offset, _size in key[2:]:

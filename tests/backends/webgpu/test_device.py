@@ -128,3 +128,25 @@ def test_a_later_map_never_releases_an_earlier_submissions_reads() -> None:
         device.close()
 
     asyncio.run(main())
+
+
+def test_freed_buffers_leave_no_bind_group_keys_behind() -> None:
+    """Regression (the lavapipe soak: wgpu buffer objects and RSS grew): freeing a buffer dropped its
+    bind groups but left their keys in the sets of the other buffers bound with it, so a long-lived
+    buffer (weights) kept a key, and through it the freed buffer, for every combination it was in."""
+    from gpud.backends.webgpu.dispatch import Dispatcher
+
+    class Stub:
+        def create_buffer(self, **_: Any) -> object:
+            return object()
+
+        def create_bind_group(self, **_: Any) -> object:
+            return object()
+
+    dispatcher = Dispatcher(Stub(), 4, 64, 1 << 30)
+    weights = object()
+    for _ in range(100):
+        scratch = object()
+        dispatcher.bind_group(object(), 1, [(weights, 0, 16), (scratch, 0, 16)], 0)
+        dispatcher.forget_buffer(scratch)
+    assert not dispatcher._keys_of_buffer, "freed buffers are still reachable through other buffers' keys"
