@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing as mp
-import queue
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import gpud_client
+from gpud.testing.processes import gather
 from gpud.testing.reference import greedy_mismatch, reference_logits
 from gpud.testing.transformer import CONFIGS, Config, Decoder, Weights, generate, weights
 
@@ -134,30 +134,14 @@ def run_clients(
         ctx.Process(target=_process, args=(address, model, prefix, mode, tokens, seed, start_at, events))
         for seed in range(k)
     ]
-    for p in procs:
-        p.start()
-    results: dict[int, dict[str, Any]] = {}
-    try:
-        while len(results) < k:
-            try:
-                event = events.get(timeout=5.0)
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError("a decoding client exited without reporting") from None
-                continue
-            if event[0] == "step" and progress is not None:
-                progress(event[1], event[2], event[3])
-            elif event[0] == "failed":
-                raise RuntimeError(f"client {event[1]} failed: {event[2]}")
-            elif event[0] == "done":
-                results[event[1]] = event[2]
-    finally:
-        for p in procs:
-            with contextlib.suppress(Exception):
-                p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    rows = [results[i] for i in range(k)]
+
+    def step(event: tuple[Any, ...]) -> None:
+        if event[0] == "step" and progress is not None:
+            progress(event[1], event[2], event[3])
+
+    rows: list[dict[str, Any]] = gather(
+        procs, events, "a decoding client exited without reporting", "client {} failed: {}", step
+    )
     wall = max(r["seconds"] for r in rows)
     return {
         "mode": mode,

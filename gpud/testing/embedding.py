@@ -9,9 +9,7 @@ its own `Encoder` and embeds its batches in the modes asked for: one warm-up per
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing as mp
-import queue
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +19,7 @@ import numpy as np
 
 import gpud_client
 from gpud.testing.bert import CONFIGS, Encoder
+from gpud.testing.processes import gather
 
 MODEL = "all-minilm-l6-v2"
 BARRIER_S = 600.0  # the longest a process waits for the others before a timed run
@@ -112,24 +111,4 @@ def run_processes(
         ctx.Process(target=_process, args=(i, address, prefix, batches, modes, reps, barrier, events))
         for i, batches in enumerate(work)
     ]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    try:
-        while len(results) < len(procs):
-            try:
-                event = events.get(timeout=5.0)
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError("an embedding process exited without reporting") from None
-                continue
-            if event[0] == "failed":
-                raise RuntimeError(f"embedding process {event[1]} failed: {event[2]}")
-            results[event[1]] = event[2]
-    finally:
-        for p in procs:
-            with contextlib.suppress(Exception):
-                p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return [results[i] for i in range(len(procs))]
+    return gather(procs, events, "an embedding process exited without reporting", "embedding process {} failed: {}")
