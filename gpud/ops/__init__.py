@@ -13,6 +13,8 @@ from importlib import resources
 from gpud_protocol.ops import KernelSpec
 
 _SUFFIX = {"cuda": ".cu", "webgpu": ".wgsl"}
+# Shared helpers added to a family's source (the daemon allows no includes).
+_PRELUDES = {(family, "webgpu"): ("bf16",) for family in ("attention", "reduce", "reduce_axis")}
 
 
 @functools.cache
@@ -24,7 +26,12 @@ def source(family: str, backend: str) -> str:
     path = resources.files(__name__).joinpath(family + suffix)
     if not path.is_file():  # a family of one backend (matmul_tc: CUDA's tensor cores)
         raise LookupError(f"the op library's {family} kernels have no {backend} version")
-    return path.read_text()
+    # After the family's own text: WGSL's `enable` directives come first, and its module-scope
+    # declarations may be used before they appear.
+    shared = (
+        resources.files(__name__).joinpath(name + suffix).read_text() for name in _PRELUDES.get((family, backend), ())
+    )
+    return path.read_text() + "".join(shared)
 
 
 def options_block(spec: KernelSpec, backend: str) -> tuple[int, int, int] | None:

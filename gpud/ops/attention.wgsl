@@ -1038,23 +1038,6 @@ fn kv_append_f16_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 // written rounded to nearest even on the bits (NaN: the quiet NaN of its sign) into element i's half of a
 // word of an array<atomic<u32>>: two threads may write the two halves of one word.
 
-fn bf16_of(word: u32, i: u32) -> f32 {
-    return bitcast<f32>(((word >> ((i & 1u) * 16u)) & 0xffffu) << 16u);
-}
-
-fn bf16_put(v: f32, i: u32) -> u32 {
-    let x = bitcast<u32>(v);
-    var b = (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;
-    if ((x & 0x7fffffffu) > 0x7f800000u) {
-        b = ((x >> 16u) & 0x8000u) | 0x7fc0u;
-    }
-    return b << ((i & 1u) * 16u);
-}
-
-fn bf16_keep(i: u32) -> u32 {
-    return 0xffff0000u >> ((i & 1u) * 16u);
-}
-
 @group(0) @binding(2) var<storage, read_write> eoutbf: array<atomic<u32>>;
 
 fn eoutbf_put(i: u32, v: f32) {
@@ -1069,7 +1052,7 @@ fn embed_bf16(i: u32) -> f32 {
         return 0.0;
     }
     let at = row * ep.d + i % ep.d;
-    return bf16_of(etable[at >> 1u], at);
+    return bf16_at(etable[at >> 1u], at);
 }
 
 @compute @workgroup_size(256)
@@ -1120,8 +1103,8 @@ fn rotary_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     let i = index(gid, groups);
     if (i < rp.n) {
         let q = rot_pair(i, rp);
-        let a = bf16_of(rx[q.i0 >> 1u], q.i0);
-        let b = bf16_of(rx[q.i1 >> 1u], q.i1);
+        let a = bf16_at(rx[q.i0 >> 1u], q.i0);
+        let b = bf16_at(rx[q.i1 >> 1u], q.i1);
         atomicAnd(&routbf[q.i0 >> 1u], bf16_keep(q.i0));
         atomicOr(&routbf[q.i0 >> 1u], bf16_put(a * q.c - b * q.s, q.i0));
         atomicAnd(&routbf[q.i1 >> 1u], bf16_keep(q.i1));
@@ -1135,8 +1118,8 @@ fn rotary_inplace_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let i = index(gid, groups);
     if (i < rpi.n) {
         let q = rot_pair(i, rpi);
-        let a = bf16_of(atomicLoad(&riobf[q.i0 >> 1u]), q.i0);
-        let b = bf16_of(atomicLoad(&riobf[q.i1 >> 1u]), q.i1);
+        let a = bf16_at(atomicLoad(&riobf[q.i0 >> 1u]), q.i0);
+        let b = bf16_at(atomicLoad(&riobf[q.i1 >> 1u]), q.i1);
         atomicAnd(&riobf[q.i0 >> 1u], bf16_keep(q.i0));
         atomicOr(&riobf[q.i0 >> 1u], bf16_put(a * q.c - b * q.s, q.i0));
         atomicAnd(&riobf[q.i1 >> 1u], bf16_keep(q.i1));
@@ -1180,7 +1163,7 @@ fn kv_append_bf16_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     if (i < kp.n) {
         let at = append_at(i);
         if (at >= 0) {
-            kcbf_put(at, bf16_of(kx[i >> 1u], i));
+            kcbf_put(at, bf16_at(kx[i >> 1u], i));
         }
     }
 }
@@ -1191,7 +1174,7 @@ fn kv_append_f32_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     if (i < kp.n) {
         let at = append_at(i);
         if (at >= 0) {
-            kc32[at] = bf16_of(kx[i >> 1u], i);
+            kc32[at] = bf16_at(kx[i >> 1u], i);
         }
     }
 }
@@ -1202,7 +1185,7 @@ fn kv_append_f16_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     if (i < kp.n) {
         let at = append_at(i);
         if (at >= 0) {
-            kc16[at] = f16(bf16_of(kx[i >> 1u], i));
+            kc16[at] = f16(bf16_at(kx[i >> 1u], i));
         }
     }
 }

@@ -106,26 +106,6 @@ fn inverse_sum(ms: vec2<f32>) -> f32 {
     return select(0.0, 1.0 / ms.y, ms.y > 0.0);
 }
 
-// bfloat16 element i, out of the word holding it (word i / 2; the even element in the low half).
-fn bf16_at(word: u32, i: u32) -> f32 {
-    return bitcast<f32>(((word >> ((i & 1u) * 16u)) & 0xffffu) << 16u);
-}
-
-// v rounded to bfloat16 (nearest even; NaN: the quiet NaN of its sign), in element i's half of a word:
-// stored with atomicAnd(word, bf16_keep(i)) then atomicOr(word, bf16_put(v, i)), the other half kept.
-fn bf16_put(v: f32, i: u32) -> u32 {
-    let x = bitcast<u32>(v);
-    var b = (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;
-    if ((x & 0x7fffffffu) > 0x7f800000u) {
-        b = ((x >> 16u) & 0x8000u) | 0x7fc0u;
-    }
-    return b << ((i & 1u) * 16u);
-}
-
-fn bf16_keep(i: u32) -> u32 {
-    return 0xffff0000u >> ((i & 1u) * 16u);
-}
-
 @group(0) @binding(0) var<storage, read> reduce_f32_x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> reduce_f32_out: array<f32>;
 @group(0) @binding(2) var<uniform> reduce_f32_p: Reduce;
