@@ -171,6 +171,7 @@ class Kernel:
     regs: int = 0
     local: int = 0
     smem: int = 0
+    shared: int = 0  # dynamic shared memory the launch gives
 
     def info(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "function"}
@@ -243,7 +244,9 @@ class Device:
         base = ctypes.addressof(slots)
         params = (ctypes.c_void_p * len(slots))(*(base + 8 * i for i in range(len(slots))))
         stream = self.cu.CUstream(self.torch.cuda.current_stream().cuda_stream)
-        _check(self.cu.cuLaunchKernel(fn.function, *g, fn.threads, 1, 1, 0, stream, ctypes.addressof(params), 0))
+        _check(
+            self.cu.cuLaunchKernel(fn.function, *g, fn.threads, 1, 1, fn.shared, stream, ctypes.addressof(params), 0)
+        )
 
     def graph_time(self, call: Any, launches: int, reps: int) -> list[float]:
         """Seconds per call: `launches` calls (call(i)) in one CUDA graph, replayed `reps` times."""

@@ -64,6 +64,7 @@ class KernelSpec:
     # positions (among tensors) the kernel reads through an offset and strides among its scalars (any
     # view; its tensor is bound whole). Every other tensor must be dense: see `layout_problem`.
     strided: tuple[int, ...] = ()
+    shared: int = 0  # CUDA dynamic shared memory per block, bytes
 
     def verify(self, infos: Sequence[TensorInfo], scalars: Sequence[int | float]) -> None:
         """The layout rule (a dense tensor wherever the kernel takes no strides), then the op's own."""
@@ -150,11 +151,12 @@ from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers abo
     elementwise,
     layout,
     matmul,
+    matmul_wg,
     reduce,
     reduce_axis,
 )
 
-FAMILIES = [elementwise, matmul, reduce, attention, attention_tiled, layout, reduce_axis]
+FAMILIES = [elementwise, matmul, matmul_wg, reduce, attention, attention_tiled, layout, reduce_axis]
 KERNELS: dict[str, KernelSpec] = _registry()
 
 

@@ -1,0 +1,110 @@
+"""Matrix products on Hopper's warpgroup tensor cores (CUDA, compute capability 9.0; family
+matmul_wg: gpud/ops/matmul_wg.cu, compiled for sm_90a).
+
+`matmul_wg<BM>x<BN>_<t>_<t>` for t in f16, bf16: matmul's tensors, scalars and rule (see
+gpud_protocol.ops.matmul) for x and w of one dtype, float16 or bfloat16, w as (N, K) only (wt = 1,
+a Linear's weight); out in that dtype, float32 accumulators, rounded once. A block of
+WG_TILES[name].threads threads computes a BM x BN tile of out through a pipeline in
+WG_TILES[name].shared bytes of dynamic shared memory. Grid: wg_grid, one block per tile, their count
+folded into y past 65,535 (the block's tile is blockIdx.x + blockIdx.y * gridDim.x; blocks past the
+last tile do nothing), z the batch. wg_kernel picks the tile for a product, or None where matmul_tc
+serves it better (few rows, or a weight as (K, N)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from gpud_protocol.ops import KernelSpec, TensorInfo, need
+from gpud_protocol.ops.matmul import LIMIT, SCALARS, plan
+
+SHORT = {"float16": "f16", "bfloat16": "bf16"}
+BIAS_KINDS = {"float32": 1, "float16": 2, "bfloat16": 3}
+CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
+MIN_ROWS = 128  # fewer rows of x per weight matrix: matmul_tc's small tiles serve better
+
+
+class WgTile(NamedTuple):
+    bm: int
+    bn: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.bm  # a warpgroup of 128 threads per 64 rows
+
+    @property
+    def shared(self) -> int:
+        """Dynamic shared memory: `stages` K-slices of 64 elements of both tiles, and 1 KB to align them."""
+        return self.stages * (self.bm + self.bn) * 128 + 1024
+
+
+TILES = {
+    "128x256": WgTile(128, 256, 3),
+    "128x128": WgTile(128, 128, 4),
+    "64x128": WgTile(64, 128, 4),
+    "64x64": WgTile(64, 64, 6),
+}
+WG_TILES = {f"matmul_wg{size}_{t}_{t}": tile for t in SHORT.values() for size, tile in TILES.items()}
+SMS = 132  # the multiprocessors of the GPU the tile choice was fitted on (an H100)
+
+
+def _tiles(tile: WgTile, m: int, n: int) -> int:
+    return -(-m // tile.bm) * -(-n // tile.bn)
+
+
+def wg_kernel(m: int, n: int, k: int, dtype: str) -> str | None:
+    """The largest tile that still gives every multiprocessor a block, else the smallest; None below
+    MIN_ROWS rows."""
+    if m < MIN_ROWS or dtype not in SHORT:
+        return None
+    t = SHORT[dtype]
+    for size, tile in TILES.items():
+        if _tiles(tile, m, n) >= SMS:
+            return f"matmul_wg{size}_{t}_{t}"
+    return f"matmul_wg64x64_{t}_{t}"
+
+
+def wg_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
+    from gpud_protocol.ops import MAX_GROUPS
+
+    tiles = _tiles(WG_TILES[name], m, n)
+    return (tiles, 1, batch) if tiles <= MAX_GROUPS else (MAX_GROUPS, -(-tiles // MAX_GROUPS), batch)
+
+
+def _spec(name: str, tile: WgTile, dtype: str) -> KernelSpec:
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        x, w, bias, out = t
+        wt, bias_kind = s[6], s[7]
+        need(x.dtype == w.dtype == dtype, f"takes x and w {dtype}, got x {x.dtype} and w {w.dtype}")
+        need(out.dtype == dtype, f"out is {out.dtype}, the product of {dtype} operands is {dtype}")
+        need(wt == 1, f"takes w as (N, K) only (wt 1), not wt {wt}")
+        p = plan(x.shape, w.shape, True)
+        need(out.shape == p.out_shape, f"out is {list(out.shape)}, the product is {list(p.out_shape)}")
+        need(max(x.size, w.size, out.size) < LIMIT, f"more than {LIMIT - 1} elements in a tensor")
+        forms = {p.sizes}
+        if len(x.shape) == 3 and len(w.shape) == 2:  # shared w, batches not folded into the rows
+            forms.add((p.out_shape[0], p.out_shape[1], p.n, p.k, p.out_shape[1] * p.k, 0))
+        sizes = tuple(s[:6])
+        need(sizes in forms, f"the sizes passed {list(sizes)} do not match the tensors (expected {sorted(forms)})")
+        kinds = {v: k for k, v in BIAS_KINDS.items()}
+        need(bias_kind == 0 or bias_kind in kinds, f"bias_kind is 0, 1, 2 or 3, not {bias_kind}")
+        if bias_kind:
+            need(
+                bias.dtype == kinds[int(bias_kind)],
+                f"bias_kind {bias_kind} is a {kinds[int(bias_kind)]} bias, the bias is {bias.dtype}",
+            )
+            need(bias.shape == (p.n,), f"bias is {list(bias.shape)}, it must be [{p.n}] (N)")
+
+    return KernelSpec(
+        name, "matmul_wg", "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, tile.threads, shared=tile.shared
+    )
+
+
+SPECS = [
+    _spec(name, tile, dtype)
+    for dtype, t in SHORT.items()
+    for name, tile in WG_TILES.items()
+    if name.endswith(f"_{t}_{t}")
+]
