@@ -41,8 +41,8 @@ class WgTile(NamedTuple):
 
 
 TILES = {
-    "128x256": WgTile(128, 256, 3),
-    "128x128": WgTile(128, 128, 4),
+    "128x256": WgTile(128, 256, 4),
+    "128x128": WgTile(128, 128, 5),
     "64x128": WgTile(64, 128, 4),
     "64x64": WgTile(64, 64, 6),
 }
