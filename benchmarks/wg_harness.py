@@ -29,20 +29,45 @@ for _name in ("gemm_device", "gemm_harness"):
     _spec.loader.exec_module(sys.modules[_name])
 gd, gh = sys.modules["gemm_device"], sys.modules["gemm_harness"]
 ROWS = (128, 256, 1024, 4096, 15360)
+SWEEP = [  # (warpgroups, BN, stages, blocks per multiprocessor for __launch_bounds__)
+    (2, 128, 3, 2),
+    (2, 128, 4, 1),
+    (2, 256, 3, 1),
+    (1, 128, 3, 3),
+    (1, 64, 4, 3),
+    (2, 64, 4, 2),
+]
+
+
+def sweep_entries() -> tuple[str, list[tuple[str, int, int, int, int]]]:
+    """Extra entry points (float16) for the SWEEP variants, and (name, bm, bn, threads, shared) of each."""
+    text, tiles = "", []
+    for wg, bn, stages, blocks in SWEEP:
+        name = f"sweep_wg{64 * wg}x{bn}_s{stages}_b{blocks}"
+        text += (
+            f'\nextern "C" __global__ void __launch_bounds__({128 * wg}, {blocks}) {name}(const u16* x, const u16* w, '
+            "const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, "
+            "unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {\n"
+            f"    matmul_wg<{wg}, {bn}, {stages}, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);\n}}\n"
+        )
+        tiles.append((name, 64 * wg, bn, 128 * wg, stages * (64 * wg + bn) * 128 + 1024))
+    return text, tiles
 
 
 def build_wg(dev: Any, wg: Any) -> list[Any]:
-    image = gd.compile_cubin((gd.ROOT / "gpud" / "ops" / "matmul_wg.cu").read_text(), "sm_90a")
+    extra, sweep = sweep_entries()
+    image = gd.compile_cubin((gd.ROOT / "gpud" / "ops" / "matmul_wg.cu").read_text() + extra, "sm_90a")
     module = gd._check(dev.cu.cuModuleLoadData(image))
     dev.modules.append(module)
     attr = dev.cu.CUfunction_attribute
     kernels = []
-    for name, tile in wg.WG_TILES.items():
+    tiles = [(name, t.bm, t.bn, t.threads, t.shared) for name, t in wg.WG_TILES.items()] + sweep
+    for name, bm, bn, threads, shared in tiles:
         fn = gd._check(dev.cu.cuModuleGetFunction(module, name.encode()))
-        gd._check(dev.cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tile.shared))
+        gd._check(dev.cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared))
         regs = gd._check(dev.cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, fn))
         local = gd._check(dev.cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn))
-        kernels.append(gd.Kernel(name, tile.bm, tile.bn, tile.threads, fn, regs, local, tile.shared, tile.shared))
+        kernels.append(gd.Kernel(name, bm, bn, threads, fn, regs, local, shared, shared))
     return kernels
 
 
@@ -113,7 +138,7 @@ def main() -> int:
     bad = {name: e for name, e in edges.items() if not e <= 1}
     print(f"edge cases: worst error/bound {max(edges.values()):.3f}" + (f"; FAILED {bad}" if bad else ""), flush=True)
 
-    f16 = [fn for fn in kernels if fn.name.endswith("_f16_f16")]
+    f16 = [fn for fn in kernels if "_bf16" not in fn.name]
     points = []
     for model, layer, n, k in gh.SHAPES:
         for m in map(int, args.rows.split(",")):
@@ -126,7 +151,7 @@ def main() -> int:
                 **gh.measure_point(dev, [tc[plan_tc], *f16], plan_tc, n, k, m, args.quick),
             }
             point["wg_plan"] = wg.wg_kernel(m, n, k, "float16")
-            wgs = {name: r for name, r in point["kernels"].items() if name.startswith("matmul_wg")}
+            wgs = {name: r for name, r in point["kernels"].items() if "_wg" in name}
             best = max(wgs, key=lambda name: wgs[name]["ratio"])
             plan_ratio = wgs[point["wg_plan"]]["ratio"] if point["wg_plan"] in wgs else float("nan")
             points.append(point)
@@ -134,7 +159,9 @@ def main() -> int:
             print(
                 f"{model[:6]:<6} {layer:<12} {n:>6}x{k:<5} M={m:<5} torch {point['torch_us']:7.1f} us  tc {point['ratio']:4.2f}"
                 f"  wg-plan {plan_ratio:4.2f} ({point['wg_plan']})  wg-best {wgs[best]['ratio']:4.2f} {best} "
-                + " ".join(f"{name[9:].split('_')[0]}:{r['ratio']:.2f}" for name, r in wgs.items()),
+                + " ".join(
+                    f"{name.split('wg')[1].removesuffix('_f16_f16')}:{r['ratio']:.2f}" for name, r in wgs.items()
+                ),
                 flush=True,
             )
     result = {
