@@ -29,13 +29,10 @@ for _name in ("gemm_device", "gemm_harness"):
     _spec.loader.exec_module(sys.modules[_name])
 gd, gh = sys.modules["gemm_device"], sys.modules["gemm_harness"]
 ROWS = (128, 256, 1024, 4096, 15360)
-SWEEP = [  # (warpgroups, BN, stages, blocks per multiprocessor for __launch_bounds__)
+SWEEP = [  # (warpgroups, BN, stages, blocks per multiprocessor for __launch_bounds__); production in WG_TILES
     (2, 128, 3, 2),
     (2, 128, 4, 1),
-    (2, 256, 3, 1),
-    (1, 128, 3, 3),
-    (1, 64, 4, 3),
-    (2, 64, 4, 2),
+    (1, 128, 4, 2),
 ]
 
 
@@ -48,7 +45,8 @@ def sweep_entries() -> tuple[str, list[tuple[str, int, int, int, int]]]:
             f'\nextern "C" __global__ void __launch_bounds__({128 * wg}, {blocks}) {name}(const u16* x, const u16* w, '
             "const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, "
             "unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {\n"
-            f"    matmul_wg<{wg}, {bn}, {stages}, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);\n}}\n"
+            f"    matmul_wg<{wg}, {bn}, {stages}, false>"
+            "(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);\n}\n"
         )
         tiles.append((name, 64 * wg, bn, 128 * wg, stages * (64 * wg + bn) * 128 + 1024))
     return text, tiles
@@ -157,7 +155,8 @@ def main() -> int:
             points.append(point)
             dev.torch.cuda.empty_cache()
             print(
-                f"{model[:6]:<6} {layer:<12} {n:>6}x{k:<5} M={m:<5} torch {point['torch_us']:7.1f} us  tc {point['ratio']:4.2f}"
+                f"{model[:6]:<6} {layer:<12} {n:>6}x{k:<5} M={m:<5} torch {point['torch_us']:7.1f} us"
+                f"  tc {point['ratio']:4.2f}"
                 f"  wg-plan {plan_ratio:4.2f} ({point['wg_plan']})  wg-best {wgs[best]['ratio']:4.2f} {best} "
                 + " ".join(
                     f"{name.split('wg')[1].removesuffix('_f16_f16')}:{r['ratio']:.2f}" for name, r in wgs.items()

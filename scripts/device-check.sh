@@ -93,6 +93,15 @@ main() {
             section python3 -m gpud bench soak --backend cuda --clients "${SOAK_CLIENTS:-4}" --minutes "${SOAK_MINUTES:-8}" \
                 --json "$OUT/soak-cuda.json" --plot "$OUT/soak-cuda.svg" || status=1
             ;;
+        embed-profile) # kernel times of one MiniLM forward at 256 sentences, gpud's and torch's (Nsight Compute)
+            section ncu --target-processes all --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu-embed.csv" \
+                python3 -m benchmarks.embed_profile --weights .embed || status=1
+            section python3 -m benchmarks.embed_profile --report "$OUT/ncu-embed.csv" || status=1
+            ;;
+        gemm) # the tensor-core matmuls beside cuBLAS: matmul_tc's tiles, then matmul_wg's (sm_90a)
+            section python3 benchmarks/gemm_harness.py --json "$OUT/gemm-harness.json" || status=1
+            section python3 benchmarks/wg_harness.py --json "$OUT/wg-harness.json" || status=1
+            ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac

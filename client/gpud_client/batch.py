@@ -22,12 +22,23 @@ class OpQueue:
         self._count = 0
         self._frames: list[Any] = []
         self._frame_bytes = 0
+        self._frames_full = False  # the frames reached a limit: the batch goes with the next op
         self._requests: list[int] = []
         self.acks: set[int] = set()  # failed seqs seen, acknowledged with the next batch
         self.number = 0  # of the last batch made
         self.confirmed = 0  # batches up to this one were executed by the daemon
         self._batch_of_request: dict[int, int] = {}
         self.held: deque[list[Any]] = deque()  # made but not sent (window full or socket full)
+
+    @property
+    def limits(self) -> proto.Limits:
+        return self._limits
+
+    @limits.setter
+    def limits(self, limits: proto.Limits) -> None:
+        self._limits = limits
+        self._max_ops = limits.max_ops_per_batch
+        self._max_packed = limits.max_header_bytes // 2
 
     def __len__(self) -> int:
         return self._count
@@ -38,21 +49,17 @@ class OpQueue:
         self._count += 1
         if request is not None:
             self._requests.append(request)
-        limits = self.limits
-        return (
-            self._count >= limits.max_ops_per_batch
-            or len(self._frames) >= limits.max_frames
-            or len(self._packed) >= limits.max_header_bytes // 2
-            or self._frame_bytes >= frame_budget(limits)
-        )
+        return self._count >= self._max_ops or len(self._packed) >= self._max_packed or self._frames_full
 
     def add_frame(self, payload: Any) -> int | None:
         """The index of `payload` in this batch, or None if it must go in the next batch (size limit)."""
         size = len(payload)
-        if self._frames and self._frame_bytes + size > frame_budget(self.limits):
+        limits = self._limits
+        if self._frames and self._frame_bytes + size > frame_budget(limits):
             return None
         self._frames.append(payload)
         self._frame_bytes += size
+        self._frames_full = len(self._frames) >= limits.max_frames or self._frame_bytes >= frame_budget(limits)
         return len(self._frames) - 1
 
     def take(self) -> list[Any] | None:
@@ -67,6 +74,7 @@ class OpQueue:
         )
         frames = [header, *self._frames]
         self._packed, self._count, self._frames, self._frame_bytes, self._requests = bytearray(), 0, [], 0, []
+        self._frames_full = False
         self.acks.clear()
         return frames
 

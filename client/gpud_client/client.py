@@ -23,7 +23,7 @@ import gpud_protocol as proto
 from gpud_client import residents as resident_calls
 from gpud_client.batch import frame_budget
 from gpud_client.client_base import ClientBase
-from gpud_client.dtypes import bfloat16, exact_bits, host_dtype, is_bfloat16, to_bits
+from gpud_client.dtypes import bfloat16, exact_bits, host_dtype, is_bfloat16, name_of, to_bits
 from gpud_client.errors import InvalidArgument
 from gpud_client.graphs import Graph, Step
 from gpud_client.liveness import Connection, open_connection
@@ -69,14 +69,13 @@ class Client(ClientBase):
         """A new tensor, zero-filled on every backend, on `device` (default: the session's)."""
         dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         np_dtype = host_dtype(dtype)
-        if np_dtype.name not in proto.DTYPE_SIZES:
+        name = name_of(np_dtype)  # np_dtype.name, kept (numpy takes microseconds for it)
+        if name not in proto.DTYPE_SIZES:
             raise InvalidArgument(f"dtype {np_dtype} is not supported: use one of {sorted(proto.DTYPE_SIZES)}")
         where = self.device if device is None else int(device)
         if not 0 <= where < max(1, len(self.devices)):
             raise InvalidArgument(f"no device {where}: the daemon serves {len(self.devices)}")
-        handle = next(self._handles)
-        self._queue(proto.Alloc(self._next_seq(), handle, np_dtype.name, dims, where))
-        return Tensor(self, handle, np_dtype, dims, where)
+        return self._new(dims, name, where, np_dtype)
 
     zeros = empty
 
@@ -123,10 +122,12 @@ class Client(ClientBase):
         block: Sequence[int] | None = None,
         flags: Sequence[str] = (),
         writes: Sequence[int] | None = None,
+        shared: int = 0,
     ) -> Kernel:
         """Compile `source` (WGSL on webgpu, CUDA C on cuda); raises CompileError with the log.
 
-        `block` is CUDA's block size (WGSL sets @workgroup_size in the source). `writes` lists the
+        `block` is CUDA's block size (WGSL sets @workgroup_size in the source); `shared` the bytes of
+        CUDA dynamic shared memory (`extern __shared__`) each block gets. `writes` lists the
         tensor-argument positions the kernel writes, when the daemon cannot infer them. The same
         source, entry and options give the same kernel, without a second round trip.
         """
@@ -134,6 +135,7 @@ class Client(ClientBase):
             None if block is None else dim3(block),
             tuple(flags),
             None if writes is None else tuple(int(w) for w in writes),
+            int(shared),
         )
         key = (source, entry, options)
         if (known := self._kernels.get(key)) is not None:
@@ -164,8 +166,8 @@ class Client(ClientBase):
         encoded = []
         for arg in args:
             kind = type(arg)
-            if kind is Tensor and arg._client is self and not arg._freed and not arg.base._freed:
-                encoded.append(arg._wire)
+            if kind is Tensor and arg._client is self and not arg._freed and not (arg._base and arg._base._freed):
+                encoded.append(arg._as_arg)
             elif kind is float:
                 encoded.append((F32, arg))
             elif kind is Scalar:

@@ -4,17 +4,24 @@ queue, argument encoding, the session's info and the plain requests (sync, flush
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 import gpud_protocol as proto
+from gpud_client import packing
+from gpud_client.dtypes import HostDType, host_dtype
 from gpud_client.errors import InvalidArgument
 from gpud_client.liveness import Connection
 from gpud_client.rpc import Trace
 from gpud_client.scope import Scope
 from gpud_client.tensor import Tensor
 from gpud_client.values import F32, I32, TENSOR, U32, Scalar
+from gpud_protocol.wire import pack
+
+if TYPE_CHECKING:
+    from gpud_client.client import Client
 
 
 class ClientBase:
@@ -122,10 +129,40 @@ class ClientBase:
         raise InvalidArgument(f"cannot pass {type(value).__name__} to a kernel")
 
     def _queue(self, op: proto.Op, request: int | None = None) -> None:
+        self._queue_packed(proto.encode_op(op), request)
+
+    def _queue_packed(self, body: bytes, request: int | None = None) -> None:
         connection = self._connection
         if connection.lost is not None:
             raise connection.lost
-        if connection.queue.add(proto.encode_op(op), request):
+        if connection.queue.add(body, request):
             connection.send_batch()
+
+    def _new(self, shape: tuple[int, ...], dtype: str, device: int | None, host: HostDType | None = None) -> Tensor:
+        """A new tensor, without the checks of `empty`: `dtype` is a supported dtype's name and `device`
+        one of the daemon's (None: the session's default) — the op library's outputs. `host`: the
+        tensor's `.dtype` (default: the one `dtype` names)."""
+        where = self.device if device is None else device
+        handle = next(self._handles)
+        seq = self._seq_last = next(self._seqs)
+        self._queue_packed(packing.alloc(seq, handle, dtype, shape, where))
+        client = cast("Client", self)  # what a ClientBase always is
+        return Tensor(client, handle, host_dtype(dtype) if host is None else host, shape, where, dtype_name=dtype)
+
+    def _queue_launch(self, kernel: int, head: bytes, tail: bytes, tensors: Sequence[Any]) -> int:
+        """Queue a dispatch of `kernel` whose grid and argument count are packed in `head`, and its
+        scalar arguments (and writes) in `tail` (gpud_client.packing); `tensors` are its tensor
+        arguments. The seq of the dispatch."""
+        parts = [packing.DISPATCH, b"", pack(kernel), head]
+        for t in tensors:
+            if type(t) is Tensor and t._client is self and not t._freed and not (t._base and t._base._freed):
+                parts.append(t._packed)
+            else:  # refused here (freed, of another connection, not a tensor), or a Tensor subclass
+                parts.append(pack(self._arg(t)))
+        parts.append(tail)
+        seq = self._seq_last = next(self._seqs)
+        parts[1] = pack(seq)
+        self._queue_packed(b"".join(parts))
+        return seq
 
     _seq_last = 0

@@ -68,20 +68,47 @@ def is_bfloat16(spec: object) -> bool:
     return False
 
 
+# Every op reads its tensors' dtype names (numpy's `dtype.name` takes microseconds): the answers for the
+# specs met so far (names, numpy dtypes and scalar types, `bfloat16`), which are few and immutable.
+# Specs that compare equal name one dtype, so keys never mislead. Bounded: past it, no more are kept.
+CACHED_SPECS = 256
+_hosts: dict[Any, HostDType] = {}
+_names: dict[Any, str] = {}
+
+
+def _cacheable(spec: object) -> bool:
+    return type(spec) is str or isinstance(spec, np.dtype | BFloat16 | type)
+
+
 def host_dtype(spec: Any) -> HostDType:
     """The dtype `spec` names: numpy's, or `bfloat16` (TypeError when neither)."""
-    return bfloat16 if is_bfloat16(spec) else np.dtype(spec)
+    try:
+        return _hosts[spec]
+    except (KeyError, TypeError):  # not met yet, or unhashable
+        pass
+    dtype: HostDType = bfloat16 if is_bfloat16(spec) else np.dtype(spec)
+    if len(_hosts) < CACHED_SPECS and _cacheable(spec):
+        _hosts[spec] = dtype
+    return dtype
 
 
 def name_of(dtype: Any) -> str:
     """The gpud name of a dtype (a tensor's `.dtype`, a numpy dtype, a name); what numpy cannot read
     as a dtype, as a string (for the error that names it)."""
-    if is_bfloat16(dtype):
-        return NAME
     try:
-        return str(np.dtype(dtype).name)
-    except TypeError:
-        return str(dtype)
+        return _names[dtype]
+    except (KeyError, TypeError):
+        pass
+    if is_bfloat16(dtype):
+        name = NAME
+    else:
+        try:
+            name = str(np.dtype(dtype).name)
+        except TypeError:
+            return str(dtype)
+    if len(_names) < CACHED_SPECS and _cacheable(dtype):
+        _names[dtype] = name
+    return name
 
 
 def storage_dtype(dtype: HostDType) -> np.dtype[Any]:

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import gpud_protocol as proto
-from gpud_client.dtypes import HostDType, exact_bits, from_storage, host_dtype, is_bfloat16
+from gpud_client.dtypes import HostDType, exact_bits, from_storage, host_dtype, is_bfloat16, name_of
 from gpud_client.errors import InvalidArgument
 from gpud_client.values import dim3, reshaped
 from gpud_protocol import ArgKind
+from gpud_protocol.ops import TensorInfo
 
 if TYPE_CHECKING:
     from gpud_client.client import Client
@@ -47,7 +48,9 @@ class GraphTensor:
         self.kind = kind
         self.index = index
         self.dtype = dtype
+        self.dtype_name = name_of(dtype)
         self.shape = shape
+        self.info = TensorInfo(self.dtype_name, shape)  # what the op library's rules see: dense
         self.base: Any = self  # the tensor whose memory this is (of the graph, or a session's)
 
     @property

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument
+from gpud_protocol.ops.matmul import mixes_halves
 
 if TYPE_CHECKING:
     from gpud_client.client import Client
@@ -38,16 +39,11 @@ def _check(module: str, what: str, tensor: Any, ndim: int, shape: tuple[int, ...
 
 class Linear:
     """y = x @ weight.T + bias, weight (out_features, in_features) as PyTorch stores it, bias (out,).
-    x is (..., in_features); y is (..., out_features) (float16 when x and weight are, else float32)."""
+    x is (..., in_features); y is (..., out_features): x's dtype when the weight shares it (float16,
+    bfloat16), else float32; float16 with bfloat16 is refused (cast x to the weight's dtype)."""
 
     def __init__(self, gpu: Client, weight: Any, bias: Any = None) -> None:
         _check("Linear", "weight", weight, 2)
-        if name_of(weight.dtype) == "bfloat16":
-            raise InvalidArgument(
-                "Linear: the weight is bfloat16, which matmul does not take yet; cast it to float16 first "
-                "(gpu.ops.cast(weight, 'float16'))",
-                op="Linear",
-            )
         self.out_features, self.in_features = (int(d) for d in weight.shape)
         if bias is not None:
             _check("Linear", "bias", bias, 1, (self.out_features,))
@@ -62,6 +58,13 @@ class Linear:
         shape = tuple(x.shape)
         if not shape or shape[-1] != self.in_features:
             raise InvalidArgument(f"Linear: x is {list(shape)}, its last axis must be {self.in_features}", op="Linear")
+        xd, wd = name_of(x.dtype), name_of(self.weight.dtype)
+        if mixes_halves(xd, wd):
+            raise InvalidArgument(
+                f"Linear: x is {xd} and the weight {wd}, which matmul does not mix (nor torch); cast x first: "
+                f"gpu.ops.cast(x, '{wd}')",
+                op="Linear",
+            )
         matmul = self.gpu.ops.matmul
         if len(shape) in (2, 3):  # what matmul takes as it is
             return matmul(x, self.weight, transpose_w=True, bias=self.bias, graph=graph)

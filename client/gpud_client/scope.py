@@ -76,6 +76,10 @@ class Scope:
 
 def made(client: Client, tensor: Tensor) -> None:
     """`tensor` was just made: it belongs to the innermost scope open in this task, if any."""
-    stack = client._scopes.get(current_task())
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        task = None
+    stack = client._scopes.get(task)
     if stack:
-        stack[-1].add(tensor)
+        stack[-1]._made[id(tensor)] = tensor  # `add`, inlined: every op's output comes here

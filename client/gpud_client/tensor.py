@@ -8,10 +8,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import gpud_protocol as proto
-from gpud_client.dtypes import HostDType, from_storage, values_dtype
+from gpud_client import packing
+from gpud_client.dtypes import HostDType, from_storage, name_of, values_dtype
+from gpud_client.memo import Memo
 from gpud_client.scope import made as scope_made
 from gpud_client.values import TENSOR
 from gpud_client.views import TensorViews, picked
+from gpud_protocol.ops import TensorInfo
+from gpud_protocol.wire import pack
+
+_dense_strides: Memo[tuple[int, ...], tuple[int, ...]] = Memo(4096)  # by shape
 
 if TYPE_CHECKING:
     from gpud_client.client import Client
@@ -35,29 +41,53 @@ class Tensor(TensorViews):
         base: Tensor | None = None,
         offset: int = 0,
         strides: tuple[int, ...] | None = None,
+        dtype_name: str | None = None,
     ) -> None:
         self._client = client
         self.handle = handle
         self.dtype = dtype
+        self.dtype_name = name = name_of(dtype) if dtype_name is None else dtype_name  # "float32", "bfloat16"...
         self.shape = shape
         self.device = device
         self.mode = mode
         self._freed = False
-        self.base: Tensor = self if base is None else base  # the tensor whose memory this is
+        # A view's base tensor (`base`); None for a tensor of its own memory, which refers to nothing of its
+        # own: dropped, it goes at once (a reference to itself would leave every one to the garbage collector).
+        self._base = base
         self.offset = offset  # in elements, into the base's memory
-        self.strides = proto.contiguous_strides(shape) if strides is None else strides  # in elements
+        if strides is None:
+            strides = _dense_strides.get(shape) or _dense_strides.keep(shape, proto.contiguous_strides(shape))
+            dense = True
+        else:
+            dense = proto.is_contiguous(shape, strides)
+        self.strides = strides  # in elements
+        # What the op library's rules see (gpud_protocol.ops): dtype, shape, offset, and strides unless dense.
+        self.info = TensorInfo(name, shape, offset, None if dense else strides)
         # how the daemon is told which tensor: the handle, or the base's handle with this view's geometry
-        self.ref: int | proto.TensorView = (
-            handle if base is None else proto.TensorView(handle, offset, shape, self.strides)
-        )
-        self._wire = (TENSOR, self.ref)  # as a dispatch argument
+        self.ref: int | proto.TensorView = handle if base is None else proto.TensorView(handle, offset, shape, strides)
+        self._as_arg = wire = (TENSOR, self.ref)  # as a dispatch argument (`_wire`)
+        self._packed = pack(wire)  # the same, packed (gpud_client.packing)
         if client._scopes:  # a scope is open: the tensor is its
             scope_made(client, self)
 
     @property
+    def _wire(self) -> tuple[int, int | proto.TensorView]:
+        """How the tensor travels as a dispatch argument: (TENSOR, ref)."""
+        return self._as_arg
+
+    @_wire.setter
+    def _wire(self, wire: tuple[int, int | proto.TensorView]) -> None:
+        self._as_arg, self._packed = wire, pack(wire)
+
+    @property
+    def base(self) -> Tensor:
+        """The tensor whose memory this is: itself, or a view's tensor."""
+        return self if self._base is None else self._base
+
+    @property
     def freed(self) -> bool:
         """Freed, or a view of a freed tensor: no longer usable."""
-        return self._freed or self.base._freed
+        return self._freed or (self._base is not None and self._base._freed)
 
     @freed.setter
     def freed(self, value: bool) -> None:
@@ -93,7 +123,9 @@ class Tensor(TensorViews):
         """A view of this tensor's memory (no copy, no message, no daemon handle)."""
         self._client._ref_of(self)  # refuse a view of a freed tensor now, not at its first use
         base = self.base
-        return Tensor(self._client, base.handle, self.dtype, shape, self.device, self.mode, base, offset, strides)
+        return Tensor(
+            self._client, base.handle, self.dtype, shape, self.device, self.mode, base, offset, strides, self.dtype_name
+        )
 
     @property
     def _whole(self) -> bool:
@@ -107,7 +139,7 @@ class Tensor(TensorViews):
             self._freed = True
             if self.base is self:
                 client = self._client
-                client._queue(proto.Free(client._next_seq(), self.handle))
+                client._queue_packed(packing.free(client._next_seq(), self.handle))
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray[Any, Any]:
         raise TypeError(f"{self!r} lives on the GPU: use `await tensor.numpy()` to read it")

@@ -21,11 +21,16 @@ from numpy.lib.stride_tricks import as_strided
 
 from gpud_client.dtypes import from_storage, storage_dtype, values_dtype
 from gpud_client.errors import InvalidArgument
+from gpud_client.memo import Memo
 from gpud_client.values import reshaped
 from gpud_protocol import views as geometry
 
 if TYPE_CHECKING:
     from gpud_client.tensor import Tensor
+
+
+# (shape, strides, the dimensions asked for) -> (shape, strides) of the view: reshapes repeat every step
+_reshapes: Memo[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = Memo(4096)
 
 
 class TensorViews:
@@ -49,6 +54,17 @@ class TensorViews:
         A non-contiguous view reshapes only where its strides allow it without a copy (torch's rule
         for `view`); otherwise call `gpu.ops.contiguous(t)` first. A view lives as long as its base:
         freeing the base ends its views; freeing a view ends only that view."""
+        key = (self.shape, self.strides, shape)
+        try:
+            known = _reshapes.get(key)
+        except TypeError:  # unhashable dimensions (a list): worked out, not kept
+            return self._view(*self._reshaped(shape), self.offset)
+        if known is None:
+            known = _reshapes.keep(key, self._reshaped(shape))
+        return self._view(known[0], known[1], self.offset)
+
+    def _reshaped(self, shape: tuple[int | Sequence[int], ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shape and strides of `reshape(*shape)`, checked."""
         dims = reshaped(self.shape, shape)
         strides = geometry.view_strides(self.shape, self.strides, dims)
         if strides is None:
@@ -57,7 +73,7 @@ class TensorViews:
                 "call gpu.ops.contiguous(t) first",
                 op="reshape",
             )
-        return self._view(dims, strides, self.offset)
+        return dims, strides
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         """Dimensions `dim0` and `dim1` swapped (negative: from the end): a view, as torch.transpose."""

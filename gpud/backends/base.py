@@ -91,7 +91,7 @@ class Program:
 def program_key(source: str, entry: str, options: KernelOptions, *extra: Any) -> tuple[Any, ...]:
     """Exact cache key: a hash of the source plus every option as a separate tuple member."""
     digest = hashlib.sha256(source.encode(errors="surrogatepass")).hexdigest()
-    return (digest, entry, options.block, options.flags, options.writes, *extra)
+    return (digest, entry, options.block, options.flags, options.writes, options.shared, *extra)
 
 
 def memory_key(buffer: Buffer) -> Hashable:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
+from gpud_protocol import KernelOptions
 from gpud_protocol.ops import KernelSpec
 
 _SUFFIX = {"cuda": ".cu", "webgpu": ".wgsl"}
 # Shared helpers added to a family's source (the daemon allows no includes).
-_PRELUDES = {(family, "webgpu"): ("bf16",) for family in ("attention", "reduce", "reduce_axis")}
+_PRELUDES = {(family, "webgpu"): ("bf16",) for family in ("attention", "matmul", "reduce", "reduce_axis")}
 
 
 @functools.cache
@@ -34,6 +35,9 @@ def source(family: str, backend: str) -> str:
     return path.read_text() + "".join(shared)
 
 
-def options_block(spec: KernelSpec, backend: str) -> tuple[int, int, int] | None:
-    """The CUDA block of a kernel (WGSL kernels set theirs in the source)."""
-    return (spec.block, 1, 1) if backend == "cuda" else None
+def options(spec: KernelSpec, backend: str) -> KernelOptions:
+    """A built-in kernel's options: on CUDA its block and dynamic shared memory (WGSL kernels set
+    their workgroup size in the source)."""
+    if backend != "cuda":
+        return KernelOptions()
+    return KernelOptions((spec.block, 1, 1), shared=spec.shared)

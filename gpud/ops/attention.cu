@@ -1,8 +1,9 @@
 // Attention ops (see gpud_protocol/ops/attention.py for the interface): embedding lookup, rotary
 // position embedding, KV-cache append, and attention (split over the keys, then combined). The same
-// algorithms as attention.wgsl. Float16 is unsigned short storage, computed in float32; one template
-// body serves every dtype combination, instantiated by the extern "C" entry points. CUDA only:
-// attention_flash_*, full attention of float16 in one pass on the tensor cores (inline PTX).
+// algorithms as attention.wgsl. Float16 is unsigned short storage and bfloat16 a struct of one (below),
+// computed in float32; one template body serves every dtype combination, instantiated by the extern "C"
+// entry points. CUDA only: attention_flash_*, full attention of float16 or bfloat16 in one pass on the
+// tensor cores (inline PTX).
 
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -12,15 +13,16 @@ __device__ __forceinline__ float load(const unsigned short* p, unsigned int i) {
 __device__ __forceinline__ void store(float* p, unsigned int i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(unsigned short* p, unsigned int i, float v) { p[i] = f2h(v); }
 
-// bfloat16 (embedding, rotary, kv_append): a struct of one unsigned short, rounded on the bits as
+// bfloat16: a struct of one unsigned short, rounded on the bits as
 // elementwise.cu does (nearest even; NaN: the quiet NaN of its sign, as ml_dtypes gives).
 struct bf16 { unsigned short bits; };
 __device__ __forceinline__ float load(const bf16* p, unsigned int i) { return __uint_as_float((unsigned int)p[i].bits << 16); }
-__device__ __forceinline__ void store(bf16* p, unsigned int i, float v) {
+__device__ __forceinline__ unsigned short bf16_bits(float v) {
     const unsigned int x = __float_as_uint(v);
-    p[i].bits = (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u)
-                                                : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    return (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u)
+                                           : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
+__device__ __forceinline__ void store(bf16* p, unsigned int i, float v) { p[i].bits = bf16_bits(v); }
 
 // Whether key mask element i lets its key take part (mask_mode 3 uint8, 4 int32, 5 float32, 6 int64).
 __device__ __forceinline__ bool key_on(const unsigned char* mask, unsigned int mode, unsigned long long i) {
@@ -65,6 +67,26 @@ __device__ __forceinline__ float dot_row(const float* sq, const unsigned short* 
         }
     }
     for (; i < d; ++i) dot += sq[i] * h2f(k[k0 + i]);
+    return dot;
+}
+
+__device__ __forceinline__ float dot_pair_bf16(const float* sq, unsigned int i, unsigned int w) {
+    return sq[i] * __uint_as_float(w << 16) + sq[i + 1u] * __uint_as_float(w & 0xffff0000u);
+}
+
+__device__ __forceinline__ float dot_row(const float* sq, const bf16* k, unsigned int k0, unsigned int d) {
+    float dot = 0.0f;
+    unsigned int i = 0;
+    if ((k0 & 7u) == 0u && (reinterpret_cast<unsigned long long>(k) & 15u) == 0u) {
+        const uint4* row = reinterpret_cast<const uint4*>(k + k0);
+#pragma unroll 4
+        for (; i + 8u <= d; i += 8u) {
+            const uint4 w = row[i / 8u];
+            dot += dot_pair_bf16(sq, i, w.x) + dot_pair_bf16(sq, i + 2u, w.y) + dot_pair_bf16(sq, i + 4u, w.z) +
+                   dot_pair_bf16(sq, i + 6u, w.w);
+        }
+    }
+    for (; i < d; ++i) dot += sq[i] * load(k, k0 + i);
     return dot;
 }
 
@@ -193,6 +215,9 @@ ATTENTION(attention_f32_f32, float, float)
 ATTENTION(attention_f32_f16, float, unsigned short)
 ATTENTION(attention_f16_f32, unsigned short, float)
 ATTENTION(attention_f16_f16, unsigned short, unsigned short)
+ATTENTION(attention_f32_bf16, float, bf16)
+ATTENTION(attention_bf16_f32, bf16, float)
+ATTENTION(attention_bf16_bf16, bf16, bf16)
 
 // attention_combine_<out>: the splits of each row merged and normalised, stored as O.
 template <typename O>
@@ -223,14 +248,15 @@ __device__ void combine(const float* part, O* out, unsigned int n, unsigned int 
 
 COMBINE(attention_combine_f32, float)
 COMBINE(attention_combine_f16, unsigned short)
+COMBINE(attention_combine_bf16, bf16)
 
 // ------------------------------------------------------------------------------------------------
-// attention_flash_d<D>_<out>(q, k, v, key_mask, out): full attention of float16 q, k, v on the tensor
-// cores, one pass (FlashAttention-2's scheme). A block of 4 warps takes 64 query rows of one (batch,
+// attention_flash_d<D>[_bf16]_<out>(q, k, v, key_mask, out): full attention of float16 (or bfloat16: the
+// template parameter BF, mma.sync's .bf16 form) q, k, v on the tensor cores, one pass (FlashAttention-2's scheme). A block of 4 warps takes 64 query rows of one (batch,
 // head), 16 rows a warp; it walks the keys in tiles of BN (64, or 32 for D = 128), double-buffered
 // in shared memory by cp.async. Per tile: S = Q K^T (mma.sync m16n8k16, float32 accumulators; Q's
 // fragments stay in registers), hidden keys set to -inf, the online softmax in base 2, then O += P V
-// with P rounded to float16 straight from S's registers. Scores never leave the registers. Keys the
+// with P rounded to the inputs' dtype straight from S's registers. Scores never leave the registers. Keys the
 // key mask hides (and keys past S) are never loaded: their rows of K and V are zero-filled. The
 // key mask becomes one bit per key in shared memory first (at most FLASH_MASK_WORDS * 32 keys), and
 // the tiles before its first and after its last visible key are skipped. Shared memory rows are
@@ -267,17 +293,34 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned int (&r)[4], unsigned int
                  : "memory");
 }
 
-// d += a b: a 16x16 (row), b 16x8 (col) float16, d 16x8 float32.
+// d += a b: a 16x16 (row), b 16x8 (col) float16 (bfloat16 if BF), d 16x8 float32.
+template <bool BF>
 __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if (BF) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
 }
 
 __device__ __forceinline__ unsigned int pack_half2(float lo, float hi) {
     unsigned int r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// P's pairs for P V, in the inputs' dtype (the weights are finite, in [0, 1]: cvt's NaN rule does not matter)
+template <bool BF>
+__device__ __forceinline__ unsigned int pack_p(float lo, float hi) {
+    if (!BF) return pack_half2(lo, hi);
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 
@@ -322,7 +365,11 @@ __device__ __forceinline__ void store_pair(unsigned short* out, unsigned long lo
     *reinterpret_cast<unsigned int*>(out + i) = pack_half2(a, b);
 }
 
-template <int D, typename O>
+__device__ __forceinline__ void store_pair(bf16* out, unsigned long long i, float a, float b) {
+    *reinterpret_cast<unsigned int*>(out + i) = (unsigned int)bf16_bits(a) | ((unsigned int)bf16_bits(b) << 16);
+}
+
+template <int D, typename O, bool BF>
 __device__ __forceinline__ void flash(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                                       const unsigned char* key_mask, O* out, unsigned int nb, unsigned int nt,
                                       unsigned int ns, unsigned int hq, unsigned int hkv, unsigned int causal,
@@ -429,8 +476,8 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
             for (unsigned int np = 0; np < BN / 16u; ++np) {
                 unsigned int kf[4];
                 ldsm_x4(kf, sk + swz<D>(np * 16u + (lane & 7u) + (lane >> 4) * 8u, kc * 2u + ((lane >> 3) & 1u)));
-                mma16816(s[2u * np], qf[kc], kf[0], kf[1]);
-                mma16816(s[2u * np + 1u], qf[kc], kf[2], kf[3]);
+                mma16816<BF>(s[2u * np], qf[kc], kf[0], kf[1]);
+                mma16816<BF>(s[2u * np + 1u], qf[kc], kf[2], kf[3]);
             }
         }
 
@@ -486,14 +533,14 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
 #pragma unroll
         for (unsigned int kc = 0; kc < BN / 16u; ++kc) {
             const unsigned int pa[4] = {
-                pack_half2(s[2u * kc][0], s[2u * kc][1]), pack_half2(s[2u * kc][2], s[2u * kc][3]),
-                pack_half2(s[2u * kc + 1u][0], s[2u * kc + 1u][1]), pack_half2(s[2u * kc + 1u][2], s[2u * kc + 1u][3])};
+                pack_p<BF>(s[2u * kc][0], s[2u * kc][1]), pack_p<BF>(s[2u * kc][2], s[2u * kc][3]),
+                pack_p<BF>(s[2u * kc + 1u][0], s[2u * kc + 1u][1]), pack_p<BF>(s[2u * kc + 1u][2], s[2u * kc + 1u][3])};
 #pragma unroll
             for (unsigned int dp = 0; dp < D / 16u; ++dp) {
                 unsigned int vf[4];
                 ldsm_x4_trans(vf, sv + swz<D>(kc * 16u + (lane & 7u) + ((lane >> 3) & 1u) * 8u, dp * 2u + (lane >> 4)));
-                mma16816(o[2u * dp], pa, vf[0], vf[1]);
-                mma16816(o[2u * dp + 1u], pa, vf[2], vf[3]);
+                mma16816<BF>(o[2u * dp], pa, vf[0], vf[1]);
+                mma16816<BF>(o[2u * dp + 1u], pa, vf[2], vf[3]);
             }
         }
     }
@@ -512,21 +559,29 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
     }
 }
 
-#define FLASH(NAME, D, O)                                                                                         \
+// q, k and v as their bits (unsigned short) whatever their dtype: BF says which
+#define FLASH(NAME, D, O, BF)                                                                                     \
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS)                                                   \
         NAME(const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned char* key_mask, \
              O* out, unsigned int nb, unsigned int nt, unsigned int ns, unsigned int hq, unsigned int hkv,        \
              unsigned int d, unsigned int causal, unsigned int mask_mode, float scale) {                          \
-        flash<D, O>(q, k, v, key_mask, out, nb, nt, ns, hq, hkv, causal, mask_mode, scale);                       \
+        flash<D, O, BF>(q, k, v, key_mask, out, nb, nt, ns, hq, hkv, causal, mask_mode, scale);                   \
     }
 
-// out float32 or float16 (the client's default: q's dtype, float16 here)
-FLASH(attention_flash_d32_f32, 32, float)
-FLASH(attention_flash_d64_f32, 64, float)
-FLASH(attention_flash_d128_f32, 128, float)
-FLASH(attention_flash_d32_f16, 32, unsigned short)
-FLASH(attention_flash_d64_f16, 64, unsigned short)
-FLASH(attention_flash_d128_f16, 128, unsigned short)
+// float16 q, k, v; out float32 or float16 (the client's default: q's dtype, float16 here)
+FLASH(attention_flash_d32_f32, 32, float, false)
+FLASH(attention_flash_d64_f32, 64, float, false)
+FLASH(attention_flash_d128_f32, 128, float, false)
+FLASH(attention_flash_d32_f16, 32, unsigned short, false)
+FLASH(attention_flash_d64_f16, 64, unsigned short, false)
+FLASH(attention_flash_d128_f16, 128, unsigned short, false)
+// bfloat16 q, k, v; out float32 or bfloat16
+FLASH(attention_flash_d32_bf16_f32, 32, float, true)
+FLASH(attention_flash_d64_bf16_f32, 64, float, true)
+FLASH(attention_flash_d128_bf16_f32, 128, float, true)
+FLASH(attention_flash_d32_bf16_bf16, 32, bf16, true)
+FLASH(attention_flash_d64_bf16_bf16, 64, bf16, true)
+FLASH(attention_flash_d128_bf16_bf16, 128, bf16, true)
 
 // ------------------------------------------------------------------------------------------------
 // embedding_<table>_<out>: out[i, c] = table[ids[i], c], zeros for an id outside 0 .. V-1. ids_mode:
@@ -649,7 +704,7 @@ KV_APPEND(kv_append_f16_f32, unsigned short, float)
 KV_APPEND(kv_append_f16_f16, unsigned short, unsigned short)
 
 // ------------------------------------------------------------------------------------------------
-// bfloat16: embedding tables and outputs, rotary, kv_append's x and cache (not attention's q, k, v yet).
+// bfloat16: embedding tables and outputs, rotary, kv_append's x and cache (attention's are above).
 
 EMBEDDING(embedding_bf16_f32, bf16, float)
 EMBEDDING(embedding_bf16_f16, bf16, unsigned short)

@@ -2,9 +2,11 @@
 // position embedding, KV-cache append, and attention (split over the keys, then combined; or, for
 // full attention, attention_tiled: one pass, query rows sharing tiles of keys).
 //
-// Float16 tensors that are only read are bound as array<u32> (two halves a word, unpacked with
-// unpack2x16float) and float32 ones as array<u32> too (bitcast): one body serves both dtypes, picked
-// by a constant argument of the entry point. Written float16 tensors are array<f16>.
+// Float16 and bfloat16 tensors that are only read are bound as array<u32> (two halves a word, unpacked
+// with unpack2x16float, or bf16_at and bf16_pair of gpud/ops/bf16.wgsl, which gpud.ops.source adds to
+// this source) and float32 ones as array<u32> too (bitcast): one body serves every dtype, picked by a
+// constant argument of the entry point (F32, F16, BF16). Written float16 tensors are array<f16>; written
+// bfloat16 ones array<atomic<u32>> (two threads may write the halves of one word).
 // No loop runs more than 65,535 times (lavapipe cuts longer ones): per-element kernels have no
 // loops, attention loops over tiles of 256 keys (at most 65,535 tiles: 16.7M keys), attention_tiled
 // over tiles of 32 / L keys (its Python side picks the split kernel past its budget).
@@ -13,6 +15,9 @@ enable f16;
 const BLOCK: u32 = 256u;
 const NONE: f32 = -3.0e38; // the running maximum before any key, and the score of a hidden key
 const HIDDEN: f32 = -1.0e30; // a mask value at or below this hides its key
+const F32: u32 = 0u; // a tensor's dtype, a constant of each entry point
+const F16: u32 = 1u;
+const BF16: u32 = 2u;
 
 // The index of a thread of a 1-D grid folded into y past 65,535 workgroups.
 fn index(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
@@ -57,23 +62,32 @@ var<workgroup> sr: array<f32, 256>; // the accumulators of the groups, at the en
 var<workgroup> sm: array<f32, 16>; // partial maxima and sums
 var<workgroup> scount: i32;
 
-fn aq_at(half: bool, i: u32) -> f32 {
-    if (half) {
+fn aq_at(kind: u32, i: u32) -> f32 {
+    if (kind == F16) {
         return unpack2x16float(aq[i >> 1u])[i & 1u];
+    }
+    if (kind == BF16) {
+        return bf16_at(aq[i >> 1u], i);
     }
     return bitcast<f32>(aq[i]);
 }
 
-fn ak_at(half: bool, i: u32) -> f32 {
-    if (half) {
+fn ak_at(kind: u32, i: u32) -> f32 {
+    if (kind == F16) {
         return unpack2x16float(ak[i >> 1u])[i & 1u];
+    }
+    if (kind == BF16) {
+        return bf16_at(ak[i >> 1u], i);
     }
     return bitcast<f32>(ak[i]);
 }
 
-fn av_at(half: bool, i: u32) -> f32 {
-    if (half) {
+fn av_at(kind: u32, i: u32) -> f32 {
+    if (kind == F16) {
         return unpack2x16float(av[i >> 1u])[i & 1u];
+    }
+    if (kind == BF16) {
+        return bf16_at(av[i >> 1u], i);
     }
     return bitcast<f32>(av[i]);
 }
@@ -96,7 +110,7 @@ fn key_on(mode: u32, i: u32) -> bool {
     }
 }
 
-fn attend(qh: bool, kvh: bool, wid: vec3<u32>, groups: vec3<u32>, tid: u32) {
+fn attend(qk: u32, kvk: u32, wid: vec3<u32>, groups: vec3<u32>, tid: u32) {
     let work = wid.x + wid.y * groups.x; // (row, split)
     let splits = ap.splits;
     if (work >= ap.b * ap.t * ap.hq * splits) {
@@ -121,7 +135,7 @@ fn attend(qh: bool, kvh: bool, wid: vec3<u32>, groups: vec3<u32>, tid: u32) {
         scount = max(count, 0);
     }
     if (tid < d) {
-        sq[tid] = aq_at(qh, row * d + tid) * ap.scale;
+        sq[tid] = aq_at(qk, row * d + tid) * ap.scale;
     }
     let count = u32(workgroupUniformLoad(&scount)); // a barrier: sq is ready too
     let per = ((ap.s + BLOCK - 1u) / BLOCK + splits - 1u) / splits;
@@ -145,7 +159,7 @@ fn attend(qh: bool, kvh: bool, wid: vec3<u32>, groups: vec3<u32>, tid: u32) {
             var dot = 0.0;
             let k0 = kv0 + key * stride;
             for (var i = 0u; i < d; i++) {
-                dot += sq[i] * ak_at(kvh, k0 + i);
+                dot += sq[i] * ak_at(kvk, k0 + i);
             }
             score = dot;
             if (ap.mask_mode >= 3u) { // a key mask (B, S)
@@ -186,7 +200,7 @@ fn attend(qh: bool, kvh: bool, wid: vec3<u32>, groups: vec3<u32>, tid: u32) {
             for (var j = g; j < keys; j += ngroups) {
                 let pj = sp[j];
                 if (pj != 0.0) {
-                    acc += pj * av_at(kvh, kv0 + (key0 + j) * stride + dd);
+                    acc += pj * av_at(kvk, kv0 + (key0 + j) * stride + dd);
                 }
             }
         }
@@ -225,25 +239,43 @@ fn attend(qh: bool, kvh: bool, wid: vec3<u32>, groups: vec3<u32>, tid: u32) {
 @compute @workgroup_size(256)
 fn attention_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                      @builtin(local_invocation_index) tid: u32) {
-    attend(false, false, wid, groups, tid);
+    attend(F32, F32, wid, groups, tid);
 }
 
 @compute @workgroup_size(256)
 fn attention_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                      @builtin(local_invocation_index) tid: u32) {
-    attend(false, true, wid, groups, tid);
+    attend(F32, F16, wid, groups, tid);
+}
+
+@compute @workgroup_size(256)
+fn attention_f32_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                      @builtin(local_invocation_index) tid: u32) {
+    attend(F32, BF16, wid, groups, tid);
 }
 
 @compute @workgroup_size(256)
 fn attention_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                      @builtin(local_invocation_index) tid: u32) {
-    attend(true, false, wid, groups, tid);
+    attend(F16, F32, wid, groups, tid);
 }
 
 @compute @workgroup_size(256)
 fn attention_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                      @builtin(local_invocation_index) tid: u32) {
-    attend(true, true, wid, groups, tid);
+    attend(F16, F16, wid, groups, tid);
+}
+
+@compute @workgroup_size(256)
+fn attention_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                      @builtin(local_invocation_index) tid: u32) {
+    attend(BF16, F32, wid, groups, tid);
+}
+
+@compute @workgroup_size(256)
+fn attention_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                       @builtin(local_invocation_index) tid: u32) {
+    attend(BF16, BF16, wid, groups, tid);
 }
 
 // attention_combine_<out>(part, out): out[row, d] = sum_s w_s acc_s[d] / sum_s w_s l_s, w_s = exp(m_s -
@@ -254,6 +286,7 @@ struct Combine { n: u32, d: u32, splits: u32 }
 @group(0) @binding(0) var<storage, read> cpart: array<f32>;
 @group(0) @binding(1) var<storage, read_write> cout32: array<f32>;
 @group(0) @binding(1) var<storage, read_write> cout16: array<f16>;
+@group(0) @binding(1) var<storage, read_write> coutbf: array<atomic<u32>>;
 @group(0) @binding(2) var<uniform> cp: Combine;
 
 fn combine(i: u32) -> f32 {
@@ -291,6 +324,15 @@ fn attention_combine_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
     }
 }
 
+@compute @workgroup_size(256)
+fn attention_combine_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = index(gid, groups);
+    if (i < cp.n) {
+        atomicAnd(&coutbf[i >> 1u], bf16_keep(i));
+        atomicOr(&coutbf[i >> 1u], bf16_put(combine(i), i));
+    }
+}
+
 // ------------------------------------------------------------------------------------------------
 // attention_tiled_d<W>_<q>_<kv>_<out>(q, k, v, mask, out): full attention in one pass for D <= W (32, 64,
 // 128, 256), one workgroup of 64 threads per (block of query rows, query head, batch row). A row is
@@ -316,6 +358,7 @@ struct Tiled { b: u32, t: u32, s: u32, hq: u32, hkv: u32, d: u32, causal: u32, m
 @group(0) @binding(3) var<storage, read> tmask: array<u32>; // as amask
 @group(0) @binding(4) var<storage, read_write> tout32: array<f32>;
 @group(0) @binding(4) var<storage, read_write> tout16: array<f16>;
+@group(0) @binding(4) var<storage, read_write> toutbf: array<atomic<u32>>;
 @group(0) @binding(5) var<uniform> tp: Tiled;
 
 var<workgroup> wk: array<vec4<f32>, 256>; // the tile's keys: dims 4i .. 4i+3 of key c at c * 8L + i
@@ -324,17 +367,25 @@ var<workgroup> wpart: array<f32, 1024>; // L > 1: thread u's partial dot product
 var<workgroup> won: array<u32, 32>; // key c of the tile exists and the key mask lets it take part
 
 // Four elements of q, k or v (which: 0, 1, 2) from element i, dims dim .. dim+3 of a row of d; zeros past d.
-fn tiled4(which: u32, half: bool, i: u32, dim: u32, d: u32) -> vec4<f32> {
+fn tiled4(which: u32, kind: u32, i: u32, dim: u32, d: u32) -> vec4<f32> {
+    let half = kind != F32; // two elements a word
     if (d % 4u == 0u && which != 0u) { // whole, aligned vec4s (q is read once: the general path)
         if (dim >= d) {
             return vec4<f32>(0.0);
         }
-        if (half) {
+        if (kind == F16) {
             let w = i >> 1u;
             if (which == 1u) {
                 return vec4<f32>(unpack2x16float(tk[w]), unpack2x16float(tk[w + 1u]));
             }
             return vec4<f32>(unpack2x16float(tv[w]), unpack2x16float(tv[w + 1u]));
+        }
+        if (kind == BF16) {
+            let w = i >> 1u;
+            if (which == 1u) {
+                return vec4<f32>(bf16_pair(tk[w]), bf16_pair(tk[w + 1u]));
+            }
+            return vec4<f32>(bf16_pair(tv[w]), bf16_pair(tv[w + 1u]));
         }
         if (which == 1u) {
             return bitcast<vec4<f32>>(vec4<u32>(tk[i], tk[i + 1u], tk[i + 2u], tk[i + 3u]));
@@ -350,7 +401,12 @@ fn tiled4(which: u32, half: bool, i: u32, dim: u32, d: u32) -> vec4<f32> {
             case 1u: { word = tk[select(e, e >> 1u, half)]; }
             default: { word = tv[select(e, e >> 1u, half)]; }
         }
-        let x = select(bitcast<f32>(word), unpack2x16float(word)[e & 1u], half);
+        var x = bitcast<f32>(word);
+        if (kind == F16) {
+            x = unpack2x16float(word)[e & 1u];
+        } else if (kind == BF16) {
+            x = bf16_at(word, e);
+        }
         out[c] = select(0.0, x, dim + c < d);
     }
     return out;
@@ -375,7 +431,7 @@ fn tiled_key_on(mode: u32, i: u32) -> bool {
 }
 
 // Slot e of the tile (4 dims of one key) into wk and wv, and whether its key takes part into won.
-fn tiled_load(kvh: bool, e: u32, width: u32, key0: u32, b: u32, kv0: u32, stride: u32) {
+fn tiled_load(kvk: u32, e: u32, width: u32, key0: u32, b: u32, kv0: u32, stride: u32) {
     let c = e / width;
     let dim = (e % width) * 4u;
     let key = key0 + c;
@@ -387,8 +443,8 @@ fn tiled_load(kvh: bool, e: u32, width: u32, key0: u32, b: u32, kv0: u32, stride
     var vv = vec4<f32>(0.0);
     if (on) {
         let at = kv0 + key * stride + dim;
-        kk = tiled4(1u, kvh, at, dim, tp.d);
-        vv = tiled4(2u, kvh, at, dim, tp.d);
+        kk = tiled4(1u, kvk, at, dim, tp.d);
+        vv = tiled4(2u, kvk, at, dim, tp.d);
     }
     wk[e] = kk;
     wv[e] = vv;
@@ -442,7 +498,7 @@ fn tiled_row_sum(at: u32, rows: u32, lanes: u32) -> f32 {
 struct TiledRow { at: u32, dims: u32 }
 
 // Attention of the thread's row on its 32 dims into acc (normalised), and where they go.
-fn attend_tiled(qh: bool, kvh: bool, lanes: u32, wid: vec3<u32>, tid: u32,
+fn attend_tiled(qk: u32, kvk: u32, lanes: u32, wid: vec3<u32>, tid: u32,
                 acc: ptr<function, array<vec4<f32>, 8>>) -> TiledRow {
     let d = tp.d;
     let s = tp.s;
@@ -461,7 +517,7 @@ fn attend_tiled(qh: bool, kvh: bool, lanes: u32, wid: vec3<u32>, tid: u32,
     var q: array<vec4<f32>, 8>;
     if (live) {
         for (var i = 0u; i < 8u; i++) {
-            q[i] = tiled4(0u, qh, row * d + d0 + 4u * i, d0 + 4u * i, d) * tp.scale;
+            q[i] = tiled4(0u, qk, row * d + d0 + 4u * i, d0 + 4u * i, d) * tp.scale;
         }
     }
     // the keys this row sees (none past the last row), and the keys the block's last row sees
@@ -485,7 +541,7 @@ fn attend_tiled(qh: bool, kvh: bool, lanes: u32, wid: vec3<u32>, tid: u32,
     var score: array<f32, 32>;
     for (var key0 = 0u; key0 < end; key0 += keys) {
         for (var e = tid; e < 256u; e += TT) {
-            tiled_load(kvh, e, width, key0, b, kv0, stride);
+            tiled_load(kvk, e, width, key0, b, kv0, stride);
         }
         workgroupBarrier();
         if (lanes > 1u) {
@@ -556,228 +612,423 @@ fn tiled_store16(acc: ptr<function, array<vec4<f32>, 8>>, r: TiledRow) {
     }
 }
 
+// bfloat16: whole words where the thread's dims start on a word and are even in number (an even D: no
+// other thread writes into them), else each half through atomics
+fn tiled_storebf(acc: ptr<function, array<vec4<f32>, 8>>, r: TiledRow) {
+    let whole = ((r.at | r.dims) & 1u) == 0u;
+    for (var i = 0u; i < 8u; i++) {
+        let v = (*acc)[i];
+        let at = r.at + 4u * i;
+        if (whole) {
+            if (4u * i < r.dims) {
+                atomicStore(&toutbf[at >> 1u], bf16_put(v.x, 0u) | bf16_put(v.y, 1u));
+            }
+            if (4u * i + 2u < r.dims) {
+                atomicStore(&toutbf[(at >> 1u) + 1u], bf16_put(v.z, 0u) | bf16_put(v.w, 1u));
+            }
+        } else {
+            for (var c = 0u; c < 4u; c++) {
+                if (4u * i + c < r.dims) {
+                    atomicAnd(&toutbf[(at + c) >> 1u], bf16_keep(at + c));
+                    atomicOr(&toutbf[(at + c) >> 1u], bf16_put(v[c], at + c));
+                }
+            }
+        }
+    }
+}
+
+// Entry points: the (q, kv, out) of TILED_DTYPES in gpud_protocol/ops/attention_tiled.py for each W.
+
 @compute @workgroup_size(64)
 fn attention_tiled_d32_f32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, false, 1u, wid, tid, &acc);
+    let r = attend_tiled(F32, F32, 1u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d32_f32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, false, 1u, wid, tid, &acc);
+    let r = attend_tiled(F32, F32, 1u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d32_f32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, true, 1u, wid, tid, &acc);
+    let r = attend_tiled(F32, F16, 1u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d32_f32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, true, 1u, wid, tid, &acc);
+    let r = attend_tiled(F32, F16, 1u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d32_f16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, false, 1u, wid, tid, &acc);
+    let r = attend_tiled(F16, F32, 1u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d32_f16_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, false, 1u, wid, tid, &acc);
+    let r = attend_tiled(F16, F32, 1u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d32_f16_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, true, 1u, wid, tid, &acc);
+    let r = attend_tiled(F16, F16, 1u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d32_f16_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, true, 1u, wid, tid, &acc);
+    let r = attend_tiled(F16, F16, 1u, wid, tid, &acc);
     tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_f32_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(F32, BF16, 1u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_f32_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(F32, BF16, 1u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_bf16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, F32, 1u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_bf16_f32_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, F32, 1u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_bf16_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, BF16, 1u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d32_bf16_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, BF16, 1u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d64_f32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, false, 2u, wid, tid, &acc);
+    let r = attend_tiled(F32, F32, 2u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d64_f32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, false, 2u, wid, tid, &acc);
+    let r = attend_tiled(F32, F32, 2u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d64_f32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, true, 2u, wid, tid, &acc);
+    let r = attend_tiled(F32, F16, 2u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d64_f32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, true, 2u, wid, tid, &acc);
+    let r = attend_tiled(F32, F16, 2u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d64_f16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, false, 2u, wid, tid, &acc);
+    let r = attend_tiled(F16, F32, 2u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d64_f16_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, false, 2u, wid, tid, &acc);
+    let r = attend_tiled(F16, F32, 2u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d64_f16_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, true, 2u, wid, tid, &acc);
+    let r = attend_tiled(F16, F16, 2u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d64_f16_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, true, 2u, wid, tid, &acc);
+    let r = attend_tiled(F16, F16, 2u, wid, tid, &acc);
     tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_f32_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(F32, BF16, 2u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_f32_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(F32, BF16, 2u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_bf16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, F32, 2u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_bf16_f32_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, F32, 2u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_bf16_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, BF16, 2u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d64_bf16_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, BF16, 2u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d128_f32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, false, 4u, wid, tid, &acc);
+    let r = attend_tiled(F32, F32, 4u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d128_f32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, false, 4u, wid, tid, &acc);
+    let r = attend_tiled(F32, F32, 4u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d128_f32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, true, 4u, wid, tid, &acc);
+    let r = attend_tiled(F32, F16, 4u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d128_f32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, true, 4u, wid, tid, &acc);
+    let r = attend_tiled(F32, F16, 4u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d128_f16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, false, 4u, wid, tid, &acc);
+    let r = attend_tiled(F16, F32, 4u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d128_f16_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, false, 4u, wid, tid, &acc);
+    let r = attend_tiled(F16, F32, 4u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d128_f16_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, true, 4u, wid, tid, &acc);
+    let r = attend_tiled(F16, F16, 4u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d128_f16_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, true, 4u, wid, tid, &acc);
+    let r = attend_tiled(F16, F16, 4u, wid, tid, &acc);
     tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f32_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(F32, BF16, 4u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_f32_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(F32, BF16, 4u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_bf16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, F32, 4u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_bf16_f32_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, F32, 4u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_bf16_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, BF16, 4u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d128_bf16_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, BF16, 4u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d256_f32_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, false, 8u, wid, tid, &acc);
+    let r = attend_tiled(F32, F32, 8u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d256_f32_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, false, 8u, wid, tid, &acc);
+    let r = attend_tiled(F32, F32, 8u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d256_f32_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, true, 8u, wid, tid, &acc);
+    let r = attend_tiled(F32, F16, 8u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d256_f32_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(false, true, 8u, wid, tid, &acc);
+    let r = attend_tiled(F32, F16, 8u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d256_f16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, false, 8u, wid, tid, &acc);
+    let r = attend_tiled(F16, F32, 8u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d256_f16_f32_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, false, 8u, wid, tid, &acc);
+    let r = attend_tiled(F16, F32, 8u, wid, tid, &acc);
     tiled_store16(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d256_f16_f16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, true, 8u, wid, tid, &acc);
+    let r = attend_tiled(F16, F16, 8u, wid, tid, &acc);
     tiled_store32(&acc, r);
 }
 
 @compute @workgroup_size(64)
 fn attention_tiled_d256_f16_f16_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     var acc: array<vec4<f32>, 8>;
-    let r = attend_tiled(true, true, 8u, wid, tid, &acc);
+    let r = attend_tiled(F16, F16, 8u, wid, tid, &acc);
     tiled_store16(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f32_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(F32, BF16, 8u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_f32_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(F32, BF16, 8u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_bf16_f32_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, F32, 8u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_bf16_f32_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, F32, 8u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_bf16_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, BF16, 8u, wid, tid, &acc);
+    tiled_store32(&acc, r);
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled_d256_bf16_bf16_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    var acc: array<vec4<f32>, 8>;
+    let r = attend_tiled(BF16, BF16, 8u, wid, tid, &acc);
+    tiled_storebf(&acc, r);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1033,8 +1284,8 @@ fn kv_append_f16_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 }
 
 // ------------------------------------------------------------------------------------------------
-// bfloat16 (WGSL has none): embedding tables and outputs, rotary's x, kv_append's x and cache; not
-// attention's q, k and v yet. Read from array<u32>, two to a word, as the top half of a float32;
+// bfloat16 (WGSL has none): embedding tables and outputs, rotary's x, kv_append's x and cache (attention's
+// q, k, v and out are above). Read from array<u32>, two to a word, as the top half of a float32;
 // written rounded to nearest even on the bits (NaN: the quiet NaN of its sign) into element i's half of a
 // word of an array<atomic<u32>>: two threads may write the two halves of one word.
 

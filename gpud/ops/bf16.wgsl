@@ -8,6 +8,11 @@ fn bf16_at(word: u32, i: u32) -> f32 {
     return bitcast<f32>(((word >> ((i & 1u) * 16u)) & 0xffffu) << 16u);
 }
 
+// Both bfloat16 elements of a word (the even one first), as unpack2x16float for float16.
+fn bf16_pair(word: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+}
+
 // v rounded to bfloat16 (nearest even; NaN: the quiet NaN of its sign), in element i's half of a word:
 // stored with atomicAnd(word, bf16_keep(i)) then atomicOr(word, bf16_put(v, i)), the other half kept.
 fn bf16_put(v: f32, i: u32) -> u32 {

@@ -1,5 +1,7 @@
 // Matrix products (see gpud_protocol/ops/matmul.py for the interface): out = x @ w (+ bias), float32
-// accumulation. Float16 is unsigned short storage, converted with PTX cvt. Blocks of 256 threads.
+// accumulation. Float16 is unsigned short storage, converted with PTX cvt; bfloat16 is a struct of one
+// unsigned short (a type of its own for the overloads), converted on the bits (out rounded to nearest
+// even; NaN: the quiet NaN of its sign, as every bfloat16 kernel rounds). Blocks of 256 threads.
 //
 // matvec_<x>_<w> (at most 8 rows of x per weight matrix: decode), w as (N, K): threads_per_row(k)
 // threads (32..256, a power of two) share a row of w; each thread reads 16 bytes of the row at a time
@@ -34,17 +36,30 @@ __device__ __forceinline__ half_t f2h(float f) { half_t h; asm("cvt.rn.f16.f32 %
 __device__ __forceinline__ float lo(unsigned int v) { return h2f((half_t)(v & 0xffffu)); }
 __device__ __forceinline__ float hi(unsigned int v) { return h2f((half_t)(v >> 16)); }
 
+struct bf16_t { unsigned short bits; };
+__device__ __forceinline__ float bf2f(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    const unsigned int x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u);
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float blo(unsigned int v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bhi(unsigned int v) { return __uint_as_float(v & 0xffff0000u); }
+
 // one element as float32
 __device__ __forceinline__ float ld1(const float* p, u64 i) { return p[i]; }
 __device__ __forceinline__ float ld1(const half_t* p, u64 i) { return h2f(p[i]); }
 __device__ __forceinline__ float ldg1(const float* p, u64 i) { return __ldg(p + i); }
 __device__ __forceinline__ float ldg1(const half_t* p, u64 i) { return h2f(__ldg(p + i)); }
+__device__ __forceinline__ float ld1(const bf16_t* p, u64 i) { return bf2f(p[i].bits); }
+__device__ __forceinline__ float ldg1(const bf16_t* p, u64 i) { return bf2f(__ldg(&p[i].bits)); }
 
 __device__ __forceinline__ void st1(float* p, u64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void st1(half_t* p, u64 i, float v) { p[i] = f2h(v); }
+__device__ __forceinline__ void st1(bf16_t* p, u64 i, float v) { p[i].bits = f2bf(v); }
 
 // 8 consecutive elements, 16-byte aligned, as raw bits: a streaming load (weights are read once)
-struct Raw8 { uint4 a, b; };  // float32: 8 words in a and b; float16: 8 halves in a
+struct Raw8 { uint4 a, b; };  // float32: 8 words in a and b; float16, bfloat16: 8 halves in a
 __device__ __forceinline__ uint4 ld_cs(const void* p) {
     uint4 v;
     asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -52,6 +67,7 @@ __device__ __forceinline__ uint4 ld_cs(const void* p) {
 }
 __device__ __forceinline__ Raw8 ld8_stream(const float* p) { Raw8 r; r.a = ld_cs(p); r.b = ld_cs(p + 4); return r; }
 __device__ __forceinline__ Raw8 ld8_stream(const half_t* p) { Raw8 r; r.a = ld_cs(p); r.b = make_uint4(0, 0, 0, 0); return r; }
+__device__ __forceinline__ Raw8 ld8_stream(const bf16_t* p) { Raw8 r; r.a = ld_cs(p); r.b = make_uint4(0, 0, 0, 0); return r; }
 // ... and through the read-only cache (x: read by every row of w)
 __device__ __forceinline__ Raw8 ld8_cached(const float* p) {
     Raw8 r;
@@ -65,6 +81,12 @@ __device__ __forceinline__ Raw8 ld8_cached(const half_t* p) {
     r.b = make_uint4(0, 0, 0, 0);
     return r;
 }
+__device__ __forceinline__ Raw8 ld8_cached(const bf16_t* p) {
+    Raw8 r;
+    r.a = __ldg(reinterpret_cast<const uint4*>(p));
+    r.b = make_uint4(0, 0, 0, 0);
+    return r;
+}
 __device__ __forceinline__ void unpack8(const Raw8& r, const float*, float* f) {
     f[0] = __uint_as_float(r.a.x); f[1] = __uint_as_float(r.a.y); f[2] = __uint_as_float(r.a.z); f[3] = __uint_as_float(r.a.w);
     f[4] = __uint_as_float(r.b.x); f[5] = __uint_as_float(r.b.y); f[6] = __uint_as_float(r.b.z); f[7] = __uint_as_float(r.b.w);
@@ -73,12 +95,19 @@ __device__ __forceinline__ void unpack8(const Raw8& r, const half_t*, float* f) 
     f[0] = lo(r.a.x); f[1] = hi(r.a.x); f[2] = lo(r.a.y); f[3] = hi(r.a.y);
     f[4] = lo(r.a.z); f[5] = hi(r.a.z); f[6] = lo(r.a.w); f[7] = hi(r.a.w);
 }
+__device__ __forceinline__ void unpack8(const Raw8& r, const bf16_t*, float* f) {
+    f[0] = blo(r.a.x); f[1] = bhi(r.a.x); f[2] = blo(r.a.y); f[3] = bhi(r.a.y);
+    f[4] = blo(r.a.z); f[5] = bhi(r.a.z); f[6] = blo(r.a.w); f[7] = bhi(r.a.w);
+}
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15u) == 0; }
 
 __device__ __forceinline__ float bias_at(const void* bias, unsigned int kind, unsigned int j) {
     if (kind == 1) return static_cast<const float*>(bias)[j];
-    if (kind == 2) return h2f(static_cast<const half_t*>(bias)[j]);
+    if (kind >= 2) {  // 16 bits: float16 (2) or bfloat16 (3)
+        const unsigned short h = static_cast<const unsigned short*>(bias)[j];
+        return kind == 2 ? h2f(h) : bf2f(h);
+    }
     return 0.0f;
 }
 
@@ -254,6 +283,15 @@ __device__ __forceinline__ void ld4(const half_t* p, u64 i, unsigned int valid, 
 #pragma unroll
     for (int e = 0; e < 4; e++) f[e] = (unsigned int)e < valid ? h2f(p[i + e]) : 0.0f;
 }
+__device__ __forceinline__ void ld4(const bf16_t* p, u64 i, unsigned int valid, bool vec, float* f) {
+    if (vec && valid >= 4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p + i);
+        f[0] = blo(v.x); f[1] = bhi(v.x); f[2] = blo(v.y); f[3] = bhi(v.y);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) f[e] = (unsigned int)e < valid ? bf2f(p[i + e].bits) : 0.0f;
+}
 
 template <typename XT, typename WT, typename OT>
 __device__ __forceinline__ void matmul(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
@@ -347,6 +385,8 @@ __device__ __forceinline__ void matmul(const XT* __restrict__ x, const WT* __res
 }
 
 // ---------------------------------------------------------------- entry points
+// matvec_<x>_<w> and matmul_<x>_<w> for the pairs of PAIRS in gpud_protocol/ops/matmul.py (every pair of
+// float32, float16 and bfloat16 but float16 with bfloat16); out is x's type when w shares it, else float.
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f32(const float* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
@@ -355,6 +395,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f32(const float* 
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f16(const float* x, const half_t* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_bf16(const float* x, const bf16_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
@@ -372,6 +418,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f16(const half_t*
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
+extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_f32(const bf16_t* x, const float* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_bf16(const bf16_t* x, const bf16_t* w, const void* bias, bf16_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f32(const float* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
@@ -384,6 +442,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f16(const float* 
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
+extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_bf16(const float* x, const bf16_t* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f32(const half_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
@@ -391,6 +455,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f32(const half_t*
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matmul_bf16_f32(const bf16_t* x, const float* w, const void* bias, float* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) matmul_bf16_bf16(const bf16_t* x, const bf16_t* w, const void* bias, bf16_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);

@@ -1,7 +1,9 @@
 // Matrix products (see gpud_protocol/ops/matmul.py for the interface): out = x @ w (+ bias), float32
-// accumulation. The operands bind as raw 32-bit words (array<u32>) so that one body serves every mix
-// of float32 and float16 (a float16 element is half a word: unpack2x16float); each entry point passes
-// its operands' dtypes as constants and writes its own output array (f16 when both operands are f16).
+// accumulation. The operands bind as raw 32-bit words (array<u32>) so that one body serves every pair
+// of dtypes (a float16 or bfloat16 element is half a word: unpack2x16float, bf16_at); each entry point
+// passes its operands' dtypes as constants (F32, F16, BF16) and writes its own output array: f16 when
+// both operands are f16; bfloat16 (which WGSL lacks) as words written through atomics where two threads
+// share one (gpud/ops/bf16.wgsl, added to this source by gpud.ops.source); else f32.
 // Lavapipe stops a loop nest once it has made 65,535 iterations, those of the loops inside it counted
 // every time they run: so the loops over K hold no loops (rows and tile steps are written out), and
 // each makes K / 256 (matvec, w as (N, K)) or K / 16 (the others) iterations: K up to ~1M there.
@@ -12,6 +14,9 @@ const ROWS: u32 = 8u;  // matvec: most rows of x per weight matrix
 const COLS: u32 = 64u;  // matvec without wt: columns of out per workgroup (4 slices of K each)
 const TILE: u32 = 64u;  // matmul: a TILE x TILE block of out per workgroup
 const TK: u32 = 16u;  // matmul: the K step of a tile
+const F32: u32 = 0u;  // an operand's dtype, a constant of each entry point
+const F16: u32 = 1u;
+const BF16: u32 = 2u;
 
 struct Params { batch: u32, m: u32, n: u32, k: u32, x_stride: u32, w_stride: u32, wt: u32, bias_kind: u32 }
 
@@ -20,20 +25,27 @@ struct Params { batch: u32, m: u32, n: u32, k: u32, x_stride: u32, w_stride: u32
 @group(0) @binding(2) var<storage, read> bs: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out32: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out16: array<f16>;
+@group(0) @binding(3) var<storage, read_write> outbf: array<atomic<u32>>;
 @group(0) @binding(4) var<uniform> p: Params;
 
 var<workgroup> red: array<f32, 2048>;  // matvec: ROWS x BLOCK partial sums
 
-fn ld_x(i: u32, h16: bool) -> f32 {
-    if (h16) {
+fn ld_x(i: u32, kind: u32) -> f32 {
+    if (kind == F16) {
         return unpack2x16float(xs[i >> 1u])[i & 1u];
+    }
+    if (kind == BF16) {
+        return bf16_at(xs[i >> 1u], i);
     }
     return bitcast<f32>(xs[i]);
 }
 
-fn ld_w(i: u32, h16: bool) -> f32 {
-    if (h16) {
+fn ld_w(i: u32, kind: u32) -> f32 {
+    if (kind == F16) {
         return unpack2x16float(ws[i >> 1u])[i & 1u];
+    }
+    if (kind == BF16) {
+        return bf16_at(ws[i >> 1u], i);
     }
     return bitcast<f32>(ws[i]);
 }
@@ -42,6 +54,7 @@ fn bias_at(j: u32) -> f32 {
     switch p.bias_kind {
         case 1u: { return bitcast<f32>(bs[j]); }
         case 2u: { return unpack2x16float(bs[j >> 1u])[j & 1u]; }
+        case 3u: { return bf16_at(bs[j >> 1u], j); }
         default: { return 0.0; }
     }
 }
@@ -56,15 +69,15 @@ fn threads_per_row(k: u32) -> u32 {
 }
 
 // acc[r] += x[row r at xi] * wv for r < m, without a loop (see the top: loops count against lavapipe's budget)
-fn mac_rows(acc: ptr<function, array<f32, 8>>, m: u32, xi: u32, k: u32, xh: bool, wv: f32) {
-    (*acc)[0] = fma(ld_x(xi, xh), wv, (*acc)[0]);
-    if (m > 1u) { (*acc)[1] = fma(ld_x(xi + k, xh), wv, (*acc)[1]); }
-    if (m > 2u) { (*acc)[2] = fma(ld_x(xi + 2u * k, xh), wv, (*acc)[2]); }
-    if (m > 3u) { (*acc)[3] = fma(ld_x(xi + 3u * k, xh), wv, (*acc)[3]); }
-    if (m > 4u) { (*acc)[4] = fma(ld_x(xi + 4u * k, xh), wv, (*acc)[4]); }
-    if (m > 5u) { (*acc)[5] = fma(ld_x(xi + 5u * k, xh), wv, (*acc)[5]); }
-    if (m > 6u) { (*acc)[6] = fma(ld_x(xi + 6u * k, xh), wv, (*acc)[6]); }
-    if (m > 7u) { (*acc)[7] = fma(ld_x(xi + 7u * k, xh), wv, (*acc)[7]); }
+fn mac_rows(acc: ptr<function, array<f32, 8>>, m: u32, xi: u32, k: u32, xk: u32, wv: f32) {
+    (*acc)[0] = fma(ld_x(xi, xk), wv, (*acc)[0]);
+    if (m > 1u) { (*acc)[1] = fma(ld_x(xi + k, xk), wv, (*acc)[1]); }
+    if (m > 2u) { (*acc)[2] = fma(ld_x(xi + 2u * k, xk), wv, (*acc)[2]); }
+    if (m > 3u) { (*acc)[3] = fma(ld_x(xi + 3u * k, xk), wv, (*acc)[3]); }
+    if (m > 4u) { (*acc)[4] = fma(ld_x(xi + 4u * k, xk), wv, (*acc)[4]); }
+    if (m > 5u) { (*acc)[5] = fma(ld_x(xi + 5u * k, xk), wv, (*acc)[5]); }
+    if (m > 6u) { (*acc)[6] = fma(ld_x(xi + 6u * k, xk), wv, (*acc)[6]); }
+    if (m > 7u) { (*acc)[7] = fma(ld_x(xi + 7u * k, xk), wv, (*acc)[7]); }
 }
 
 // What a matvec thread writes: out[at + i * n] = v[i] for i < m, if ok.
@@ -72,7 +85,7 @@ struct Rows { ok: bool, at: u32, v: array<f32, 8> }
 
 // w is (N, K): threads_per_row(k) threads per row of w stride over K (K / 256 iterations each for a
 // long K), then a tree sum per row.
-fn matvec_nk(lid: u32, group: u32, b: u32, xh: bool, wh: bool) -> Rows {
+fn matvec_nk(lid: u32, group: u32, b: u32, xk: u32, wk: u32) -> Rows {
     let m = min(p.m, ROWS);
     let n = p.n;
     let k = p.k;
@@ -84,7 +97,7 @@ fn matvec_nk(lid: u32, group: u32, b: u32, xh: bool, wh: bool) -> Rows {
         let wrow = b * p.w_stride + j * k;
         let xrow = b * p.x_stride;
         for (var i = lane; i < k; i += t) {
-            mac_rows(&acc, m, xrow + i, k, xh, ld_w(wrow + i, wh));
+            mac_rows(&acc, m, xrow + i, k, xk, ld_w(wrow + i, wk));
         }
     }
     for (var r = 0u; r < m; r++) {
@@ -113,7 +126,7 @@ fn matvec_nk(lid: u32, group: u32, b: u32, xh: bool, wh: bool) -> Rows {
 
 // w is (K, N): COLS columns per workgroup (coalesced rows of w), each summed over K by 4 slices of
 // threads, 4 steps of K per iteration (K / 16 iterations).
-fn matvec_kn(lid: u32, group: u32, b: u32, xh: bool, wh: bool) -> Rows {
+fn matvec_kn(lid: u32, group: u32, b: u32, xk: u32, wk: u32) -> Rows {
     let m = min(p.m, ROWS);
     let n = p.n;
     let k = p.k;
@@ -126,13 +139,13 @@ fn matvec_kn(lid: u32, group: u32, b: u32, xh: bool, wh: bool) -> Rows {
         let wcol = b * p.w_stride + j;
         let xrow = b * p.x_stride;
         for (var i = slice; i < k; i += 4u * slices) {
-            mac_rows(&acc, m, xrow + i, k, xh, ld_w(wcol + i * n, wh));
+            mac_rows(&acc, m, xrow + i, k, xk, ld_w(wcol + i * n, wk));
             let i1 = i + slices;
-            if (i1 < k) { mac_rows(&acc, m, xrow + i1, k, xh, ld_w(wcol + i1 * n, wh)); }
+            if (i1 < k) { mac_rows(&acc, m, xrow + i1, k, xk, ld_w(wcol + i1 * n, wk)); }
             let i2 = i1 + slices;
-            if (i2 < k) { mac_rows(&acc, m, xrow + i2, k, xh, ld_w(wcol + i2 * n, wh)); }
+            if (i2 < k) { mac_rows(&acc, m, xrow + i2, k, xk, ld_w(wcol + i2 * n, wk)); }
             let i3 = i2 + slices;
-            if (i3 < k) { mac_rows(&acc, m, xrow + i3, k, xh, ld_w(wcol + i3 * n, wh)); }
+            if (i3 < k) { mac_rows(&acc, m, xrow + i3, k, xk, ld_w(wcol + i3 * n, wk)); }
         }
     }
     for (var r = 0u; r < m; r++) {
@@ -155,12 +168,12 @@ fn matvec_kn(lid: u32, group: u32, b: u32, xh: bool, wh: bool) -> Rows {
     return rows;
 }
 
-fn matvec(lid: u32, wg: vec3<u32>, groups: vec3<u32>, xh: bool, wh: bool) -> Rows {
+fn matvec(lid: u32, wg: vec3<u32>, groups: vec3<u32>, xk: u32, wk: u32) -> Rows {
     let group = wg.x + wg.y * groups.x;
     if (p.wt != 0u) {
-        return matvec_nk(lid, group, wg.z, xh, wh);
+        return matvec_nk(lid, group, wg.z, xk, wk);
     }
-    return matvec_kn(lid, group, wg.z, xh, wh);
+    return matvec_kn(lid, group, wg.z, xk, wk);
 }
 
 // ---------------------------------------------------------------- matmul: tiles
@@ -182,12 +195,12 @@ var<workgroup> tiles: array<vec4<f32>, 1024>;  // x tile [0, WTILE), w tile [WTI
 // What a matmul thread writes: out[row + i, col + 4 j + c] = v[2 i + j][c] (i, j < 2) where in bounds.
 struct Block { row: u32, col: u32, v: array<vec4<f32>, 4> }
 
-fn ld_xz(i: u32, ok: bool, h16: bool) -> f32 {
-    return select(0.0, ld_x(i, h16), ok);  // a load past the buffer reads 0 or some element (WGSL), never faults
+fn ld_xz(i: u32, ok: bool, kind: u32) -> f32 {
+    return select(0.0, ld_x(i, kind), ok);  // a load past the buffer reads 0 or some element (WGSL), never faults
 }
 
-fn ld_wz(i: u32, ok: bool, h16: bool) -> f32 {
-    return select(0.0, ld_w(i, h16), ok);
+fn ld_wz(i: u32, ok: bool, kind: u32) -> f32 {
+    return select(0.0, ld_w(i, kind), ok);
 }
 
 // acc (8 x 8: acc[2 i + j] holds row i, columns 4 j..4 j + 3) += (x tile at kk, rows 8 ty..) x (w tile
@@ -246,7 +259,7 @@ fn sum_groups(acc: ptr<function, array<vec4<f32>, 16>>, lid: u32) -> array<vec4<
     return mine;
 }
 
-fn matmul_block(lid: u32, wg: vec3<u32>, xh: bool, wh: bool) -> Block {
+fn matmul_block(lid: u32, wg: vec3<u32>, xk: u32, wk: u32) -> Block {
     let m = p.m;
     let n = p.n;
     let k = p.k;
@@ -274,12 +287,12 @@ fn matmul_block(lid: u32, wg: vec3<u32>, xh: bool, wh: bool) -> Block {
     var acc: array<vec4<f32>, 16>;
     for (var k0 = 0u; k0 < k; k0 += TK) {
         let xin = x_rows & vec4<bool>(k0 + e < k);
-        tiles[e * PAD + q] = vec4<f32>(ld_xz(xi, xin.x, xh), ld_xz(xi + k, xin.y, xh),
-                                       ld_xz(xi + 2u * k, xin.z, xh), ld_xz(xi + 3u * k, xin.w, xh));
+        tiles[e * PAD + q] = vec4<f32>(ld_xz(xi, xin.x, xk), ld_xz(xi + k, xin.y, xk),
+                                       ld_xz(xi + 2u * k, xin.z, xk), ld_xz(xi + 3u * k, xin.w, xk));
         let win = w_cols & vec4<bool>(k0 + we < k);
         let w_at = WTILE + we * PAD + wq;
-        tiles[w_at] = vec4<f32>(ld_wz(wi, win.x, wh), ld_wz(wi + w_next, win.y, wh),
-                                ld_wz(wi + 2u * w_next, win.z, wh), ld_wz(wi + 3u * w_next, win.w, wh));
+        tiles[w_at] = vec4<f32>(ld_wz(wi, win.x, wk), ld_wz(wi + w_next, win.y, wk),
+                                ld_wz(wi + 2u * w_next, win.z, wk), ld_wz(wi + 3u * w_next, win.w, wk));
         workgroupBarrier();
         mac8x8(&acc, kk, tx, ty);
         mac8x8(&acc, kk + 1u, tx, ty);
@@ -292,49 +305,31 @@ fn matmul_block(lid: u32, wg: vec3<u32>, xh: bool, wh: bool) -> Block {
     return Block(row0 + ty * 8u + (lid / 64u) * 2u, col0 + tx * 8u, sum_groups(&acc, lid));
 }
 
-// ---------------------------------------------------------------- entry points: matvec_<x>_<w>
+// ---------------------------------------------------------------- outputs
 
-@compute @workgroup_size(256)
-fn matvec_f32_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
-                  @builtin(num_workgroups) groups: vec3<u32>) {
-    if (wg.z >= p.batch) { return; }
-    let rows = matvec(lid, wg, groups, false, false);
+// bfloat16 element i of out rounded from v, the other half of its word kept (another thread's)
+fn put_bf(i: u32, v: f32) {
+    atomicAnd(&outbf[i >> 1u], bf16_keep(i));
+    atomicOr(&outbf[i >> 1u], bf16_put(v, i));
+}
+
+fn matvec_store32(rows: Rows) {
     if (rows.ok) {
         for (var r = 0u; r < min(p.m, ROWS); r++) { out32[rows.at + r * p.n] = rows.v[r]; }
     }
 }
 
-@compute @workgroup_size(256)
-fn matvec_f32_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
-                  @builtin(num_workgroups) groups: vec3<u32>) {
-    if (wg.z >= p.batch) { return; }
-    let rows = matvec(lid, wg, groups, false, true);
-    if (rows.ok) {
-        for (var r = 0u; r < min(p.m, ROWS); r++) { out32[rows.at + r * p.n] = rows.v[r]; }
-    }
-}
-
-@compute @workgroup_size(256)
-fn matvec_f16_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
-                  @builtin(num_workgroups) groups: vec3<u32>) {
-    if (wg.z >= p.batch) { return; }
-    let rows = matvec(lid, wg, groups, true, false);
-    if (rows.ok) {
-        for (var r = 0u; r < min(p.m, ROWS); r++) { out32[rows.at + r * p.n] = rows.v[r]; }
-    }
-}
-
-@compute @workgroup_size(256)
-fn matvec_f16_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
-                  @builtin(num_workgroups) groups: vec3<u32>) {
-    if (wg.z >= p.batch) { return; }
-    let rows = matvec(lid, wg, groups, true, true);
+fn matvec_store16(rows: Rows) {
     if (rows.ok) {
         for (var r = 0u; r < min(p.m, ROWS); r++) { out16[rows.at + r * p.n] = f16(rows.v[r]); }
     }
 }
 
-// ---------------------------------------------------------------- entry points: matmul_<x>_<w>
+fn matvec_storebf(rows: Rows) {
+    if (rows.ok) {
+        for (var r = 0u; r < min(p.m, ROWS); r++) { put_bf(rows.at + r * p.n, rows.v[r]); }
+    }
+}
 
 fn bias4(j: u32) -> vec4<f32> {
     return vec4<f32>(bias_at(j), bias_at(j + 1u), bias_at(j + 2u), bias_at(j + 3u));
@@ -383,26 +378,336 @@ fn store16(blk: Block, b: u32) {
     }
 }
 
+// out[at + c] = v[c] for the columns col + c inside out, in bfloat16: whole words where the thread owns
+// both halves (no other thread writes them), atomics at a row's ends
+fn putbf(at: u32, col: u32, v: vec4<f32>) {
+    if ((at & 1u) == 0u && col + 3u < p.n) {
+        atomicStore(&outbf[at >> 1u], bf16_put(v.x, 0u) | bf16_put(v.y, 1u));
+        atomicStore(&outbf[(at >> 1u) + 1u], bf16_put(v.z, 0u) | bf16_put(v.w, 1u));
+        return;
+    }
+    if (col < p.n) { put_bf(at, v.x); }
+    if (col + 1u < p.n) { put_bf(at + 1u, v.y); }
+    if (col + 2u < p.n) { put_bf(at + 2u, v.z); }
+    if (col + 3u < p.n) { put_bf(at + 3u, v.w); }
+}
+
+fn storebf(blk: Block, b: u32) {
+    let lo = bias4(blk.col);
+    let hi = bias4(blk.col + 4u);
+    let at = (b * p.m + blk.row) * p.n + blk.col;
+    if (blk.row < p.m) {
+        putbf(at, blk.col, blk.v[0] + lo);
+        putbf(at + 4u, blk.col + 4u, blk.v[1] + hi);
+    }
+    if (blk.row + 1u < p.m) {
+        putbf(at + p.n, blk.col, blk.v[2] + lo);
+        putbf(at + p.n + 4u, blk.col + 4u, blk.v[3] + hi);
+    }
+}
+
+// ---------------------------------------------------------------- entry points: matvec_<x>_<w>, matmul_<x>_<w>
+// (the pairs of PAIRS in gpud_protocol/ops/matmul.py: every pair of F32, F16, BF16 but F16 with BF16)
+
+@compute @workgroup_size(256)
+fn matvec_f32_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                  @builtin(num_workgroups) groups: vec3<u32>) {
+    if (wg.z < p.batch) { matvec_store32(matvec(lid, wg, groups, F32, F32)); }
+}
+
+@compute @workgroup_size(256)
+fn matvec_f32_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                  @builtin(num_workgroups) groups: vec3<u32>) {
+    if (wg.z < p.batch) { matvec_store32(matvec(lid, wg, groups, F32, F16)); }
+}
+
+@compute @workgroup_size(256)
+fn matvec_f32_bf16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                   @builtin(num_workgroups) groups: vec3<u32>) {
+    if (wg.z < p.batch) { matvec_store32(matvec(lid, wg, groups, F32, BF16)); }
+}
+
+@compute @workgroup_size(256)
+fn matvec_f16_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                  @builtin(num_workgroups) groups: vec3<u32>) {
+    if (wg.z < p.batch) { matvec_store32(matvec(lid, wg, groups, F16, F32)); }
+}
+
+@compute @workgroup_size(256)
+fn matvec_f16_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                  @builtin(num_workgroups) groups: vec3<u32>) {
+    if (wg.z < p.batch) { matvec_store16(matvec(lid, wg, groups, F16, F16)); }
+}
+
+@compute @workgroup_size(256)
+fn matvec_bf16_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                   @builtin(num_workgroups) groups: vec3<u32>) {
+    if (wg.z < p.batch) { matvec_store32(matvec(lid, wg, groups, BF16, F32)); }
+}
+
+@compute @workgroup_size(256)
+fn matvec_bf16_bf16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                    @builtin(num_workgroups) groups: vec3<u32>) {
+    if (wg.z < p.batch) { matvec_storebf(matvec(lid, wg, groups, BF16, BF16)); }
+}
+
 @compute @workgroup_size(256)
 fn matmul_f32_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    if (wg.z >= p.batch) { return; }
-    store32(matmul_block(lid, wg, false, false), wg.z);
+    if (wg.z < p.batch) { store32(matmul_block(lid, wg, F32, F32), wg.z); }
 }
 
 @compute @workgroup_size(256)
 fn matmul_f32_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    if (wg.z >= p.batch) { return; }
-    store32(matmul_block(lid, wg, false, true), wg.z);
+    if (wg.z < p.batch) { store32(matmul_block(lid, wg, F32, F16), wg.z); }
+}
+
+@compute @workgroup_size(256)
+fn matmul_f32_bf16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { store32(matmul_block(lid, wg, F32, BF16), wg.z); }
 }
 
 @compute @workgroup_size(256)
 fn matmul_f16_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    if (wg.z >= p.batch) { return; }
-    store32(matmul_block(lid, wg, true, false), wg.z);
+    if (wg.z < p.batch) { store32(matmul_block(lid, wg, F16, F32), wg.z); }
 }
 
 @compute @workgroup_size(256)
 fn matmul_f16_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    if (wg.z >= p.batch) { return; }
-    store16(matmul_block(lid, wg, true, true), wg.z);
+    if (wg.z < p.batch) { store16(matmul_block(lid, wg, F16, F16), wg.z); }
+}
+
+@compute @workgroup_size(256)
+fn matmul_bf16_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { store32(matmul_block(lid, wg, BF16, F32), wg.z); }
+}
+
+@compute @workgroup_size(256)
+fn matmul_bf16_bf16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { storebf(matmul_block(lid, wg, BF16, BF16), wg.z); }
+}
+
+// ---------------------------------------------------------------- matmul_nk: for CPU-backed Vulkan
+// w as (N, K) (transpose_w), K a multiple of 8 (gpud_protocol/ops/matmul.py: nk_applies). Lavapipe runs
+// 8 invocations in the lanes of a SIMD register: arithmetic is one instruction for all 8, but a load from
+// a buffer or workgroup memory is a loop over the lanes (~1 cycle per lane and 32-bit word, uniform
+// address or not), so the loads per product decide the speed; and a version of this kernel that staged
+// tiles through workgroup memory ran at half the speed (each barrier is a coroutine switch there). So no
+// workgroup memory and no barrier: each thread computes an NK_BLOCK x NK_BLOCK block of out as dot
+// products of rows of x and of w, loading both straight from the operands 8 K-elements at a time (one
+// vec4<u32> of float16 or bfloat16, two of float32), each load serving NK_BLOCK dot products: 24 loads
+// per 144 dot products of 8. 8 x 8 threads make an NK_TILE x NK_TILE tile of out. Rows and columns past
+// out load its last row or column (their results are dropped). The K loop holds no loop (K / 8
+// iterations), and its block lives in registers (written out: an array indexed by a variable anywhere
+// would not). Measured on llvmpipe: ~4x the tiled kernel's rate on MiniLM's products. On a GPU the
+// block does not fit in registers: the tiled kernel above serves GPUs.
+const NK_BLOCK: u32 = 12u;
+const NK_TILE: u32 = 96u;
+
+@group(0) @binding(0) var<storage, read> xv: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> wv: array<vec4<u32>>;
+
+// 8 consecutive elements along K, as float32
+struct K8 { lo: vec4<f32>, hi: vec4<f32> }
+
+fn k8_of_halves(v: vec4<u32>, kind: u32) -> K8 {
+    if (kind == BF16) {
+        return K8(vec4<f32>(bf16_pair(v.x), bf16_pair(v.y)), vec4<f32>(bf16_pair(v.z), bf16_pair(v.w)));
+    }
+    return K8(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)),
+              vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
+}
+
+// elements e..e + 7 of x (e a multiple of 8)
+fn ld8_x(e: u32, kind: u32) -> K8 {
+    if (kind == F32) {
+        return K8(bitcast<vec4<f32>>(xv[e / 4u]), bitcast<vec4<f32>>(xv[e / 4u + 1u]));
+    }
+    return k8_of_halves(xv[e / 8u], kind);
+}
+
+fn ld8_w(e: u32, kind: u32) -> K8 {
+    if (kind == F32) {
+        return K8(bitcast<vec4<f32>>(wv[e / 4u]), bitcast<vec4<f32>>(wv[e / 4u + 1u]));
+    }
+    return k8_of_halves(wv[e / 8u], kind);
+}
+
+fn dot8(x: K8, w: K8) -> f32 {
+    return dot(x.lo, w.lo) + dot(x.hi, w.hi);
+}
+
+fn dot8x4(x: K8, w0: K8, w1: K8, w2: K8, w3: K8) -> vec4<f32> {
+    return vec4<f32>(dot8(x, w0), dot8(x, w1), dot8(x, w2), dot8(x, w3));
+}
+
+// 8 K-elements of a thread's NK_BLOCK rows of w
+struct W12 { c0: K8, c1: K8, c2: K8, c3: K8, c4: K8, c5: K8, c6: K8, c7: K8, c8: K8, c9: K8, c10: K8, c11: K8 }
+
+// one row of a thread's block of out: NK_BLOCK columns as three vec4
+struct R12 { a: vec4<f32>, b: vec4<f32>, c: vec4<f32> }
+
+// a thread's block of out
+struct Acc12 { r0: R12, r1: R12, r2: R12, r3: R12, r4: R12, r5: R12, r6: R12, r7: R12, r8: R12, r9: R12, r10: R12, r11: R12 }
+
+fn ld_w12(at: array<u32, 12>, e: u32, kind: u32) -> W12 {
+    return W12(ld8_w(at[0] + e, kind), ld8_w(at[1] + e, kind), ld8_w(at[2] + e, kind), ld8_w(at[3] + e, kind),
+               ld8_w(at[4] + e, kind), ld8_w(at[5] + e, kind), ld8_w(at[6] + e, kind), ld8_w(at[7] + e, kind),
+               ld8_w(at[8] + e, kind), ld8_w(at[9] + e, kind), ld8_w(at[10] + e, kind), ld8_w(at[11] + e, kind));
+}
+
+fn mac_row(r: R12, x: K8, w: W12) -> R12 {
+    return R12(r.a + dot8x4(x, w.c0, w.c1, w.c2, w.c3), r.b + dot8x4(x, w.c4, w.c5, w.c6, w.c7),
+               r.c + dot8x4(x, w.c8, w.c9, w.c10, w.c11));
+}
+
+// The thread's first row and column of out
+fn nk_origin(lid: u32, wg: vec3<u32>) -> vec2<u32> {
+    return vec2<u32>(wg.y * NK_TILE + (lid / 8u) * NK_BLOCK, wg.x * NK_TILE + (lid % 8u) * NK_BLOCK);
+}
+
+fn nk_block(lid: u32, wg: vec3<u32>, xk: u32, wk: u32) -> Acc12 {
+    let m = p.m;
+    let n = p.n;
+    let k = p.k;
+    let origin = nk_origin(lid, wg);
+    var xa: array<u32, 12>;  // where the thread's rows of x and w start
+    var wa: array<u32, 12>;
+    for (var i = 0u; i < NK_BLOCK; i++) {
+        xa[i] = wg.z * p.x_stride + min(origin.x + i, m - 1u) * k;
+        wa[i] = wg.z * p.w_stride + min(origin.y + i, n - 1u) * k;
+    }
+    var acc: Acc12;
+    for (var e = 0u; e < k; e += 8u) {
+        let w = ld_w12(wa, e, wk);
+        acc.r0 = mac_row(acc.r0, ld8_x(xa[0] + e, xk), w);
+        acc.r1 = mac_row(acc.r1, ld8_x(xa[1] + e, xk), w);
+        acc.r2 = mac_row(acc.r2, ld8_x(xa[2] + e, xk), w);
+        acc.r3 = mac_row(acc.r3, ld8_x(xa[3] + e, xk), w);
+        acc.r4 = mac_row(acc.r4, ld8_x(xa[4] + e, xk), w);
+        acc.r5 = mac_row(acc.r5, ld8_x(xa[5] + e, xk), w);
+        acc.r6 = mac_row(acc.r6, ld8_x(xa[6] + e, xk), w);
+        acc.r7 = mac_row(acc.r7, ld8_x(xa[7] + e, xk), w);
+        acc.r8 = mac_row(acc.r8, ld8_x(xa[8] + e, xk), w);
+        acc.r9 = mac_row(acc.r9, ld8_x(xa[9] + e, xk), w);
+        acc.r10 = mac_row(acc.r10, ld8_x(xa[10] + e, xk), w);
+        acc.r11 = mac_row(acc.r11, ld8_x(xa[11] + e, xk), w);
+    }
+    return acc;
+}
+
+// What a matmul_nk thread writes: row first + i of out from its block's row i, + bias, at columns col..
+struct NkOut { first: u32, col: u32, at: u32, bias: R12 }
+
+fn nk_out(lid: u32, wg: vec3<u32>) -> NkOut {
+    let o = nk_origin(lid, wg);
+    return NkOut(o.x, o.y, (wg.z * p.m + o.x) * p.n + o.y, R12(bias4(o.y), bias4(o.y + 4u), bias4(o.y + 8u)));
+}
+
+fn nk_row32(o: NkOut, i: u32, r: R12) {
+    if (o.first + i < p.m) {
+        let at = o.at + i * p.n;
+        put32(at, o.col, r.a + o.bias.a);
+        put32(at + 4u, o.col + 4u, r.b + o.bias.b);
+        put32(at + 8u, o.col + 8u, r.c + o.bias.c);
+    }
+}
+
+fn nk_store32(o: NkOut, a: Acc12) {
+    nk_row32(o, 0u, a.r0);
+    nk_row32(o, 1u, a.r1);
+    nk_row32(o, 2u, a.r2);
+    nk_row32(o, 3u, a.r3);
+    nk_row32(o, 4u, a.r4);
+    nk_row32(o, 5u, a.r5);
+    nk_row32(o, 6u, a.r6);
+    nk_row32(o, 7u, a.r7);
+    nk_row32(o, 8u, a.r8);
+    nk_row32(o, 9u, a.r9);
+    nk_row32(o, 10u, a.r10);
+    nk_row32(o, 11u, a.r11);
+}
+
+fn nk_row16(o: NkOut, i: u32, r: R12) {
+    if (o.first + i < p.m) {
+        let at = o.at + i * p.n;
+        put16(at, o.col, r.a + o.bias.a);
+        put16(at + 4u, o.col + 4u, r.b + o.bias.b);
+        put16(at + 8u, o.col + 8u, r.c + o.bias.c);
+    }
+}
+
+fn nk_store16(o: NkOut, a: Acc12) {
+    nk_row16(o, 0u, a.r0);
+    nk_row16(o, 1u, a.r1);
+    nk_row16(o, 2u, a.r2);
+    nk_row16(o, 3u, a.r3);
+    nk_row16(o, 4u, a.r4);
+    nk_row16(o, 5u, a.r5);
+    nk_row16(o, 6u, a.r6);
+    nk_row16(o, 7u, a.r7);
+    nk_row16(o, 8u, a.r8);
+    nk_row16(o, 9u, a.r9);
+    nk_row16(o, 10u, a.r10);
+    nk_row16(o, 11u, a.r11);
+}
+
+fn nk_rowbf(o: NkOut, i: u32, r: R12) {
+    if (o.first + i < p.m) {
+        let at = o.at + i * p.n;
+        putbf(at, o.col, r.a + o.bias.a);
+        putbf(at + 4u, o.col + 4u, r.b + o.bias.b);
+        putbf(at + 8u, o.col + 8u, r.c + o.bias.c);
+    }
+}
+
+fn nk_storebf(o: NkOut, a: Acc12) {
+    nk_rowbf(o, 0u, a.r0);
+    nk_rowbf(o, 1u, a.r1);
+    nk_rowbf(o, 2u, a.r2);
+    nk_rowbf(o, 3u, a.r3);
+    nk_rowbf(o, 4u, a.r4);
+    nk_rowbf(o, 5u, a.r5);
+    nk_rowbf(o, 6u, a.r6);
+    nk_rowbf(o, 7u, a.r7);
+    nk_rowbf(o, 8u, a.r8);
+    nk_rowbf(o, 9u, a.r9);
+    nk_rowbf(o, 10u, a.r10);
+    nk_rowbf(o, 11u, a.r11);
+}
+
+// entry points matmul_nk_<x>_<w> (the PAIRS), out as matmul_<x>_<w>'s
+
+@compute @workgroup_size(64)
+fn matmul_nk_f32_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { nk_store32(nk_out(lid, wg), nk_block(lid, wg, F32, F32)); }
+}
+
+@compute @workgroup_size(64)
+fn matmul_nk_f32_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { nk_store32(nk_out(lid, wg), nk_block(lid, wg, F32, F16)); }
+}
+
+@compute @workgroup_size(64)
+fn matmul_nk_f32_bf16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { nk_store32(nk_out(lid, wg), nk_block(lid, wg, F32, BF16)); }
+}
+
+@compute @workgroup_size(64)
+fn matmul_nk_f16_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { nk_store32(nk_out(lid, wg), nk_block(lid, wg, F16, F32)); }
+}
+
+@compute @workgroup_size(64)
+fn matmul_nk_f16_f16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { nk_store16(nk_out(lid, wg), nk_block(lid, wg, F16, F16)); }
+}
+
+@compute @workgroup_size(64)
+fn matmul_nk_bf16_f32(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { nk_store32(nk_out(lid, wg), nk_block(lid, wg, BF16, F32)); }
+}
+
+@compute @workgroup_size(64)
+fn matmul_nk_bf16_bf16(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    if (wg.z < p.batch) { nk_storebf(nk_out(lid, wg), nk_block(lid, wg, BF16, BF16)); }
 }

@@ -1,7 +1,9 @@
 // Matrix products on the tensor cores, CUDA only (see gpud_protocol/ops/matmul.py for the interface:
-// the tensors, scalars and rule of matmul_f16_f16 in matmul.cu, grids from tc_grid): out = x @ w (+ bias)
-// for float16 x and w, float32 accumulators, out rounded to float16 once. A family of its own so that
-// the daemon's builds of matmul.cu's kernels (one NVRTC run per entry point) stay as quick as they were.
+// the tensors, scalars and rule of matmul_<t>_<t> in matmul.cu, grids from tc_grid): out = x @ w (+ bias)
+// for x and w both float16 or both bfloat16 (the body's template parameter BF: mma.sync's .f16 or .bf16
+// form, the same fragments), float32 accumulators, out rounded to x's dtype once (bfloat16 on the bits:
+// nearest even, NaN the quiet NaN of its sign, as every bfloat16 kernel rounds). A family of its own so
+// that the daemon's builds of matmul.cu's kernels (one NVRTC run per entry point) stay as quick as they were.
 //
 // Every index is bounded by the scalars, which the daemon checked against the tensors; blocks past the
 // last tile return at once.
@@ -12,15 +14,27 @@ typedef unsigned long long u64;
 __device__ __forceinline__ float h2f(half_t h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ half_t f2h(float f) { half_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15u) == 0; }
+__device__ __forceinline__ float bf2f(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    const unsigned int x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u);
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+// out's element from a float32: float16 (BF false) or bfloat16 bits
+template <bool BF>
+__device__ __forceinline__ unsigned short to_out(float f) { return BF ? f2bf(f) : f2h(f); }
 
 __device__ __forceinline__ float bias_at(const void* bias, unsigned int kind, unsigned int j) {
     if (kind == 1) return static_cast<const float*>(bias)[j];
-    if (kind == 2) return h2f(static_cast<const half_t*>(bias)[j]);
+    if (kind >= 2) {  // 16 bits: float16 (2) or bfloat16 (3)
+        const unsigned short h = static_cast<const unsigned short*>(bias)[j];
+        return kind == 2 ? h2f(h) : bf2f(h);
+    }
     return 0.0f;
 }
 
 
-// mma.sync m16n8k16 (float16 in, float32 accumulators), fragments through ldmatrix, tiles through a
+// mma.sync m16n8k16 (float16 or bfloat16 in, float32 accumulators), fragments through ldmatrix, tiles through a
 // cp.async pipeline of S stages in static shared memory (48 KB at most). A block of WM x WN x WK warps
 // computes a BM x BN tile of out; each warp a (BM / WM) x (BN / WN) part of it over 1 / WK of every
 // stage's K (WK > 1 splits K inside the block: the partial sums meet in shared memory at the end).
@@ -52,11 +66,19 @@ __device__ __forceinline__ void ldsm4t(unsigned int addr, unsigned int* r) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
+template <bool BF>
 __device__ __forceinline__ void mma16816(float* d, const unsigned int* a, unsigned int b0, unsigned int b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if (BF) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
 }
 
 // the physical 16-byte chunk of chunk c in row r of a tile of R chunks a row
@@ -95,7 +117,7 @@ __device__ __forceinline__ void tc_load(unsigned short* s, unsigned int sa, cons
     }
 }
 
-template <int BM, int BN, int BK, int WM, int WN, int WK, int S, bool WT>
+template <int BM, int BN, int BK, int WM, int WN, int WK, int S, bool WT, bool BF>
 __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_t* __restrict__ x,
                                                const half_t* __restrict__ w, const void* __restrict__ bias,
                                                half_t* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
@@ -174,8 +196,8 @@ __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_
             for (int i = 0; i < MI; i++) {
 #pragma unroll
                 for (int j = 0; j < NJ; j++) {
-                    mma16816(acc[i][2 * j], af[i], bf[j][0], bf[j][1]);
-                    mma16816(acc[i][2 * j + 1], af[i], bf[j][2], bf[j][3]);
+                    mma16816<BF>(acc[i][2 * j], af[i], bf[j][0], bf[j][1]);
+                    mma16816<BF>(acc[i][2 * j + 1], af[i], bf[j][2], bf[j][3]);
                 }
             }
         }
@@ -228,7 +250,7 @@ __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_
             for (int h = 0; h < 2; h++) {
                 const unsigned int r = m0 + wm * TM + i * 16 + (lane >> 2) + h * 8;
                 if (r >= m) continue;
-                const half_t lo16 = f2h(acc[i][j][2 * h] + b0), hi16 = f2h(acc[i][j][2 * h + 1] + b1);
+                const half_t lo16 = to_out<BF>(acc[i][j][2 * h] + b0), hi16 = to_out<BF>(acc[i][j][2 * h + 1] + b1);
                 const u64 o = (u64)r * n + c;
                 if (pairs) {
                     *reinterpret_cast<unsigned int*>(out + o) = (unsigned int)lo16 | ((unsigned int)hi16 << 16);
@@ -242,7 +264,7 @@ __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_
 }
 
 // the block's tile from the grid (see tc_grid in gpud_protocol/ops/matmul.py), then the body for w's layout
-template <int BM, int BN, int BK, int WM, int WN, int WK, int S>
+template <int BM, int BN, int BK, int WM, int WN, int WK, int S, bool BF>
 __device__ __forceinline__ void matmul_tc(const half_t* x, const half_t* w, const void* bias, half_t* out,
                                           unsigned int batch, unsigned int m, unsigned int n, unsigned int k,
                                           unsigned int x_stride, unsigned int w_stride, unsigned int wt,
@@ -260,42 +282,73 @@ __device__ __forceinline__ void matmul_tc(const half_t* x, const half_t* w, cons
     w += (u64)b * w_stride;
     out += (u64)b * m * n;
     if (wt) {
-        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, true>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0);
+        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, true, BF>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0);
     } else {
-        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, false>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0);
+        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, false, BF>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0);
     }
 }
 
 // ---------------------------------------------------------------- entry points
-// matmul_tc<BM>x<BN>_f16_f16 as matmul_tc<BM, BN, BK, WM, WN, WK, S>: 32 WM WN WK threads (TC_TILES in
-// gpud_protocol/ops/matmul.py), chosen by a sweep of tile variants on an H100 (benchmarks/gemm_harness.py)
+// matmul_tc<BM>x<BN>_<t>_<t> as matmul_tc<BM, BN, BK, WM, WN, WK, S, BF>: 32 WM WN WK threads (TC_TILES in
+// gpud_protocol/ops/matmul.py), chosen by a sweep of tile variants on an H100 (benchmarks/gemm_harness.py,
+// float16); the bfloat16 variants (BF) share each tile's shape. Operands are unsigned short bits either way.
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc16x16_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<16, 16, 128, 1, 1, 8, 5>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<16, 16, 128, 1, 1, 8, 5, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc16x32_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<16, 32, 128, 1, 1, 4, 3>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<16, 32, 128, 1, 1, 4, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc32x32_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<32, 32, 128, 1, 1, 4, 3>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<32, 32, 128, 1, 1, 4, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc64x64_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<64, 64, 64, 2, 2, 1, 3>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<64, 64, 64, 2, 2, 1, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc128x128_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
-    matmul_tc<128, 128, 32, 2, 4, 1, 3>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<128, 128, 32, 2, 4, 1, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(256) matmul_tc16x16_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul_tc<16, 16, 128, 1, 1, 8, 5, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(128) matmul_tc16x32_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul_tc<16, 32, 128, 1, 1, 4, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(128) matmul_tc32x32_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul_tc<32, 32, 128, 1, 1, 4, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(128) matmul_tc64x64_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul_tc<64, 64, 64, 2, 2, 1, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+}
+
+extern "C" __global__ void __launch_bounds__(256) matmul_tc128x128_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int bias_kind) {
+    matmul_tc<128, 128, 32, 2, 4, 1, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }

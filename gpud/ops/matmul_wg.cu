@@ -169,19 +169,20 @@ __device__ __forceinline__ void wg_main(float* d, unsigned int base, const Loade
     static_assert(S >= 3, "two stages in flight and one loading");
     const unsigned int wg = threadIdx.x >> 7;
     const unsigned int ktiles = (k + WG_BK - 1) / WG_BK;
+    auto load = [&](unsigned int slot, unsigned int stage) {
+        if (VEC) {
+            la.fast(slot, stage, k);
+            lb.fast(slot + A_BYTES, stage, k);
+        } else {
+            la.slow(slot, stage, k);
+            lb.slow(slot + A_BYTES, stage, k);
+        }
+    };
     // Stage kt + S - 2 is loaded while the products of stage kt run, into the slot of stage kt - 2: each
     // warpgroup keeps one group of products in flight (wait_group 1), so stage kt - 1's may still run.
 #pragma unroll
     for (int s = 0; s < S - 2; s++) {
-        if ((unsigned int)s < ktiles) {
-            if (VEC) {
-                la.fast(base + s * STAGE, s, k);
-                lb.fast(base + s * STAGE + A_BYTES, s, k);
-            } else {
-                la.slow(base + s * STAGE, s, k);
-                lb.slow(base + s * STAGE + A_BYTES, s, k);
-            }
-        }
+        if ((unsigned int)s < ktiles) load(base + s * STAGE, s);
         cp_async_commit();
     }
     for (unsigned int kt = 0; kt < ktiles; kt++) {
@@ -205,16 +206,7 @@ __device__ __forceinline__ void wg_main(float* d, unsigned int base, const Loade
         }
         wgmma_commit();
         const unsigned int next = kt + S - 2;
-        if (next < ktiles) {
-            const unsigned int slot = base + (next % S) * STAGE;
-            if (VEC) {
-                la.fast(slot, next, k);
-                lb.fast(slot + A_BYTES, next, k);
-            } else {
-                la.slow(slot, next, k);
-                lb.slow(slot + A_BYTES, next, k);
-            }
-        }
+        if (next < ktiles) load(base + (next % S) * STAGE, next);
         cp_async_commit();
         wgmma_wait1();
     }
@@ -299,53 +291,54 @@ __device__ __forceinline__ void matmul_wg(const u16* __restrict__ x, const u16* 
 }
 
 // ---------------------------------------------------------------- entry points
-// matmul_wg<BM>x<BN>_<t>_<t> as matmul_wg<WG, BN, S, BF> (WG_TILES in gpud_protocol/ops/matmul_wg.py:
-// 128 WG threads, dynamic shared memory S (64 WG + BN) 128 bytes + 1 KB)
+// matmul_wg<size>_<t>_<t> as matmul_wg<WG, BN, S, BF> (BM = 64 WG), built for `blocks` blocks per
+// multiprocessor (WG_TILES in gpud_protocol/ops/matmul_wg.py: 128 WG threads, dynamic shared memory
+// S (BM + BN) 128 bytes + 1 KB), chosen by a sweep of variants on an H100 (benchmarks/wg_harness.py)
 
-extern "C" __global__ void __launch_bounds__(256) matmul_wg128x256_f16_f16(const u16* x, const u16* w, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+extern "C" __global__ void __launch_bounds__(256, 1) matmul_wg128x256_f16_f16(const u16* x, const u16* w, const void* bias,
+    u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
     matmul_wg<2, 256, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(256) matmul_wg128x128_f16_f16(const u16* x, const u16* w, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
-    matmul_wg<2, 128, 5, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+extern "C" __global__ void __launch_bounds__(256, 2) matmul_wg128x64_f16_f16(const u16* x, const u16* w, const void* bias,
+    u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    matmul_wg<2, 64, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(128) matmul_wg64x128_f16_f16(const u16* x, const u16* w, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
-    matmul_wg<1, 128, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+extern "C" __global__ void __launch_bounds__(128, 3) matmul_wg64x64_f16_f16(const u16* x, const u16* w, const void* bias,
+    u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    matmul_wg<1, 64, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(128) matmul_wg64x64_f16_f16(const u16* x, const u16* w, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+extern "C" __global__ void __launch_bounds__(128, 2) matmul_wg64x64d_f16_f16(const u16* x, const u16* w, const void* bias,
+    u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
     matmul_wg<1, 64, 6, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(256) matmul_wg128x256_bf16_bf16(const u16* x, const u16* w, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+extern "C" __global__ void __launch_bounds__(256, 1) matmul_wg128x256_bf16_bf16(const u16* x, const u16* w, const void* bias,
+    u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
     matmul_wg<2, 256, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(256) matmul_wg128x128_bf16_bf16(const u16* x, const u16* w, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
-    matmul_wg<2, 128, 5, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+extern "C" __global__ void __launch_bounds__(256, 2) matmul_wg128x64_bf16_bf16(const u16* x, const u16* w, const void* bias,
+    u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    matmul_wg<2, 64, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(128) matmul_wg64x128_bf16_bf16(const u16* x, const u16* w, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
-    matmul_wg<1, 128, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+extern "C" __global__ void __launch_bounds__(128, 3) matmul_wg64x64_bf16_bf16(const u16* x, const u16* w, const void* bias,
+    u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    matmul_wg<1, 64, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
-extern "C" __global__ void __launch_bounds__(128) matmul_wg64x64_bf16_bf16(const u16* x, const u16* w, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+extern "C" __global__ void __launch_bounds__(128, 2) matmul_wg64x64d_bf16_bf16(const u16* x, const u16* w, const void* bias,
+    u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
     matmul_wg<1, 64, 6, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }

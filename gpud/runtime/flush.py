@@ -4,7 +4,8 @@ Work is encoded as it arrives and submitted when someone needs a result (a readb
 flush op asks for it), when the pending command buffer holds as many dispatches as the pacer allows
 (at most `max_dispatches_per_flush`; fewer where they take long, see `gpud.runtime.pacing`), or
 when `flush_deadline_ms` has passed since work became pending. The server calls `after_drain` once
-per drain of the socket, so work that arrived together is submitted together.
+per drain of the socket, so work that arrived together is submitted together. Every submission
+starts here, whoever asks for it (a staging pool that ran dry, a synchronize, the drain at shutdown).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class FlushPolicy:
         self._wanted = False
         self._timer: asyncio.TimerHandle | None = None
         self.flushed_at = 0.0  # perf_counter of the last flush (for request traces)
+        self.flushing = False  # inside a flush (tests check that every submit comes through here)
 
     def want(self) -> None:
         """A result is awaited: flush at the end of this drain."""
@@ -57,7 +59,11 @@ class FlushPolicy:
             self._timer.cancel()
             self._timer = None
         self.flushed_at = time.perf_counter()  # before: a completion may be reported inside the flush
-        self._flush()
+        self.flushing = True
+        try:
+            self._flush()
+        finally:
+            self.flushing = False
 
     def _deadline(self) -> None:
         self._timer = None

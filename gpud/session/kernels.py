@@ -1,5 +1,9 @@
 """The kernels a session registered: one handle per distinct (source, entry, options), compiled per
-device on first use there, and the check of a dispatch's arguments against the kernel's interface."""
+device on first use there, and the check of a dispatch's arguments against the kernel's interface.
+
+A built-in kernel's rule sees only the tensors' geometry and the scalars, never which tensors they
+are: the arguments it passed are kept (bounded), so a step that makes new tensors of the same shapes
+every time (an eager forward) is checked once per distinct call, not once per dispatch."""
 
 from __future__ import annotations
 
@@ -7,11 +11,12 @@ import dataclasses
 import hashlib
 
 from gpud.backends.base import Program
-from gpud_protocol import KernelOptions
+from gpud_protocol import KernelOptions, LruCache
 from gpud_protocol.errors import InvalidArgument, OutOfMemory
 from gpud_protocol.ops import KernelSpec, OpError, TensorInfo
 
 KernelKey = tuple[str, str, KernelOptions]
+VERIFIED_KEPT = 256  # distinct calls of one kernel whose passing of its rule is kept
 
 
 @dataclasses.dataclass(eq=False)
@@ -23,18 +28,31 @@ class KernelRef:
     first: Program  # as compiled on the session's default device: what the reply described
     programs: dict[int, Program]  # device index -> program
     builtin: KernelSpec | None = None  # a kernel of the op library: its interface is known exactly
+    _writes: frozenset[int] | None = dataclasses.field(init=False)  # a built-in kernel's
+    _scalar_kinds: tuple[str, ...] = dataclasses.field(init=False)  # a built-in kernel's
+    _verified: LruCache[tuple[tuple[TensorInfo, ...], tuple[int | float, ...]], bool] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        builtin = self.builtin
+        self._writes = None if builtin is None else frozenset(builtin.writes)
+        self._scalar_kinds = () if builtin is None else tuple(kind for _name, kind in builtin.scalars)
+        self._verified = LruCache(VERIFIED_KEPT)
 
     def writes(self, program: Program) -> frozenset[int] | None:
-        return frozenset(self.builtin.writes) if self.builtin is not None else program.writes
+        return self._writes if self.builtin is not None else program.writes
 
     def check_op(self, tensors: list[TensorInfo], scalars: list[int | float]) -> None:
         """A built-in kernel's rule (gpud_protocol.ops), the same the client follows."""
         if self.builtin is None:
             return
+        key = (tuple(tensors), tuple(scalars))  # the scalars' kinds were checked: equal values, equal types
+        if self._verified.get(key) is not None:
+            return
         try:
             self.builtin.verify(tensors, scalars)
         except (OpError, ValueError) as exc:
             raise InvalidArgument(f"{self.builtin.op} ({self.builtin.name}): {exc}") from None
+        self._verified.put(key, True)
 
     def writes_read_only(self, position: int, resident: str | None, scalars: list[int | float]) -> str:
         """Why a dispatch may not pass read-only resident `resident` as tensor argument `position`."""
@@ -53,8 +71,7 @@ class KernelRef:
     def check_arguments(self, program: Program, tensors: int, scalars: tuple[str, ...]) -> None:
         """The dispatch's arguments against what the backend knows of the kernel's parameters."""
         if self.builtin is not None:
-            want = tuple(kind for _name, kind in self.builtin.scalars)
-            if tensors != len(self.builtin.tensors) or scalars != want:
+            if tensors != len(self.builtin.tensors) or scalars != self._scalar_kinds:
                 raise InvalidArgument(
                     f"{self.builtin.op} ({self.builtin.name}) takes tensors {list(self.builtin.tensors)} and "
                     f"scalars {list(self.builtin.scalars)}"

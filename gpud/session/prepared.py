@@ -1,48 +1,60 @@
 """A session's prepared dispatches: checked and packed once, reused while the same dispatch repeats.
 
-Keyed by the dispatch's fields after its seq (kernel, grid, arguments, writes): a step that repeats
-with stable handles (views are their base's handle with a shape) hits on every dispatch. Bounded:
-when full, the least recently used entry goes, one at a time. An entry goes too when a tensor
-handle it uses is freed, since a later tensor may get that handle.
+They live in the entries of the session's dispatch memo (`gpud_protocol.memo`), so a repeated
+dispatch is one lookup from the wire to the device: the decoder finds the entry by the dispatch's
+body and the session encodes what the entry holds. Bounded with the memo: when full, the least
+recently used entry goes, one at a time. A prepared form goes too when a tensor handle it uses is
+freed, since a later tensor may get that handle (the decoded fields stay: they name no tensor's
+memory).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
-from gpud_protocol.lru import LruCache
+from gpud_protocol.memo import DISPATCH_MEMO_SIZE, DispatchEntry, DispatchMemo, new_dispatch_memo
 
-Key = tuple[Any, ...]
-Entry = tuple[Any, Any, tuple[int, ...]]  # (what the runtime dispatches, the runtime, tensor handles used)
+Prepared = tuple[Any, Any, tuple[int, ...]]  # (what the runtime dispatches, the runtime, tensor handles used)
 
-CAPACITY = 4096
+CAPACITY = DISPATCH_MEMO_SIZE
 
 
-class PreparedDispatches(LruCache[Key, Entry]):
+class PreparedDispatches:
     def __init__(self, capacity: int = CAPACITY) -> None:
-        super().__init__(capacity, self._unindex)
-        self._by_handle: dict[int, dict[Key, None]] = {}  # handle -> the keys that use it (an ordered set)
+        self.memo: DispatchMemo = new_dispatch_memo(capacity, self._evicted)
+        self._by_handle: dict[int, dict[DispatchEntry, None]] = {}  # handle -> the entries that use it (an ordered set)
 
-    def add(self, key: Key, prepared: Any, runtime: Any, handles: tuple[int, ...]) -> None:
-        self.put(key, (prepared, runtime, handles))
+    def add(self, entry: DispatchEntry, prepared: Any, runtime: Any, handles: tuple[int, ...]) -> Prepared:
+        """Keep `prepared` in `entry` (an entry of the memo) until a handle it uses is freed."""
+        self._unprepare(entry)
+        entry.prepared = kept = (prepared, runtime, handles)
         for handle in handles:
-            self._by_handle.setdefault(handle, {})[key] = None
+            self._by_handle.setdefault(handle, {})[entry] = None
+        return kept
 
     def forget(self, handle: int) -> None:
-        """Drop every entry that uses tensor handle `handle`."""
-        for key in list(self._by_handle.get(handle, ())):
-            entry = self.pop(key)
-            if entry is not None:
-                self._unindex(key, entry)
+        """Drop the prepared form of every entry that uses tensor handle `handle`."""
+        for entry in list(self._by_handle.get(handle, ())):
+            self._unprepare(entry)
 
     def handles_indexed(self) -> int:
         """How many handles the index knows (tests check it does not outgrow the entries)."""
         return len(self._by_handle)
 
-    def _unindex(self, key: Key, entry: Entry) -> None:
-        for handle in entry[2]:
-            keys = self._by_handle.get(handle)
-            if keys is not None:
-                keys.pop(key, None)
-                if not keys:
+    def clear(self) -> None:
+        self.memo.clear()
+
+    def _evicted(self, _key: Hashable, entry: DispatchEntry) -> None:
+        self._unprepare(entry)
+
+    def _unprepare(self, entry: DispatchEntry) -> None:
+        kept, entry.prepared = entry.prepared, None
+        if kept is None:
+            return
+        for handle in kept[2]:
+            entries = self._by_handle.get(handle)
+            if entries is not None:
+                entries.pop(entry, None)
+                if not entries:
                     del self._by_handle[handle]

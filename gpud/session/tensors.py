@@ -61,25 +61,24 @@ class Tensor:
 @dataclasses.dataclass(eq=False, slots=True)
 class Handle:
     """A session's name for a tensor, or a view of one: its memory seen with `shape`, from element
-    `offset`, with `strides` (None: contiguous)."""
+    `offset`, with `strides` (None: contiguous). Immutable: what every dispatch asks of it is
+    computed once, here."""
 
     tensor: Tensor
     writable: bool
     shape: tuple[int, ...]
     offset: int = 0
     strides: tuple[int, ...] | None = None
+    whole: bool = dataclasses.field(init=False)  # the whole tensor, contiguous (itself, or a reshape of it)
+    info: TensorInfo = dataclasses.field(init=False)  # what an op's rule sees of it
+
+    def __post_init__(self) -> None:
+        tensor = self.tensor
+        self.whole = not self.offset and self.strides is None and math.prod(self.shape) == math.prod(tensor.shape)
+        self.info = TensorInfo(tensor.dtype, self.shape, self.offset, self.strides)
 
     def describe(self) -> str:
         return f"{self.tensor.dtype}{list(self.shape)} on device {self.tensor.device}"
-
-    @property
-    def whole(self) -> bool:
-        """The whole tensor, contiguous (itself, or a reshape of it)."""
-        return not self.offset and self.strides is None and math.prod(self.shape) == math.prod(self.tensor.shape)
-
-    @property
-    def info(self) -> TensorInfo:
-        return TensorInfo(self.tensor.dtype, self.shape, self.offset, self.strides)
 
     def dense_buffer(self, rt: DeviceRuntime) -> Buffer:
         """The memory of a contiguous view, for a copy or an upload (refused where the device's 4-byte

@@ -15,10 +15,11 @@ from gpud_protocol.client_encode import (
     encode_op,
     encode_ops,
 )
-from gpud_protocol.daemon_decode import DispatchMemo, decode_client_message, decode_op, new_dispatch_memo
+from gpud_protocol.daemon_decode import decode_client_message, decode_op
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
 from gpud_protocol.limits import DEFAULT_LIMITS, DTYPE_SIZES, Limits
 from gpud_protocol.lru import LruCache
+from gpud_protocol.memo import DispatchEntry, DispatchMemo, Memoized, new_dispatch_memo
 from gpud_protocol.replies import (
     PONG,
     decode_server_message,
@@ -129,7 +130,9 @@ __all__ = [
     "Copy",
     "Dispatch",
     "DispatchEncoder",
+    "DispatchEntry",
     "DispatchMemo",
+    "Memoized",
     "DispatchArg",
     "LruCache",
     "TensorRef",

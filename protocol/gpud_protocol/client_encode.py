@@ -13,7 +13,7 @@ from gpud_protocol.wire import pack
 
 def _wire(field: Any) -> Any:
     if type(field) is KernelOptions:
-        return {k: v for k, v in field._asdict().items() if v is not None and v != ()}
+        return {k: v for k, v in field._asdict().items() if v is not None and v != () and v != 0}
     if type(field) is schema.GraphDef:
         return {
             "inputs": [list(t) for t in field.inputs],

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpud_protocol import schema
+from gpud_protocol.daemon_batch import Body, NotCanonical, read_batch
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
 from gpud_protocol.fields import (
     Validator,
@@ -34,7 +35,7 @@ from gpud_protocol.fields import (
 )
 from gpud_protocol.graph_fields import check_graph
 from gpud_protocol.limits import Limits
-from gpud_protocol.lru import LruCache
+from gpud_protocol.memo import DispatchEntry, DispatchMemo, Memoized
 from gpud_protocol.schema import (
     Alloc,
     Batch,
@@ -92,29 +93,26 @@ _DECODERS: dict[int, tuple[type[Any], tuple[Validator, ...]]] = {
 }
 
 
-DispatchMemo = LruCache[tuple[Any, ...], tuple[Any, ...]]
-DISPATCH_MEMO_SIZE = 4096
-
-
-def new_dispatch_memo(capacity: int = DISPATCH_MEMO_SIZE) -> DispatchMemo:
-    """A session's memo of validated dispatches, for `decode_client_message` (bounded LRU)."""
-    return LruCache(capacity)
-
-
 def decode_client_message(
     frames: Sequence[Any], limits: Limits, dispatch_memo: DispatchMemo | None = None
 ) -> ClientMessage:
     """Decode and validate one message from a client; raise ProtocolViolation if it is unusable.
 
     An op that fails validation becomes an `OpError` in the batch (reported against its seq);
-    only a batch whose envelope is broken raises. `dispatch_memo` (one per session) remembers
-    dispatches that passed validation, keyed by everything but their seq, so a repeated step is
-    not checked again; keys compare by value (1 == 1.0 == True is taken as the validated op).
+    only a batch whose envelope is broken raises. `dispatch_memo` (one per session, `memo`)
+    remembers dispatches that passed validation, keyed by everything but their seq, so a repeated
+    step is not checked again: such a dispatch comes as `Memoized(seq, entry)`. Keys are the body's
+    bytes as the client packed them, or its values where the message is read the general way
+    (which compare by value: 1 == 1.0 == True is taken as the validated op).
     """
     if not frames:
         raise ProtocolViolation(ErrorCode.PROTOCOL, "empty message")
     if sum(len(f) for f in frames) > limits.max_message_bytes:
         raise ProtocolViolation(ErrorCode.PROTOCOL, f"message larger than {limits.max_message_bytes} bytes")
+    try:
+        return _decode_batch(read_batch(frames[0], limits), frames[1:], limits, dispatch_memo)
+    except NotCanonical:
+        pass  # not the client's layout: read the general way
     header = unpack_header(frames[0], limits)
     kind = header["t"]
     if kind == "batch":
@@ -162,24 +160,36 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
         raise ProtocolViolation(
             ErrorCode.PROTOCOL, f"header announces {describe(n_frames)} payload frames, message has {len(payloads)}"
         )
-    ops: list[Op | OpError] = []
+    ops: list[Op | OpError | Memoized] = []
     used_frames: set[int] = set()
     dispatch, new_tuple = int(Opcode.DISPATCH), tuple.__new__
     for raw in raw_ops:  # the hot loop: a memo hit costs a lookup and a tuple
-        if type(raw) is not tuple or len(raw) < 2 or type(raw[0]) is not int or type(raw[1]) is not int:
+        key: Any = None
+        if type(raw) is Body:  # a dispatch read by `read_batch`: its body's bytes
+            if memo is not None:
+                key = raw.body
+                if (entry := memo.get(key)) is not None:
+                    ops.append(new_tuple(Memoized, (raw.seq, entry)))
+                    continue
+            raw = raw.unpacked(limits)
+        elif type(raw) is not tuple or len(raw) < 2 or type(raw[0]) is not int or type(raw[1]) is not int:
             raise ProtocolViolation(ErrorCode.PROTOCOL, "an op must be a list [opcode, seq, ...]")
-        if memo is not None and raw[0] == dispatch:
+        elif memo is not None and raw[0] == dispatch:
+            key = raw[2:]
             try:
-                fields = memo.get(raw[2:])
+                entry = memo.get(key)
             except TypeError:  # a map somewhere inside: unhashable, and invalid anyway
-                fields = None
-            if fields is not None:
-                ops.append(new_tuple(Dispatch, (raw[1], *fields)))
+                entry = key = None
+            if entry is not None:
+                ops.append(new_tuple(Memoized, (raw[1], entry)))
                 continue
         try:
             op = decode_op(raw, payloads, limits)
-            if memo is not None and type(op) is Dispatch:
-                memo.put(raw[2:], op[1:])
+            if key is not None and memo is not None and type(op) is Dispatch:
+                entry = DispatchEntry(op[1:])
+                memo.put(key, entry)
+                ops.append(new_tuple(Memoized, (op.seq, entry)))
+                continue
             frames = _frames_of(op)
             if frames:
                 if used_frames.intersection(frames) or len(set(frames)) != len(frames):
@@ -226,6 +236,9 @@ def _claimed_frames(raw: tuple[Any, ...], count: int) -> list[int]:
     return []
 
 
+_new_tuple = tuple.__new__
+
+
 def decode_op(raw: tuple[Any, ...], payloads: Sequence[Any], limits: Limits) -> Op:
     """One op (a tuple from msgpack) into its NamedTuple, every field checked."""
     decoder = _DECODERS.get(raw[0])
@@ -234,7 +247,8 @@ def decode_op(raw: tuple[Any, ...], payloads: Sequence[Any], limits: Limits) -> 
     cls, validators = decoder
     if len(raw) != len(validators) + 2:
         raise bad(f"expected {len(validators)} fields, got {len(raw) - 2}")
-    op: Op = cls(raw[1], *[check(value, limits, payloads) for check, value in zip(validators, raw[2:], strict=True)])
+    values = [check(value, limits, payloads) for check, value in zip(validators, raw[2:], strict=True)]
+    op: Op = _new_tuple(cls, (raw[1], *values))  # the NamedTuple without its keyword-handling constructor
     if type(op) is Alloc:
         nbytes = op.nbytes
         if nbytes > limits.max_tensor_bytes:

@@ -18,14 +18,16 @@ from gpud_protocol.wire import bad, describe, f32_fits, is_int
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:/-]*")
 _OPTION_KEYS = frozenset(KernelOptions._fields)
+MAX_SHARED = 1 << 20  # bytes of dynamic shared memory a kernel may ask; the device refuses past its own limit
 
 Validator = typing.Callable[[Any, Limits, Sequence[Any]], Any]
+_TENSOR, _F32, _I32, _U32 = (int(kind) for kind in (ArgKind.TENSOR, ArgKind.F32, ArgKind.I32, ArgKind.U32))
 
 
 def check_handle(value: Any, limits: Limits, _payloads: Sequence[Any]) -> int:
-    if not is_int(value) or not 0 < value <= limits.max_handle:
+    if type(value) is not int or not 0 < value <= limits.max_handle:
         raise bad(f"bad handle {describe(value)}: an int in [1, {limits.max_handle}]")
-    return int(value)
+    return value
 
 
 def check_dtype(value: Any, _limits: Limits, _payloads: Sequence[Any]) -> str:
@@ -89,10 +91,14 @@ def check_options(value: Any, limits: Limits, _payloads: Sequence[Any]) -> Kerne
     for flag in flags:
         if type(flag) is not str or not flag.startswith("-") or len(flag) > 256:
             raise bad(f"each compiler flag must be a string starting with '-', got {describe(flag)}")
+    shared = value.get("shared", 0)
+    if type(shared) is not int or not 0 <= shared <= MAX_SHARED:
+        raise bad(f"shared (dynamic shared memory bytes) must be an integer in 0..{MAX_SHARED}, not {describe(shared)}")
     return KernelOptions(
         None if block is None else check_int_list(block, 3, 1, 1024, "block"),  # type: ignore[arg-type]
         flags,
         None if writes is None else check_int_list(writes, None, 0, limits.max_args - 1, "writes"),
+        shared,
     )
 
 
@@ -163,18 +169,18 @@ def check_args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[sc
             raise bad(f"each arg must be [kind, value], got {describe(item)}")
         kind, v = item
         t = type(v)
-        if kind == ArgKind.F32 and (t is float or t is int):
+        if kind == _F32 and (t is float or t is int):
             v = float(v)
             if not f32_fits(v):
                 raise bad(f"f32 argument {describe(v)} is out of the range of a 32-bit float")
             decoded.append((1, v))
         elif t is int and (
-            (kind == ArgKind.TENSOR and 0 < v <= max_handle)
-            or (kind == ArgKind.I32 and -(1 << 31) <= v < (1 << 31))
-            or (kind == ArgKind.U32 and 0 <= v < (1 << 32))
+            (kind == _TENSOR and 0 < v <= max_handle)
+            or (kind == _I32 and -(1 << 31) <= v < (1 << 31))
+            or (kind == _U32 and 0 <= v < (1 << 32))
         ):
             decoded.append(item)
-        elif kind == ArgKind.TENSOR and t is tuple:
+        elif kind == _TENSOR and t is tuple:
             decoded.append((kind, check_view(v, limits)))
         else:
             raise bad(f"bad arg [{describe(kind)}, {describe(v)}]: kind 0 tensor handle or view, 1 f32, 2 i32, 3 u32")

@@ -37,6 +37,7 @@ import enum
 from typing import Annotated, Any, NamedTuple
 
 from gpud_protocol.limits import DTYPE_SIZES
+from gpud_protocol.memo import Memoized
 from gpud_protocol.views import TensorView
 
 PROTOCOL_VERSION = 2
@@ -141,6 +142,7 @@ class KernelOptions(NamedTuple):
     block: tuple[int, int, int] | None = None  # CUDA threads per block
     flags: tuple[str, ...] = ()  # compiler flags (CUDA only, whitelisted)
     writes: tuple[int, ...] | None = None  # tensor-argument positions the kernel writes, declared
+    shared: int = 0  # CUDA dynamic shared memory per block, bytes (extern __shared__)
 
 
 Options = Annotated[KernelOptions, Field.OPTIONS]
@@ -519,7 +521,7 @@ class Hello(NamedTuple):
 
 
 class Batch(NamedTuple):
-    ops: list[Op | OpError]
+    ops: list[Op | OpError | Memoized]  # a dispatch its session's memo holds comes as `Memoized`
     ack: tuple[int, ...]  # failed seqs the client has seen
     frames: list[Any]
     number: int  # 1, 2, 3... per session; 0 from clients that do not count

@@ -367,6 +367,30 @@ async def test_cancelled_await_does_not_lose_another_reply(gpu: Client) -> None:
     assert not gpu._connection._futures  # nothing left behind by the cancelled awaits
 
 
+async def test_dynamic_shared_memory_is_cudas(gpu: Client) -> None:
+    """`shared` reaches the daemon: CUDA gives the block that much extern __shared__ memory (past 48 KB
+    here); WGSL declares workgroup memory in the source, so WebGPU refuses it by name."""
+    source, options = kernels.axpb_source(gpu.backend)
+    if gpu.backend != "cuda":
+        with pytest.raises(InvalidArgument, match="not with 'shared'"):
+            await gpu.kernel(source, "axpb", shared=4096, **options)  # type: ignore[arg-type]
+        return
+    reverse = (
+        'extern "C" __global__ void reverse(const float* x, float* y) {\n'
+        "    extern __shared__ float s[];\n"
+        "    const unsigned int n = blockDim.x * 64;\n"
+        "    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) s[i] = x[i];\n"
+        "    __syncthreads();\n"
+        "    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) y[i] = s[n - 1 - i];\n"
+        "}\n"
+    )
+    k = await gpu.kernel(reverse, "reverse", block=(256, 1, 1), writes=[1], shared=256 * 64 * 4)
+    x = np.random.default_rng(0).standard_normal(256 * 64).astype(np.float32)
+    tx, ty = gpu.tensor(x), gpu.empty(x.shape, "float32")
+    gpu.dispatch(k, (1, 1, 1), [tx, ty])
+    np.testing.assert_array_equal(await ty.numpy(), x[::-1])
+
+
 # --------------------------------------------------------------------------- typed errors
 
 

@@ -1,5 +1,5 @@
 """bfloat16 tensors on every backend: storage, upload and readback, views, casts, the elementwise ops,
-contiguous, replay graphs and residents, and the ops that refuse bfloat16 for now (matmul, attention).
+contiguous, replay graphs and residents, and matmul and attention taking it (float16 with bfloat16 refused).
 
 References are numpy's float32 arithmetic rounded to bfloat16 on the bits (gpud_client.dtypes, whose
 rounding tests/client/test_dtypes.py checks against references written another way): add, sub, mul,
@@ -21,7 +21,8 @@ EVERY = np.arange(0x10000, dtype=np.uint32).astype(np.uint16)  # every bfloat16
 
 def bf(values: object) -> np.ndarray:
     """float32 values rounded to bfloat16 (as float32)."""
-    return bits_to_float32(float32_to_bits(np.asarray(values, np.float32)))
+    rounded: np.ndarray = bits_to_float32(float32_to_bits(np.asarray(values, np.float32)))
+    return rounded
 
 
 def bits_of(got: np.ndarray) -> np.ndarray:
@@ -199,18 +200,24 @@ async def test_replays_and_residents_keep_bfloat16(gpu: gpud_client.Client) -> N
     step.free()
 
 
-async def test_matmul_and_attention_refuse_bfloat16_by_name(gpu: gpud_client.Client) -> None:
+async def test_matmul_and_attention_take_bfloat16_but_not_mixed_with_float16(gpu: gpud_client.Client) -> None:
+    """Regression: matmul, nn.Linear and both attentions refused bfloat16 (cast to float16 first). They
+    take it now (tests/ops/test_matmul_bf16.py, test_attention_bf16.py check the values); only float16
+    with bfloat16 is refused, by name, as torch does."""
     w = gpu.tensor(rand((4, 4)), dtype="bfloat16")
     x = gpu.tensor(rand((2, 4)))
-    with pytest.raises(InvalidArgument, match="matmul: bfloat16 operands are not supported yet; cast to float16") as e:
-        gpu.ops.matmul(x, w)
+    assert gpu.ops.matmul(x, w).dtype == np.float32 and nn.Linear(gpu, w)(gpu.ops.cast(x, "bfloat16")).dtype == bfloat16
+    with pytest.raises(InvalidArgument, match="matmul: x is float16 and w bfloat16") as e:
+        gpu.ops.matmul(gpu.ops.cast(x, "float16"), w)
     assert e.value.op == "matmul"
-    with pytest.raises(InvalidArgument, match="Linear: the weight is bfloat16"):
-        nn.Linear(gpu, w)
     q = gpu.tensor(rand((1, 2, 2, 4)), dtype="bfloat16")
-    with pytest.raises(InvalidArgument, match="attention: bfloat16 q, k and v are not supported yet") as e:
-        gpu.ops.attention(q, q, q)
+    assert gpu.ops.attention(q, q, q).dtype == bfloat16
+    with pytest.raises(InvalidArgument, match="attention: q is float16 and k, v bfloat16") as e:
+        gpu.ops.attention(gpu.ops.cast(q, "float16"), q, q)
     assert e.value.op == "attention"
     cache = gpu.empty((1, 8, 2, 4), "bfloat16")
-    with pytest.raises(InvalidArgument, match="attention_decode: bfloat16 q, k and v"):
-        gpu.ops.attention_decode(gpu.tensor(rand((1, 2, 4))), cache, cache, gpu.tensor(np.zeros(1, np.int32)))
+    pos = gpu.tensor(np.zeros(1, np.int32))
+    assert gpu.ops.attention_decode(gpu.tensor(rand((1, 2, 4))), cache, cache, pos).dtype == np.float32
+    with pytest.raises(InvalidArgument, match="attention_decode: q is float16"):
+        gpu.ops.attention_decode(gpu.tensor(rand((1, 2, 4)).astype(np.float16)), cache, cache, pos)
+    await gpu.sync()

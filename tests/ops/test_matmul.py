@@ -208,7 +208,7 @@ async def test_mismatches_are_typed_errors_in_the_client(gpu: gpud_client.Client
         (lambda: gpu.ops.matmul(gpu.tensor(np.ones((2, 4, 5), f32)), gpu.tensor(np.ones((3, 5, 6), f32))), "batch"),
         (lambda: gpu.ops.matmul(gpu.tensor(np.ones(5, f32)), w), r"\(M, K\)"),
         (lambda: gpu.ops.matmul(x, gpu.tensor(np.ones((1, 1, 5, 6), f32))), "w is"),
-        (lambda: gpu.ops.matmul(gpu.tensor(np.ones((4, 5), np.int32)), w), "float32 or float16"),
+        (lambda: gpu.ops.matmul(gpu.tensor(np.ones((4, 5), np.int32)), w), "float32, float16 or bfloat16"),
         (lambda: gpu.ops.matmul(x, w, out=gpu.empty((4, 7))), "out is"),
         (lambda: gpu.ops.matmul(x, w, out=gpu.empty((4, 6), "float16")), "out is float16"),
         (lambda: gpu.ops.matmul(x, w, bias=gpu.tensor(np.ones(5, f32))), "bias is"),
@@ -233,7 +233,7 @@ async def test_mismatches_are_typed_errors_in_the_daemon(gpu: gpud_client.Client
         ("matvec_f32_f32", [x, w, x, out], {6: 0}, "K=8"),  # w read as (K, N)
         ("matvec_f32_f32", [x, w, x, out], {6: 2}, "wt is 0 or 1"),
         ("matvec_f32_f32", [x, w, half, out], {7: 1}, "bias_kind 1"),
-        ("matvec_f32_f32", [x, w, x, out], {7: 3}, "bias_kind is"),
+        ("matvec_f32_f32", [x, w, x, out], {7: 4}, "bias_kind is"),
         ("matvec_f32_f32", [x, w, x, half], {}, "out is"),
         ("matvec_f16_f32", [x, w, x, out], {}, "takes x float16"),
         ("matmul_f32_f32", [x, w, x, gpu.empty((3, 2))], {}, "out is"),

@@ -99,6 +99,10 @@ OPS: list[tuple[list[Any], Any]] = [
         [Opcode.KERNEL, 9, 4, "src", "k_2", {"block": [64, 2, 1], "flags": ["-O3", "--use_fast_math"], "writes": [1]}],
         RegisterKernel(9, 4, "src", "k_2", KernelOptions((64, 2, 1), ("-O3", "--use_fast_math"), (1,))),
     ),
+    (
+        [Opcode.KERNEL, 9, 4, "src", "k_3", {"block": [128, 1, 1], "shared": 100_000}],
+        RegisterKernel(9, 4, "src", "k_3", KernelOptions((128, 1, 1), (), None, 100_000)),
+    ),
     ([Opcode.SYNC, 10], Sync(10)),
     ([Opcode.COPY, 11, 7, 8], Copy(11, 7, 8)),
     ([Opcode.STATS, 12], Stats(12)),
@@ -612,6 +616,10 @@ def test_bad_dispatch_writes(writes: Any) -> None:
         ("src", "main", {"flags": ["-x"] * (LIMITS.max_options + 1)}),
         ("src", "main", {"writes": [-1]}),
         ("src", "main", {"writes": "1"}),
+        ("src", "main", {"shared": -1}),
+        ("src", "main", {"shared": (1 << 20) + 1}),
+        ("src", "main", {"shared": 1.5}),
+        ("src", "main", {"shared": True}),
     ],
 )
 def test_bad_kernel(source: Any, entry: Any, options: Any) -> None:

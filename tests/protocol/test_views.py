@@ -127,12 +127,14 @@ def test_a_full_dispatch_memo_evicts_its_least_recent_entry_only() -> None:
     decode([[Opcode.DISPATCH, 9, 2, [1, 1, 1], [[0, VIEW]], None]], memo)  # a hit: the first is now recent
     decode(dispatches[2:], memo)
     assert len(memo) == 2 and memo.evictions == 1
-    keys = {key[1] for key in memo._items}
-    assert keys == {(1, 1, 1), (3, 1, 1)}  # the second went, the first (used since) stayed
+    grids = {entry.fields[1] for entry in memo._items.values()}
+    assert grids == {(1, 1, 1), (3, 1, 1)}  # the second went, the first (used since) stayed
     hits = memo.hits
     (op,) = decode([[Opcode.DISPATCH, 10, 2, [3, 1, 1], [[0, VIEW]], None]], memo)
     assert memo.hits == hits + 1
-    assert op == proto.Dispatch(10, 2, (3, 1, 1), ((0, TensorView(7, 0, (3, 4), (4, 1))),), None)
+    assert type(op) is proto.Memoized  # the memo's entry, with the seq of this op
+    view = TensorView(7, 0, (3, 4), (4, 1))
+    assert proto.Dispatch(op.seq, *op.entry.fields) == proto.Dispatch(10, 2, (3, 1, 1), ((0, view),), None)
 
 
 def test_a_full_dispatch_encoder_evicts_one_body() -> None:

@@ -29,8 +29,10 @@ from gpud_protocol.ops.attention import (
     attention_rows,
     flash_applies,
     flash_grid,
+    flash_name,
     key_mask_mode,
     mask_mode,
+    mixes_halves,
     rotary_freq,
 )
 from gpud_protocol.ops.attention_tiled import tiled_applies, tiled_grid, tiled_width
@@ -150,9 +152,9 @@ class AttentionOps(OpsBase):
         """One decode step: q (B, Hq, D) against caches (B, L, Hkv, D) (Hq % Hkv == 0; query head h
         reads KV head h // (Hq / Hkv)), attending over cache positions 0 .. pos[b] (the new token's
         keys appended before); pos (B,) int32. A pos[b] past L - 1 attends over the whole cache, a
-        negative one over nothing (zeros). q float32 or float16, caches float32 or float16 (both
-        alike), D <= 256; scale defaults to 1/sqrt(D). Returns (B, Hq, D) in q's dtype, or writes `out`
-        (float32 or float16).
+        negative one over nothing (zeros). q float32, float16 or bfloat16, caches too (both alike; not
+        float16 with bfloat16), D <= 256; scale defaults to 1/sqrt(D). Returns (B, Hq, D) in q's dtype,
+        or writes `out` (float32, float16 or bfloat16).
         q may also be (B, T, Hq, D): a chunk of T new tokens, query t seeing positions 0 .. pos[b] + t.
         `splits`: how many workgroups share a row's keys (default: enough to fill a GPU)."""
         return self._attention("attention_decode", q, k_cache, v_cache, pos, None, False, scale, splits, out, graph)
@@ -177,20 +179,22 @@ class AttentionOps(OpsBase):
         or (B, 1, T, S); a value <= -1e30 (-inf, float32's minimum) hides its key. key_mask: a
         padding mask (B, S) (uint8, int32, int64 or float32), nonzero where a key takes part
         (Hugging Face's attention_mask); not together with mask. A query that sees no key gives
-        zeros. Returns (B, T, Hq, D) in q's dtype (as torch's SDPA), or writes `out` (float32 or float16).
-        On CUDA, float16 q, k and v with D 32, 64 or 128 and no additive mask run the flash kernel
-        (tensor cores, one pass; `splits` does not apply): P is rounded to float16 as flash attention
-        does, so results are within about 1e-3 of exact, not 1e-5. On WebGPU, D up to 256 runs one pass
+        zeros. q, k, v: float32, float16 or bfloat16 (k and v alike; not float16 with bfloat16). Returns
+        (B, T, Hq, D) in q's dtype (as torch's SDPA), or writes `out` (float32, float16 or bfloat16).
+        On CUDA, float16 (or bfloat16) q, k and v with D 32, 64 or 128 and no additive mask run the flash
+        kernel (tensor cores, one pass; `splits` does not apply): P is rounded to q's dtype as flash
+        attention does, so results are within about 1e-3 of exact for float16 (2^-8 of |v| for bfloat16),
+        not 1e-5. On WebGPU, D up to 256 runs one pass
         in which blocks of query rows share tiles of keys (attention_tiled), unless `splits` is given or
         a few query rows face many keys (then, as elsewhere, the keys are split over workgroups)."""
         if mask is not None and key_mask is not None:
             raise InvalidArgument("attention: pass mask or key_mask, not both (fold the key mask into the mask)")
         backend = self._client.backend
-        if mask is None and backend == "cuda" and _flash_fits(q, k, v, key_mask):
+        if mask is None and backend == "cuda" and _flash_fits(q, k, v, key_mask, out):
             grid = flash_grid(*(int(n) for n in q.shape[:3]))
-            name = f"attention_flash_d{int(q.shape[-1])}_{SHORT[_out_dtype('attention', q, out)]}"
+            name = flash_name(int(q.shape[-1]), dtype_name(q), _out_dtype("attention", q, out))
             return self._one_pass(name, grid, q, k, v, key_mask, bool(causal), scale, out, graph)
-        if backend == "webgpu" and splits is None and _tiled_fits(q, k, v):
+        if backend == "webgpu" and splits is None and _tiled_fits(q, k, v, out):
             grid = tiled_grid(*(int(n) for n in q.shape))
             dtypes = "_".join(SHORT[d] for d in (dtype_name(q), dtype_name(k), _out_dtype("attention", q, out)))
             name = f"attention_tiled_d{tiled_width(int(q.shape[-1]))}_{dtypes}"
@@ -245,14 +249,14 @@ class AttentionOps(OpsBase):
         key_mask: Any = None,
     ) -> Any:
         qd, kd = dtype_name(q), dtype_name(k)
-        if "bfloat16" in (qd, kd, dtype_name(v)):
+        if qd not in DTYPES or kd not in DTYPES:
+            raise InvalidArgument(f"{op}: float32, float16 or bfloat16 q, k and v, not {qd} and {kd}")
+        if mixes_halves(qd, kd):
             raise InvalidArgument(
-                f"{op}: bfloat16 q, k and v are not supported yet; cast them to float16 (gpu.ops.cast), or "
-                "append bfloat16 keys and values into a float16 cache (kv_append casts)",
+                f"{op}: q is {qd} and k, v {kd}, which no kernel mixes (nor torch); cast one to the other's "
+                f"dtype first, e.g. gpu.ops.cast(q, '{kd}')",
                 op=op,
             )
-        if qd not in DTYPES or kd not in DTYPES:
-            raise InvalidArgument(f"{op}: float32 or float16 q, k and v, not {qd} and {kd}")
         if (op == "attention" and len(q.shape) != 4) or len(k.shape) != 4:
             raise InvalidArgument(f"{op}: q is {list(q.shape)} and k {list(k.shape)}: see the shapes in the docs")
         try:
@@ -304,9 +308,7 @@ def _out_dtype(op: str, q: Any, out: Any) -> str:
     """The dtype attention writes: out's, else q's (as torch's SDPA). InvalidArgument past OUT_DTYPES."""
     dtype = dtype_name(q if out is None else out)
     if dtype not in OUT_DTYPES:
-        raise InvalidArgument(
-            f"{op}: out is {dtype}; attention writes float32 or float16 (cast the result for bfloat16)", op=op
-        )
+        raise InvalidArgument(f"{op}: out is {dtype}; attention writes float32, float16 or bfloat16", op=op)
     return dtype
 
 
@@ -314,15 +316,15 @@ def _tensor_info(t: Any) -> TensorInfo:
     return TensorInfo(dtype_name(t), tuple(int(n) for n in t.shape))
 
 
-def _flash_fits(q: Any, k: Any, v: Any, key_mask: Any) -> bool:
-    """Whether the flash kernel computes this attention (CUDA; checked there against its spec)."""
+def _flash_fits(q: Any, k: Any, v: Any, key_mask: Any, out: Any) -> bool:
+    """Whether the flash kernel computes this attention into `out` (CUDA; checked there against its spec)."""
     mask = None if key_mask is None else _tensor_info(key_mask)
-    return flash_applies(_tensor_info(q), _tensor_info(k), dtype_name(v), mask)
+    return flash_applies(_tensor_info(q), _tensor_info(k), dtype_name(v), mask, dtype_name(q if out is None else out))
 
 
-def _tiled_fits(q: Any, k: Any, v: Any) -> bool:
-    """Whether attention_tiled computes this attention (WebGPU; checked there against its spec)."""
-    return tiled_applies(_tensor_info(q), _tensor_info(k), dtype_name(v))
+def _tiled_fits(q: Any, k: Any, v: Any, out: Any) -> bool:
+    """Whether attention_tiled computes this attention into `out` (WebGPU; checked there against its spec)."""
+    return tiled_applies(_tensor_info(q), _tensor_info(k), dtype_name(v), dtype_name(q if out is None else out))
 
 
 def _graph_input(t: Any) -> bool:

@@ -1,15 +1,26 @@
-"""What every family of ops uses: kernels registered on first use, outputs, checks, dispatches."""
+"""What every family of ops uses: kernels registered on first use, outputs, checks, dispatches.
+
+A call is checked once per signature: what the op's rule decides (the kernel, its grid, the output's
+shape and dtype, the scalars) depends only on its operands' dtypes, shapes and layouts
+(`TensorInfo`) and the call's parameters, so it is kept (`Launch`, `Planned`) by those, and a call
+like an earlier one costs a lookup, the output's allocation and one packed dispatch. What depends on
+the tensors themselves (their session, a freed one, a read-only one written, an output that is also
+an input) is checked at every call.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gpud_protocol as proto
+from gpud_client import packing
 from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument, PermissionDenied
-from gpud_client.values import Kernel, f32, i32, u32
-from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+from gpud_client.memo import Memo
+from gpud_client.values import Kernel, Scalar, f32, i32, u32
+from gpud_protocol.ops import KERNELS, KernelSpec, OpError, TensorInfo
 from gpud_protocol.views import is_contiguous
 
 if TYPE_CHECKING:
@@ -17,11 +28,35 @@ if TYPE_CHECKING:
     from gpud_client.graphs import Graph
     from gpud_client.tensor import Tensor
 
+PLANS_KEPT = 4096  # checked calls kept per client (a model has a few hundred distinct ones)
+SCALAR_KINDS = {"f32": f32, "i32": i32, "u32": u32}
+
+
+class Launch(NamedTuple):
+    """One checked dispatch of a built-in kernel, the same for every call with these operands' infos and
+    these scalars."""
+
+    name: str  # the kernel
+    grid: tuple[int, int, int]
+    op: str  # the op the user called, as errors name it
+    scalars: tuple[Any, ...]  # the arguments after the tensors: `Scalar`s (or a recording's scalars)
+    head: bytes  # packed: the grid and the arguments' count (gpud_client.packing)
+    tail: bytes  # packed: the scalars and writes; b"" when a recording's scalar is among them
+
+
+class Planned(NamedTuple):
+    """An op's call, checked: its output and its dispatch."""
+
+    shape: tuple[int, ...]  # the output's (a new tensor's, when no out= is given)
+    dtype: str
+    launch: Launch | None  # None: nothing to compute (an empty output)
+
 
 class OpsBase:
     def __init__(self, client: Client) -> None:
         self._client = client
         self._kernels: dict[str, Kernel] = {}
+        self._plans: Memo[tuple[Any, ...], Any] = Memo(PLANS_KEPT)  # Planned, or Launch (`_run`), by call
 
     def _kernel(self, name: str) -> Kernel:
         """The built-in kernel `name`, registered on first use without a round trip."""
@@ -42,8 +77,7 @@ class OpsBase:
             return out
         if graph is not None:
             return graph.empty(shape, dtype)
-        device = getattr(like, "device", None)
-        return self._client.empty(shape, dtype, device=device)
+        return self._client._new(shape, dtype, getattr(like, "device", None))
 
     def _run(
         self,
@@ -55,37 +89,103 @@ class OpsBase:
     ) -> None:
         """Check the call against the kernel's rule, then queue (or record) its dispatch. Errors,
         here or later from the daemon, name the op the user called (`exc.op`: "add", not "dispatch")."""
+        if graph is not None:  # a recording's scalars may be among the scalars: nothing kept
+            self._launch(self._check(name, grid, tensors, scalars), tensors, graph, fresh=True)
+            return
+        key = (name, grid, *[info_of(t) for t in tensors], *exact(scalars))
+        try:
+            launch = self._plans.get(key)
+        except TypeError:  # an unhashable scalar: checked, not kept
+            self._launch(self._check(name, grid, tensors, scalars), tensors, None, fresh=True)
+            return
+        if launch is None:
+            launch = self._plans.keep(key, self._check(name, grid, tensors, scalars))
+            self._launch(launch, tensors, None, fresh=True)  # `_check` checked the writes
+        else:
+            self._launch(launch, tensors, None, fresh=False)
+
+    def _check(self, name: str, grid: tuple[int, int, int], tensors: Sequence[Any], scalars: Sequence[Any]) -> Launch:
+        """The call checked against the kernel's rule, as a `Launch`. `tensors` may hold, for an
+        output still to be made, its `TensorInfo`."""
         spec = KERNELS[name]
         values = [s.value if hasattr(s, "value") else s for s in scalars]
         op = spec.op_name(values)
-        for position in spec.writes:
-            written = tensors[position]
-            if getattr(written, "mode", "rw") == "ro":
-                raise PermissionDenied(
-                    f"{spec.tensors[position]} is a read-only resident tensor, which {name} would write: "
-                    "write into a tensor of your own",
-                    op=op,
-                )
-            if any(same_memory(t, written) for i, t in enumerate(tensors) if i != position):
-                raise InvalidArgument(f"out is also an input; ops do not run in place ({name})", op=op)
-        infos = [_info(t) for t in tensors]
+        check_writes(spec, op, tensors)
+        infos = [info_of(t) for t in tensors]
         try:
             spec.verify(infos, values)
         except OpError as exc:
             raise InvalidArgument(f"{exc} ({name})", op=op) from None
-        args = [*tensors, *(_scalar(kind, v) for (_, kind), v in zip(spec.scalars, scalars, strict=True))]
-        kernel = self._kernel(name)
+        args = tuple(_scalar(kind, v) for (_, kind), v in zip(spec.scalars, scalars, strict=True))
+        recorded = any(type(a) is not Scalar for a in args)
+        tail = b"" if recorded else packing.dispatch_tail(args)
+        return Launch(name, grid, op, args, packing.dispatch_head(grid, len(tensors) + len(args)), tail)
+
+    def _launch(self, launch: Launch, tensors: Sequence[Any], graph: Graph | None, fresh: bool) -> None:
+        """Queue (or record) `launch` with `tensors`; `fresh`: what it writes was checked for this call
+        (or just made), else it is checked here."""
+        if not fresh:
+            check_writes(KERNELS[launch.name], launch.op, tensors)
+        kernel = self._kernels.get(launch.name) or self._kernel(launch.name)
         if graph is not None:
-            graph.dispatch(kernel, grid, args)
+            graph.dispatch(kernel, launch.grid, [*tensors, *launch.scalars])
+            return
+        client = self._client
+        seq = client._queue_launch(kernel.handle, launch.head, launch.tail, tensors)
+        client._connection.name_op(seq, launch.op)
+
+    def _plan(self, key: tuple[Any, ...], make: Any, *args: Any) -> Planned:
+        """The plan of a call (`make(*args)`), kept by `key` (its operands' infos and parameters)."""
+        try:
+            plan: Planned | None = self._plans.get(key)
+        except TypeError:  # an unhashable parameter (a 0-d array...): checked, not kept
+            planned: Planned = make(*args)
+            return planned
+        if plan is None:
+            plan = self._plans.keep(key, make(*args))
+        return plan
+
+    def _execute(self, plan: Planned, inputs: list[Any], out: Any, like: Any, graph: Graph | None) -> Any:
+        """Run a planned call: its output (`out`, else a new tensor on the device of `like`), then its
+        dispatch of `inputs` and the output."""
+        if out is not None:
+            result = out
+        elif graph is not None:
+            result = graph.empty(plan.shape, plan.dtype)
         else:
-            client = self._client
-            client.dispatch(kernel, grid, args)
-            client._connection.name_op(client._last_seq, op)
+            result = self._client._new(plan.shape, plan.dtype, getattr(like, "device", None))
+        if plan.launch is not None:
+            inputs.append(result)
+            self._launch(plan.launch, inputs, graph, fresh=out is None)
+        return result
+
+
+def check_writes(spec: KernelSpec, op: str, tensors: Sequence[Any]) -> None:
+    """Refuse, at the call, writing a read-only tensor, or an output that is also an input."""
+    for position in spec.writes:
+        written = tensors[position]
+        if getattr(written, "mode", "rw") == "ro":
+            raise PermissionDenied(
+                f"{spec.tensors[position]} is a read-only resident tensor, which {spec.name} would write: "
+                "write into a tensor of your own",
+                op=op,
+            )
+        if any(same_memory(t, written) for i, t in enumerate(tensors) if i != position):
+            raise InvalidArgument(f"out is also an input; ops do not run in place ({spec.name})", op=op)
+
+
+def info_of(tensor: Any) -> TensorInfo:
+    """What the op's rule sees of a tensor (a session's, a recording's, or an output's info)."""
+    try:
+        info: TensorInfo = tensor.info
+        return info
+    except AttributeError:
+        return tensor if type(tensor) is TensorInfo else _info(tensor)
 
 
 def _info(tensor: Any) -> TensorInfo:
     """What the op's rule sees: dtype, shape, and a view's offset and strides (None: contiguous)."""
-    dtype = name_of(tensor.dtype)
+    dtype = dtype_name(tensor)
     shape = tuple(tensor.shape)
     strides = getattr(tensor, "strides", None)  # a recording's tensors have none: dense
     if strides is not None and is_contiguous(shape, strides):
@@ -93,10 +193,26 @@ def _info(tensor: Any) -> TensorInfo:
     return TensorInfo(dtype, shape, getattr(tensor, "offset", 0), strides)
 
 
+def exact(values: Sequence[Any]) -> tuple[Any, ...]:
+    """Call parameters as a key (see `signed`)."""
+    return tuple([signed(v) for v in values])
+
+
+def signed(value: Any) -> Any:
+    """A call's parameter as part of a key: a zero with its sign (== does not tell -0.0 from 0.0, whose
+    bytes and products differ); anything else as it is (what is not a number, the op's check refuses)."""
+    try:
+        if value or type(value) is int:
+            return value
+        return (value, math.copysign(1.0, value))
+    except (TypeError, ValueError):  # not a number (an array...)
+        return value
+
+
 def _scalar(kind: str, value: Any) -> Any:
     if hasattr(value, "kind") and hasattr(value, "graph"):  # a graph scalar: its kind is declared
         return value
-    return {"f32": f32, "i32": i32, "u32": u32}[kind](value)
+    return SCALAR_KINDS[kind](value)
 
 
 def same_memory(a: Any, b: Any) -> bool:
@@ -105,4 +221,8 @@ def same_memory(a: Any, b: Any) -> bool:
 
 
 def dtype_name(tensor: Tensor | Any) -> str:
-    return name_of(tensor.dtype)
+    try:
+        name: str = tensor.dtype_name
+        return name
+    except AttributeError:
+        return name_of(tensor.dtype)

@@ -12,8 +12,8 @@ from typing import Any
 
 from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, dtype_name
-from gpud_protocol.ops import OpError, grid_1d
+from gpud_client.ops.base import OpsBase, Planned, dtype_name, info_of, signed
+from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
 from gpud_protocol.ops.dtypes import DTYPES, FLOATS, result_dtype, threads
 from gpud_protocol.ops.elementwise import BINARY_OPS, UNARY_OPS
@@ -108,25 +108,34 @@ class ElementwiseOps(OpsBase):
         return result
 
     def _binary(self, op: str, x: Any, y: Any, out: Any, graph: Any) -> Any:
+        key = ("_binary", op, info_of(x), info_of(y), None if out is None else info_of(out))
+        return self._execute(self._plan(key, self._plan_binary, op, x, y, out), [x, y], out, x, graph)
+
+    def _plan_binary(self, op: str, x: Any, y: Any, out: Any) -> Planned:
         self._check_dtypes(op, {"x": x, "y": y})
         dtypes = [dtype_name(x), dtype_name(y)]
         shape = self._broadcast(op, x, y)
-        result = self._out(out, shape, result_dtype(*dtypes), x, graph)
+        result = TensorInfo(result_dtype(*dtypes), shape) if out is None else out
         lay = self._layout(op, result, x, y)
         n = math.prod(result.shape)
         codes = [_code(d) for d in (*dtypes, dtype_name(result))]
         scalars = [n, BINARY_OPS[op], *lay, *codes]
-        self._run("ew_binary", grid_1d(threads(n, _table_dtype(result))), [x, y, result], scalars, graph)
-        return result
+        grid = grid_1d(threads(n, _table_dtype(result)))
+        return Planned(shape, dtype_name(result), self._check("ew_binary", grid, [x, y, result], scalars))
 
     def _unary(self, op: str, x: Any, out: Any, graph: Any, a: float = 0.0, b: float = 0.0) -> Any:
+        a, b = float(a), float(b)
+        key = ("_unary", op, info_of(x), None if out is None else info_of(out), signed(a), signed(b))
+        return self._execute(self._plan(key, self._plan_unary, op, x, out, a, b), [x], out, x, graph)
+
+    def _plan_unary(self, op: str, x: Any, out: Any, a: float, b: float) -> Planned:
         name = "gelu" if op == "gelu_tanh" else op
         self._check_dtypes(name, {"x": x})
-        result = self._out(out, tuple(x.shape), dtype_name(x), x, graph)
+        result = TensorInfo(dtype_name(x), tuple(x.shape)) if out is None else out
         n = math.prod(x.shape)
-        scalars = [n, UNARY_OPS[op], float(a), float(b), _code(dtype_name(x)), _code(dtype_name(result))]
-        self._run("ew_unary", grid_1d(threads(n, _table_dtype(result))), [x, result], scalars, graph)
-        return result
+        scalars = [n, UNARY_OPS[op], a, b, _code(dtype_name(x)), _code(dtype_name(result))]
+        grid = grid_1d(threads(n, _table_dtype(result)))
+        return Planned(tuple(x.shape), dtype_name(result), self._check("ew_unary", grid, [x, result], scalars))
 
     def _check_dtypes(self, op: str, tensors: dict[str, Any]) -> None:
         for name, tensor in tensors.items():

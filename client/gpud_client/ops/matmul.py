@@ -1,27 +1,34 @@
 """Matrix products: matmul (x @ w, batched or not, w as (K, N) or PyTorch Linear's (N, K), an
 optional bias), accumulated in float32; rows of x up to 8 per weight matrix (decode) go to a
-matrix-vector kernel that reads each weight once; past that, float16 operands on CUDA go to the
-tensor cores (a matmul_tc kernel with a tile sized to the product), anything else to matmul_<x>_<w>."""
+matrix-vector kernel that reads each weight once; past that, float16 or bfloat16 x and w (one dtype)
+on CUDA go to the tensor cores (a matmul_tc kernel with a tile sized to the product; on Hopper, wide
+products with w as (N, K) to a matmul_wg kernel: its warpgroup instructions); on a WebGPU adapter that
+runs on the CPU (lavapipe), products with w as (N, K) and K a multiple of 8 to matmul_nk_<x>_<w>;
+anything else to matmul_<x>_<w>."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, dtype_name
-from gpud_protocol.ops import OpError
+from gpud_client.ops.base import OpsBase, Planned, dtype_name, info_of
+from gpud_protocol.ops import OpError, TensorInfo
 from gpud_protocol.ops.matmul import (
     BIAS_KINDS,
     DTYPES,
     MATVEC_ROWS,
     SHORT,
+    TC_DTYPES,
     matmul_grid,
     matvec_grid,
+    mixes_halves,
     out_dtype,
     plan,
     tc_grid,
     tc_kernel,
 )
+from gpud_protocol.ops.matmul_nk import nk_applies, nk_grid
+from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 
 
 class MatmulOps(OpsBase):
@@ -37,37 +44,65 @@ class MatmulOps(OpsBase):
     ) -> Any:
         """x @ w (+ bias). x: (M, K) or (B, M, K); w: (K, N), or (N, K) with transpose_w (a Linear's
         weight), or batched (B, K, N) / (B, N, K); a 2-D w is shared by every batch. bias: (N,).
-        float32 and float16 operands in any mix, accumulated in float32; out is float16 when x and w
-        both are, else float32. Shape (M, N), or (B, M, N) when x or w is batched. On CUDA, float16
-        x and w with more than 8 rows per weight matrix run on the tensor cores: the same exact float16
-        products summed in float32, in another order."""
+        float32, float16 and bfloat16 operands in any mix but float16 with bfloat16 (cast one, as torch
+        asks), accumulated in float32; out is x's dtype when w shares it, else float32 (a 16-bit out is
+        rounded once, to nearest even). bias: float32, float16 or bfloat16. Shape (M, N), or (B, M, N)
+        when x or w is batched. On CUDA, float16 or bfloat16 x and w with more than 8 rows per weight
+        matrix run on the tensor cores: the same exact products summed in float32, in another order."""
+        wt = bool(transpose_w)
+        infos = (info_of(x), info_of(w), None if bias is None else info_of(bias), None if out is None else info_of(out))
+        plan = self._plan(("matmul", wt, *infos), self._plan_matmul, x, w, wt, bias, out)
+        return self._execute(plan, [x, w, x if bias is None else bias], out, x, graph)  # no bias: x stands in
+
+    def _plan_matmul(self, x: Any, w: Any, wt: bool, bias: Any, out: Any) -> Planned:
         xd, wd = dtype_name(x), dtype_name(w)
-        if "bfloat16" in (xd, wd) or (bias is not None and dtype_name(bias) == "bfloat16"):
+        if xd not in DTYPES or wd not in DTYPES:
+            raise InvalidArgument(f"matmul: float32, float16 or bfloat16 operands, not x {xd} and w {wd}")
+        if mixes_halves(xd, wd):
             raise InvalidArgument(
-                "matmul: bfloat16 operands are not supported yet; cast to float16 (gpu.ops.cast(w, 'float16'))",
+                f"matmul: x is {xd} and w {wd}, which no kernel multiplies (nor torch); cast one to the "
+                f"other's dtype first, e.g. gpu.ops.cast(x, '{wd}')",
                 op="matmul",
             )
-        if xd not in DTYPES or wd not in DTYPES:
-            raise InvalidArgument(f"matmul: float32 or float16 operands, not x {xd} and w {wd}")
         bias_kind = 0
         if bias is not None:
             bd = dtype_name(bias)
             if bd not in BIAS_KINDS:
-                raise InvalidArgument(f"matmul: a float32 or float16 bias, not {bd}")
+                raise InvalidArgument(f"matmul: a float32, float16 or bfloat16 bias, not {bd}")
             bias_kind = BIAS_KINDS[bd]
-        wt = bool(transpose_w)
         try:
             p = plan(tuple(x.shape), tuple(w.shape), wt)
             if p.m <= MATVEC_ROWS:
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
-            elif xd == wd == "float16" and self._client.backend == "cuda":
-                name = tc_kernel(p.m, p.n, p.k)
-                grid = tc_grid(name, p.batch, p.m, p.n)
+            elif xd == wd and xd in TC_DTYPES and self._client.backend == "cuda":
+                wide = wg_kernel(p.m, p.n, p.k, xd) if wt and self._capability(x) == CAPABILITY else None
+                if wide is not None:  # Hopper's warpgroup kernels (a Linear's weight layout)
+                    name, grid = wide, wg_grid(wide, p.batch, p.m, p.n)
+                else:
+                    name = tc_kernel(p.m, p.n, p.k, xd)
+                    grid = tc_grid(name, p.batch, p.m, p.n)
+            elif nk_applies(p.k, wt) and self._software(x):  # lavapipe: no workgroup memory, no barriers
+                name, grid = f"matmul_nk_{SHORT[xd]}_{SHORT[wd]}", nk_grid(p.batch, p.m, p.n)
             else:
                 name, grid = f"matmul_{SHORT[xd]}_{SHORT[wd]}", matmul_grid(p.batch, p.m, p.n)
         except OpError as exc:
             raise InvalidArgument(f"matmul: {exc}") from None
-        result = self._out(out, p.out_shape, out_dtype(xd, wd), x, graph)
+        result = TensorInfo(out_dtype(xd, wd), p.out_shape) if out is None else out
         tensors = [x, w, x if bias is None else bias, result]  # without a bias, x stands in (not read)
-        self._run(name, grid, tensors, [*p.sizes, int(wt), bias_kind], graph)
-        return result
+        launch = self._check(name, grid, tensors, [*p.sizes, int(wt), bias_kind])
+        return Planned(p.out_shape, out_dtype(xd, wd), launch)
+
+    def _software(self, like: Any) -> bool:
+        """Whether `like` lives on a WebGPU adapter that runs on the CPU (lavapipe)."""
+        return self._client.backend == "webgpu" and bool(self._device_info(like).get("software"))
+
+    def _device_info(self, like: Any) -> dict[str, Any]:
+        """The daemon's info of the device `like` lives on ({} where it says nothing)."""
+        index = getattr(like, "device", None)
+        devices = self._client.devices
+        where = self._client.device if index is None else int(index)
+        return devices[where] if 0 <= where < len(devices) else {}
+
+    def _capability(self, like: Any) -> str:
+        """The compute capability of the device `like` lives on ("9.0"), "" where the daemon does not say."""
+        return str(self._device_info(like).get("compute_capability", ""))

@@ -9,8 +9,8 @@ from typing import Any
 
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.axes import plan
-from gpud_client.ops.base import OpsBase, dtype_name
-from gpud_protocol.ops import OpError, grid_1d
+from gpud_client.ops.base import OpsBase, Planned, dtype_name, info_of, signed
+from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
 from gpud_protocol.ops.reduce_axis import grid as axis_grid
 
@@ -87,6 +87,10 @@ class ReduceOps(OpsBase):
     def normalize(self, x: Any, eps: float = 1e-12, *, out: Any = None, graph: Any = None) -> Any:
         """x / max(||x||, eps) with the L2 norm over the last axis (torch.nn.functional.normalize, p=2,
         dim=-1); same shape and dtype as x."""
+        key = ("normalize", info_of(x), None if out is None else info_of(out), signed(eps))
+        return self._execute(self._plan(key, self._plan_normalize, x, eps, out), [x], out, x, graph)
+
+    def _plan_normalize(self, x: Any, eps: float, out: Any) -> Planned:
         dtype = dtype_name(x)
         if dtype not in SHORT:
             raise InvalidArgument(f"x is {dtype}, not one of {list(SHORT)}", op="normalize")
@@ -96,9 +100,9 @@ class ReduceOps(OpsBase):
             raise InvalidArgument(str(exc), op="normalize") from None
         if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
             raise InvalidArgument(f"eps must be finite and >= 0, not {eps!r}", op="normalize")
-        result = self._out(out, tuple(x.shape), dtype, x, graph)
-        self._run(f"normalize_{SHORT[dtype]}", _grid(rows), [x, result], [rows, length, float(eps)], graph)
-        return result
+        result = TensorInfo(dtype, tuple(x.shape)) if out is None else out
+        launch = self._check(f"normalize_{SHORT[dtype]}", _grid(rows), [x, result], [rows, length, float(eps)])
+        return Planned(tuple(x.shape), dtype, launch)
 
     def _rows(self, op: str, x: Any) -> tuple[str, int, int]:
         dtype = dtype_name(x)
@@ -111,16 +115,33 @@ class ReduceOps(OpsBase):
         return dtype, rows, length
 
     def _reduce(self, op: str, x: Any, axis: int | None, out: Any, graph: Any) -> Any:
-        p = plan(op, x, axis)
-        result = self._out(out, p.reduced, "float32", x, graph)
-        if p.empty:
+        if axis is None:  # over a flat view of x, made here (recorded, in a graph): not kept
+            p = plan(op, x, axis)
+            result = self._out(out, p.reduced, "float32", x, graph)
+            if p.empty:
+                return result
+            code = REDUCE_OPS[op]
+            if p.rows is not None:
+                self._run(f"reduce_{SHORT[p.dtype]}", _grid(p.rows[0]), [p.x, result], [*p.rows, code], graph)
+            else:
+                self._axis_run(f"reduce_axis_{SHORT[p.dtype]}", p.x, result, p.view, [code], graph)
             return result
+        key = ("_reduce", op, info_of(x), axis, None if out is None else info_of(out))
+        return self._execute(self._plan(key, self._plan_reduce, op, x, axis, out), [x], out, x, graph)
+
+    def _plan_reduce(self, op: str, x: Any, axis: int, out: Any) -> Planned:
+        p = plan(op, x, axis)
+        result = TensorInfo("float32", p.reduced) if out is None else out
+        if p.empty:
+            return Planned(p.reduced, "float32", None)
         code = REDUCE_OPS[op]
         if p.rows is not None:
-            self._run(f"reduce_{SHORT[p.dtype]}", _grid(p.rows[0]), [p.x, result], [*p.rows, code], graph)
+            launch = self._check(f"reduce_{SHORT[p.dtype]}", _grid(p.rows[0]), [x, result], [*p.rows, code])
         else:
-            self._axis_run(f"reduce_axis_{SHORT[p.dtype]}", p.x, result, p.view, [code], graph)
-        return result
+            assert p.view is not None
+            scalars = [*p.view[:3], code, *p.view[3:]]
+            launch = self._check(f"reduce_axis_{SHORT[p.dtype]}", axis_grid(p.view[0]), [x, result], scalars)
+        return Planned(p.reduced, "float32", launch)
 
     def _axis_run(self, name: str, x: Any, out: Any, view: list[int] | None, extra: list[int], graph: Any) -> None:
         """A kernel of `reduce_axis`: its scalars are (n, length, inner), `extra`, then the view."""
@@ -128,16 +149,22 @@ class ReduceOps(OpsBase):
         self._run(name, axis_grid(view[0]), [x, out], [*view[:3], *extra, *view[3:]], graph)
 
     def _norm(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any, graph: Any) -> Any:
+        infos = [info_of(p) for p in params]
+        key = (op, info_of(x), *infos, None if out is None else info_of(out), signed(eps))
+        return self._execute(self._plan(key, self._plan_norm, op, x, params, eps, out), [x, *params], out, x, graph)
+
+    def _plan_norm(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any) -> Planned:
         dtype, rows, length = self._rows(op, x)
         wdtype = dtype_name(params[0])
         if wdtype not in SHORT:
             raise InvalidArgument(f"{op}: weight is {wdtype}, not one of {list(SHORT)}")
         if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
             raise InvalidArgument(f"{op}: eps must be finite and >= 0, not {eps!r}")
-        result = self._out(out, tuple(x.shape), dtype, x, graph)
+        result = TensorInfo(dtype, tuple(x.shape)) if out is None else out
         name = f"{op}_{SHORT[dtype]}_{SHORT[wdtype]}"
-        self._run(name, _grid(rows), [x, *params, result], [rows, length, float(eps)], graph)
-        return result
+        return Planned(
+            tuple(x.shape), dtype, self._check(name, _grid(rows), [x, *params, result], [rows, length, float(eps)])
+        )
 
 
 def _grid(rows: int) -> tuple[int, int, int]:

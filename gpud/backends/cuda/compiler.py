@@ -166,7 +166,9 @@ def interface(
 
 
 def target(major: int, minor: int) -> tuple[str, bool]:
-    """(NVRTC architecture, whether it yields a CUBIN): the device's own if NVRTC knows it, else PTX."""
+    """(NVRTC architecture, whether it yields a CUBIN): the device's own if NVRTC knows it, else PTX.
+    Hopper (9.0) gets its arch-specific target sm_90a, which adds wgmma (the matmul_wg kernels); a
+    CUBIN for it runs on exactly this architecture, as every CUBIN here does."""
     from gpud.backends.cuda.driver import check, nvrtc
 
     capability = major * 10 + minor
@@ -175,7 +177,7 @@ def target(major: int, minor: int) -> tuple[str, bool]:
     except Exception:  # very old NVRTC
         return f"sm_{capability}", True
     if capability in supported:
-        return f"sm_{capability}", True
+        return (f"sm_{capability}a" if capability == 90 else f"sm_{capability}"), True
     older = [arch for arch in supported if arch < capability]
     if not older:
         raise DeviceLost(f"NVRTC supports none of this device's architectures (sm_{capability})")
@@ -225,8 +227,8 @@ def load_module(
     counters: MutableMapping[str, int],
 ) -> Any:
     """The module loaded in the current context: from the disk cache (named by a hash of the exact
-    program key) if it holds the image, else compiled and stored. Counts `disk_cache_hits` and
-    `nvrtc_compiles` in `counters`."""
+    image key: source digest, flags, architecture, NVRTC) if it holds the image, else compiled and
+    stored. Counts `disk_cache_hits` and `nvrtc_compiles` in `counters`."""
     from gpud.backends.cuda.driver import check, cu, error
 
     path = cache_dir / (hashlib.sha256(repr(key).encode()).hexdigest() + (".cubin" if cubin else ".ptx"))

@@ -180,12 +180,15 @@ class CudaDevice(Device):
         module_id = next(self._ids)
         try:
             self._current()
+            # NVRTC builds every kernel of a source at once: the image is keyed by what it depends on
+            # (not the entry point), so the other entries of a family load it from the disk cache
+            image_key = (key[0], options.flags, self._arch, self._nvrtc_version)
             module = compiler.load_module(
-                self._cache_dir, key, source, entry, flags, self._arch, self._cubin, self._counters
+                self._cache_dir, image_key, source, entry, flags, self._arch, self._cubin, self._counters
             )
             try:
                 launch = make_launch(
-                    module_id, module, entry, options.block, self._max_block, self._max_args, parameters
+                    module_id, module, entry, options.block, self._max_block, self._max_args, parameters, options.shared
                 )
             except BaseException:
                 cu.cuModuleUnload(module)

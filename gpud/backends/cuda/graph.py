@@ -76,7 +76,7 @@ class GraphRunner:
         if self._cache_size == 0 or len(run) < self._min_launches:
             self._launch_all(run)
             return
-        shape = tuple([(*launch[:8], len(launch[8])) for launch in run])
+        shape = tuple([(*launch[:-1], len(launch[-1])) for launch in run])
         build = False
         with self.lock:
             graph = self._graphs.get(shape)
@@ -151,19 +151,19 @@ class GraphRunner:
 
     def _launch_all(self, run: Run) -> None:
         params, pointers, stream = self._params_address, self._pointers_address, self._stream
-        for _module, function, gx, gy, gz, bx, by, bz, values in run:
+        for _module, function, gx, gy, gz, bx, by, bz, shared, values in run:
             ctypes.memmove(params, values, len(values))
-            (status,) = cu.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, 0, stream, pointers, 0)
+            (status,) = cu.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, shared, stream, pointers, 0)
             if status:
                 raise error(status, "launching a kernel")
 
     def _node_params(self, launch: tuple[Any, ...]) -> Any:
-        _module, function, gx, gy, gz, bx, by, bz, values = launch
+        _module, function, gx, gy, gz, bx, by, bz, shared, values = launch
         params = cu.CUDA_KERNEL_NODE_PARAMS()
         params.func = function
         params.gridDimX, params.gridDimY, params.gridDimZ = gx, gy, gz
         params.blockDimX, params.blockDimY, params.blockDimZ = bx, by, bz
-        params.sharedMemBytes = 0
+        params.sharedMemBytes = shared
         params.kernelParams = self._pointers_address
         ctypes.memmove(self._params_address, values, len(values))
         return params
@@ -184,14 +184,14 @@ class GraphRunner:
         except BaseException:
             cu.cuGraphDestroy(graph)
             raise
-        return _Graph(exec_, graph, nodes, node_params, [launch[8] for launch in run])
+        return _Graph(exec_, graph, nodes, node_params, [launch[-1] for launch in run])
 
     def _patch(self, graph: _Graph, run: Run) -> None:
         """Update the nodes whose argument bytes differ from what the graph holds."""
         values = graph.values
         for index, launch in enumerate(run):
-            if launch[8] != values[index]:
-                self._set(graph, index, launch[8])
+            if launch[-1] != values[index]:
+                self._set(graph, index, launch[-1])
 
     def _evicted(self, _key: Any, graph: _Graph) -> None:
         self._dead.append(graph)  # under the lock: every put and clear holds it

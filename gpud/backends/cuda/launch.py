@@ -1,5 +1,5 @@
 """Launches: `Launch` is what `Program.native` holds on CUDA; `pack` checks a dispatch against it
-and packs it into `(module_id, function, gx, gy, gz, bx, by, bz, params)`, the form `graph` issues
+and packs it into `(module_id, function, gx, gy, gz, bx, by, bz, shared, params)`, the form `graph` issues
 and keys its graphs by. `params` holds one 8-byte slot per argument (a pointer, or a 4-byte scalar
 and padding), copied into the launch parameter slots right before `cuLaunchKernel`.
 """
@@ -27,6 +27,7 @@ class Launch:
     module_id: int
     function: Any
     block: tuple[int, int, int]
+    shared: int  # dynamic shared memory per block, bytes
     sizes: tuple[int, ...] | None  # parameter sizes from the driver; None: unknown
     nparams: int | None  # from the driver, else from the source; None: unknown
     # argument kinds -> struct format; the least recently used goes when full
@@ -57,6 +58,7 @@ def make_launch(
     max_block: tuple[int, int, int],
     max_args: int,
     parameters: Sequence[str] | None,
+    shared: int = 0,
 ) -> Launch:
     """The entry's function in the loaded module, with the block checked against it."""
     status, function = cu.cuModuleGetFunction(module, entry.encode())
@@ -72,9 +74,14 @@ def make_launch(
         raise InvalidArgument(
             f"block {tuple(block)} does not fit {entry}: at most {most} threads and {max_block} per dimension"
         )
+    if shared:  # past 48 KB a kernel must ask for it; the driver refuses more than the device has
+        attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        (status,) = cu.cuFuncSetAttribute(function, attribute, shared)
+        if status:
+            raise InvalidArgument(f"{entry} cannot have {shared} bytes of dynamic shared memory: {error(status)}")
     sizes = parameter_sizes(function, max_args)
     nparams = len(sizes) if sizes is not None else None if parameters is None else len(parameters)
-    return Launch(module_id, function, block, sizes, nparams)
+    return Launch(module_id, function, block, shared, sizes, nparams)
 
 
 def pack(launch: Launch, entry: str, grid: tuple[int, int, int], args: Sequence[Arg], max_args: int) -> tuple[Any, ...]:
@@ -93,7 +100,7 @@ def pack(launch: Launch, entry: str, grid: tuple[int, int, int], args: Sequence[
         params = struct.pack(fmt, *values)
     except (struct.error, OverflowError) as exc:
         raise InvalidArgument(f"bad argument for {entry}: {exc}") from None
-    return (launch.module_id, launch.function, *grid, *launch.block, params)
+    return (launch.module_id, launch.function, *grid, *launch.block, launch.shared, params)
 
 
 def _format(launch: Launch, entry: str, signature: tuple[Any, ...], max_args: int) -> str:

@@ -38,6 +38,8 @@ def compile_wgsl(
         raise InvalidArgument("WGSL kernels set their block size with @workgroup_size, not 'block'")
     if options.flags:
         raise InvalidArgument("WGSL kernels take no compiler flags")
+    if options.shared:
+        raise InvalidArgument("WGSL kernels declare their workgroup memory in the source, not with 'shared'")
     try:
         module = device.create_shader_module(code=source)
         pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": entry})

@@ -151,12 +151,13 @@ from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers abo
     elementwise,
     layout,
     matmul,
+    matmul_nk,
     matmul_wg,
     reduce,
     reduce_axis,
 )
 
-FAMILIES = [elementwise, matmul, matmul_wg, reduce, attention, attention_tiled, layout, reduce_axis]
+FAMILIES = [elementwise, matmul, matmul_nk, matmul_wg, reduce, attention, attention_tiled, layout, reduce_axis]
 KERNELS: dict[str, KernelSpec] = _registry()
 
 

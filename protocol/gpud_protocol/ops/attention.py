@@ -17,29 +17,32 @@ kv_append_<cache>_<x>(x, pos, cache; n, t, l, hd): cache[b, pos[b] + t] = x[b, t
 attention_<q>_<kv>(q, k, v, pos, mask, part; b, t, s, hq, hkv, d, splits, causal, mask_mode,
     use_pos, scale): the first half of attention, one workgroup per (query row, split of the keys):
     part[..., split, :] = (m, l, acc[D]), the split's running maximum, sum of exp(score - m) and
-    sum of exp(score - m) * v. q (B, T, Hq, D), or (B, Hq, D) for T = 1; k and v (B, S, Hkv, D) with
-    Hq % Hkv == 0 (query head h reads KV head h // (Hq / Hkv)); part (q.shape[:-1]) + (splits, D+2)
-    float32. Query (b, t) sees keys s < S with s <= pos[b] + t (use_pos), s <= t + S - T (causal),
-    and adds mask[b or 0, t, s] to the score (mask_mode 2 or 1). A mask value <= -1e30 (-inf,
-    float32's minimum) hides its key. pos and mask are read only when use_pos / mask_mode say so:
-    otherwise any tensor may stand in for them.
+    sum of exp(score - m) * v, for (<q>, <kv>) in PAIRS. q (B, T, Hq, D), or (B, Hq, D) for T = 1; k and
+    v (B, S, Hkv, D) with Hq % Hkv == 0 (query head h reads KV head h // (Hq / Hkv)); part
+    (q.shape[:-1]) + (splits, D+2) float32. Query (b, t) sees keys s < S with s <= pos[b] + t
+    (use_pos), s <= t + S - T (causal), and adds mask[b or 0, t, s] to the score (mask_mode 2 or 1). A
+    mask value <= -1e30 (-inf, float32's minimum) hides its key. pos and mask are read only when
+    use_pos / mask_mode say so: otherwise any tensor may stand in for them.
     mask_mode 3 to 6: `mask` is a key mask (B, S) instead (`key_mask_mode`: uint8, int32, float32, int64),
     nonzero where a key takes part (Hugging Face's attention_mask).
 attention_combine_<out>(part, out; n, d, splits): out[..., c] = the splits merged and normalised, in
-    float32 or float16 (OUT_DTYPES); a row that sees no key gives zeros.
-attention_flash_d<D>_<out>(q, k, v, key_mask, out; b, t, s, hq, hkv, d, causal, mask_mode, scale): full
-    attention in one pass on CUDA's tensor cores (no WGSL twin): q (B, T, Hq, D), k and v (B, S, Hkv, D),
-    all float16, D in FLASH_HEAD_DIMS; out (B, T, Hq, D) float32 or float16 (<out>). causal and the key mask
-    (mask_mode 0, or 3 to 6 with key_mask (B, S); at most FLASH_MASKED_KEYS keys) as above; a query
-    that sees no key gives zeros. P is rounded to float16 before P V, as flash attention does: results
-    within about 1e-3 of float64. Grid `flash_grid` (one block of FLASH_BLOCK threads per 64 query rows
-    of a (batch, head)); tensors 16-byte aligned (gpud's allocations and graph arenas are).
+    float32, float16 or bfloat16 (OUT_DTYPES); a row that sees no key gives zeros.
+attention_flash_d<D>_<out> and attention_flash_d<D>_bf16_<out> (`flash_name`) (q, k, v, key_mask, out; b, t,
+    s, hq, hkv, d, causal, mask_mode, scale): full attention in one pass on CUDA's tensor cores (no WGSL
+    twin): q (B, T, Hq, D), k and v (B, S, Hkv, D), all float16 (the first form) or all bfloat16 (the
+    second), D in FLASH_HEAD_DIMS; out (B, T, Hq, D) float32 or q's dtype (<out>; FLASH_DTYPES). causal and
+    the key mask (mask_mode 0, or 3 to 6 with key_mask (B, S); at most FLASH_MASKED_KEYS keys) as above; a
+    query that sees no key gives zeros. P is rounded to q's dtype before P V, as flash attention does:
+    results within about 1e-3 of float64 for float16, 2^-8 of the weighted mean of |v| for bfloat16. Grid
+    `flash_grid` (one block of FLASH_BLOCK threads per 64 query rows of a (batch, head)); tensors 16-byte
+    aligned (gpud's allocations and graph arenas are).
 attention_tiled_d<W>_<q>_<kv>_<out>: WebGPU's one-pass full attention, in gpud_protocol.ops.attention_tiled.
 
-Float16 is read into float32 and rounded once when stored; attention accumulates in float32, and writes
-float32 or float16 (OUT_DTYPES: the client's default is q's dtype, as torch's SDPA).
-bfloat16 (STORED): embedding tables and outputs, rotary's x, kv_append's x and cache; not attention's
-q, k, v and output yet (cast them, or append bfloat16 x into a float16 cache).
+Float16 and bfloat16 are read into float32 and rounded once when stored (bfloat16 to nearest even);
+attention accumulates in float32, and writes float32, float16 or bfloat16 (OUT_DTYPES: the client's
+default is q's dtype, as torch's SDPA). q and k, v mix float32 with either 16-bit dtype, never float16
+with bfloat16 (PAIRS: torch refuses that mix too; cast one). embedding, rotary and kv_append take every
+dtype of STORED, in any mix (a cast when stored).
 """
 
 from __future__ import annotations
@@ -51,9 +54,17 @@ from collections.abc import Sequence
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
 
 FAMILY = "attention"
-DTYPES = ("float32", "float16")  # attention's q, k and v
+DTYPES = ("float32", "float16", "bfloat16")  # attention's q, k and v
 OUT_DTYPES = DTYPES  # attention's output
-STORED = (*DTYPES, "bfloat16")  # embedding, rotary and kv_append
+STORED = DTYPES  # embedding, rotary and kv_append
+
+
+def mixes_halves(a: str, b: str) -> bool:
+    """float16 with bfloat16: no attention kernel takes the mix (torch refuses it too); cast one."""
+    return {a, b} == {"float16", "bfloat16"}
+
+
+PAIRS = tuple((q, kv) for q in DTYPES for kv in DTYPES if not mixes_halves(q, kv))  # (q, kv) with kernels
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 STYLES = {"neox": 0, "gptj": 1}
 TILE = 256  # keys per tile of the attention kernel (its workgroup size)
@@ -65,6 +76,7 @@ HIDDEN = -1e30  # a mask value at or below this hides its key
 KEY_MASK_MODES = {"uint8": 3, "int32": 4, "float32": 5, "int64": 6}  # mask_mode of a key mask (B, S), by dtype
 ID_MODES = {"int32": 0, "uint32": 1, "int64": 2, "uint64": 3}  # embedding's ids_mode, by the ids' dtype
 FLASH_HEAD_DIMS = (32, 64, 128)
+FLASH_DTYPES = {"float16": ("float32", "float16"), "bfloat16": ("float32", "bfloat16")}  # q, k, v -> outs
 FLASH_ROWS = 64  # query rows per block of the flash kernel
 FLASH_BLOCK = 128  # its threads per block
 FLASH_MASKED_KEYS = 16_384  # the most keys of a flash attention with a key mask (one bit each in shared memory)
@@ -272,21 +284,31 @@ def flash_grid(batch: int, steps: int, heads: int) -> tuple[int, int, int]:
     return (-(-steps // FLASH_ROWS), heads, batch)
 
 
-def flash_applies(q: TensorInfo, k: TensorInfo, v_dtype: str, key_mask: TensorInfo | None) -> bool:
-    """Whether attention_flash computes attention of these (CUDA only; no additive mask, no pos)."""
+def flash_name(dim: int, dtype: str, out_dtype: str) -> str:
+    """The flash kernel for head dim `dim`, q, k and v of `dtype`, out of `out_dtype`."""
+    inputs = "" if dtype == "float16" else f"_{SHORT[dtype]}"
+    return f"attention_flash_d{dim}{inputs}_{SHORT[out_dtype]}"
+
+
+def flash_applies(
+    q: TensorInfo, k: TensorInfo, v_dtype: str, key_mask: TensorInfo | None, out_dtype: str | None = None
+) -> bool:
+    """Whether attention_flash computes attention of these (CUDA only; no additive mask, no pos), into
+    out of `out_dtype` (None: q's dtype)."""
     return (
-        q.dtype == k.dtype == v_dtype == "float16"
+        q.dtype == k.dtype == v_dtype
+        and (out_dtype or q.dtype) in FLASH_DTYPES.get(q.dtype, ())
         and len(q.shape) == len(k.shape) == 4
         and q.shape[-1] in FLASH_HEAD_DIMS
         and (key_mask is None or k.shape[1] <= FLASH_MASKED_KEYS)
     )
 
 
-def _flash(dim: int, out_dtype: str) -> KernelSpec:
+def _flash(dim: int, dtype: str, out_dtype: str) -> KernelSpec:
     def check(tensors: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         q, k, v, key_mask, out = tensors
         b, t, keys, hq, hkv, d, causal, mode, scale = s
-        need(q.dtype == k.dtype == v.dtype == "float16", f"q, k and v are {q.dtype}, {k.dtype}, {v.dtype}: not float16")
+        need(q.dtype == k.dtype == v.dtype == dtype, f"q, k and v are {q.dtype}, {k.dtype}, {v.dtype}: not {dtype}")
         need(len(q.shape) == 4 and len(k.shape) == 4, f"q {list(q.shape)} and k {list(k.shape)} are not 4-D")
         need(k.shape == v.shape, f"k {list(k.shape)} and v {list(v.shape)} differ")
         batch, steps, heads, qdim = q.shape
@@ -311,7 +333,7 @@ def _flash(dim: int, out_dtype: str) -> KernelSpec:
         _any_mask(key_mask, int(mode), batch, steps, k.shape[1])
         need(math.isfinite(scale), "the scale is not finite")
 
-    name = f"attention_flash_d{dim}_{SHORT[out_dtype]}"
+    name = flash_name(dim, dtype, out_dtype)
     scalars = (*_u32s("b", "t", "s", "hq", "hkv", "d", "causal", "mask_mode"), ("scale", "f32"))
     tensors = ("q", "k", "v", "key_mask", "out")
     return KernelSpec(name, FAMILY, "attention", tensors, (4,), scalars, check, block=FLASH_BLOCK)
@@ -322,7 +344,7 @@ SPECS = [
     *(_rotary(d) for d in STORED),
     *(_rotary_inplace(d) for d in STORED),
     *(_kv_append(a, b) for a in STORED for b in STORED),
-    *(_attention(a, b) for a in DTYPES for b in DTYPES),
+    *(_attention(a, b) for a, b in PAIRS),
     *(_combine(o) for o in OUT_DTYPES),
-    *(_flash(d, o) for d in FLASH_HEAD_DIMS for o in OUT_DTYPES),
+    *(_flash(d, i, o) for i, outs in FLASH_DTYPES.items() for d in FLASH_HEAD_DIMS for o in outs),
 ]

@@ -2,8 +2,9 @@
 
 attention_tiled_d<W>_<q>_<kv>_<out>(q, k, v, mask, out; b, t, s, hq, hkv, d, causal, mask_mode, scale), for a
     head dim D <= W (W in TILED_HEAD_DIMS): q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq % Hkv == 0 (query
-    head h reads KV head h // (Hq / Hkv)), float32 or float16 each (<q>, <kv>: k and v alike); out
-    (B, T, Hq, D) float32 or float16 (<out>). causal, the additive mask (mask_mode 1, 2) and the key mask
+    head h reads KV head h // (Hq / Hkv)), out (B, T, Hq, D), dtypes (<q>, <kv>: k and v alike, <out>) of
+    TILED_DTYPES: any mix of float32 and float16, and of float32 and bfloat16 with out float32 or bfloat16
+    (the split kernel takes the other outputs). causal, the additive mask (mask_mode 1, 2) and the key mask
     (mask_mode 3 to 6) as attention_<q>_<kv> (gpud_protocol.ops.attention); a mask value <= -1e30 or a zero
     in the key mask hides its key, whose k and v then never reach the result (NaN there is harmless); a query
     that sees no key gives zeros. mask is read only when mask_mode says so: otherwise any tensor may stand
@@ -23,11 +24,9 @@ from collections.abc import Sequence
 
 from gpud_protocol.ops import MAX_GROUPS, KernelSpec, TensorInfo, need
 from gpud_protocol.ops.attention import (
-    DTYPES,
     FAMILY,
     KEY_MASK_MODES,
     MAX_LOOP,
-    OUT_DTYPES,
     SHORT,
     TILE,
     key_mask_mode,
@@ -39,6 +38,12 @@ TILED_THREADS = 64  # threads per workgroup
 TILED_SLICE = 32  # dims of a row per thread
 FEW_ROWS = 16  # fewer query rows than this over more than FEW_ROWS_KEYS keys: the split kernel
 FEW_ROWS_KEYS = 4 * TILE  # (it spreads long key ranges over many workgroups)
+_HALF = ("float32", "float16")
+_BF16_PAIRS = (("float32", "bfloat16"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"))
+TILED_DTYPES = (  # (q, kv, out) of the entry points
+    *((q, kv, o) for q in _HALF for kv in _HALF for o in _HALF),
+    *((q, kv, o) for q, kv in _BF16_PAIRS for o in ("float32", "bfloat16")),
+)
 
 
 def tiled_width(dim: int) -> int:
@@ -73,11 +78,11 @@ def tiled_grid(batch: int, steps: int, heads: int, dim: int) -> tuple[int, int, 
     return (-(-steps // tiled_rows(tiled_width(dim))), heads, batch)
 
 
-def tiled_applies(q: TensorInfo, k: TensorInfo, v_dtype: str) -> bool:
-    """Whether attention_tiled computes attention of these (else the split kernel, attention_<q>_<kv>):
-    dtypes and shapes it takes, a head dim up to 256, a loop nest within lavapipe's budget, a grid within
-    WebGPU's, and not a few query rows over many keys."""
-    if q.dtype not in DTYPES or k.dtype not in DTYPES or v_dtype != k.dtype:
+def tiled_applies(q: TensorInfo, k: TensorInfo, v_dtype: str, out_dtype: str | None = None) -> bool:
+    """Whether attention_tiled computes attention of these into out of `out_dtype` (None: q's dtype), else
+    the split kernel (attention_<q>_<kv>) does: dtypes it takes (TILED_DTYPES), a head dim up to 256, a
+    loop nest within lavapipe's budget, a grid within WebGPU's, and not a few query rows over many keys."""
+    if (q.dtype, k.dtype, out_dtype or q.dtype) not in TILED_DTYPES or v_dtype != k.dtype:
         return False
     if len(q.shape) != 4 or len(k.shape) != 4 or not 1 <= q.shape[-1] <= TILED_HEAD_DIMS[-1]:
         return False
@@ -130,4 +135,4 @@ def _tiled(width: int, q_dtype: str, kv_dtype: str, out_dtype: str) -> KernelSpe
     return KernelSpec(name, FAMILY, "attention", tensors, (4,), scalars, check, block=TILED_THREADS)
 
 
-SPECS = [_tiled(w, a, b, o) for w in TILED_HEAD_DIMS for a in DTYPES for b in DTYPES for o in OUT_DTYPES]
+SPECS = [_tiled(w, a, b, o) for w in TILED_HEAD_DIMS for a, b, o in TILED_DTYPES]

@@ -2,32 +2,35 @@
 
 x is (M, K) or batched (B, M, K); w is (K, N), or (N, K) with `wt` (PyTorch Linear's weight
 layout), or batched (B, K, N) / (B, N, K); a 2-D operand is shared by every batch. out is (M, N),
-or (B, M, N) when either operand is batched. Operands are float32 or float16 in any mix; out is
-float16 when both are, else float32; bias (N,) is float32 or float16.
+or (B, M, N) when either operand is batched. Operands are float32, float16 or bfloat16, in any mix
+but float16 with bfloat16 (no kernel takes that pair, as torch refuses it: cast one); out is the
+operands' dtype when they share it, else float32 (OUT: rounded once, to nearest even for bfloat16);
+bias (N,) is float32, float16 or bfloat16.
 
 Kernels `matvec_<x>_<w>` (at most MATVEC_ROWS rows of x per weight matrix: decode) and
-`matmul_<x>_<w>` (tiled, any M), for <x>, <w> in f32, f16. Every kernel takes
+`matmul_<x>_<w>` (tiled, any M), for the pairs (<x>, <w>) of PAIRS (f32, f16, bf16). Every kernel takes
 tensors (x, w, bias, out) and u32 scalars (batch, m, n, k, x_stride, w_stride, wt, bias_kind):
 
     out[b*m*n + i*n + j] = bias[j] + sum_t x[b*x_stride + i*k + t] * W[b*w_stride + (j*k + t if wt else t*n + j)]
 
 for b < batch, i < m, j < n. bias_kind: 0 none (the bias tensor is not read; the client passes x),
-1 float32, 2 float16. A 2-D w shared by a batched x folds the batches into the rows (batch 1,
-m = B*M) so that each weight matrix is read once; the unfolded form (batch B, x_stride M*K,
-w_stride 0) is accepted too.
+1 float32, 2 float16, 3 bfloat16 (BIAS_KINDS). A 2-D w shared by a batched x folds the batches into
+the rows (batch 1, m = B*M) so that each weight matrix is read once; the unfolded form (batch B,
+x_stride M*K, w_stride 0) is accepted too.
 
 Grids: matvec with wt: one workgroup of 256 threads per 256 / threads_per_row(k) rows of out; without
 wt: one per MATVEC_COLS columns; either count is folded into y past 65,535 (the kernel's group is
 gid.x + gid.y * groups.x); z is the batch. matmul: (ceil(n / TILE), ceil(m / TILE), batch).
 
-CUDA only (family matmul_tc: gpud/ops/matmul_tc.cu): `matmul_tc<BM>x<BN>_f16_f16`, float16 x and w
-on the tensor cores (float32 accumulators, out rounded to float16 once), the same tensors, scalars
-and rule as matmul_f16_f16; a block of
-TC_TILES[name].threads threads computes a BM x BN tile of out. Grid: tc_grid, one block per tile,
+CUDA only (family matmul_tc: gpud/ops/matmul_tc.cu): `matmul_tc<BM>x<BN>_<t>_<t>` for <t> f16 and bf16
+(TC_DTYPES), x and w both of that dtype on the tensor cores (mma.sync's float16 or bfloat16 form,
+float32 accumulators, out rounded to x's dtype once), the same tensors, scalars and rule as
+matmul_<t>_<t>; a block of TC_KERNELS[name].threads threads computes a BM x BN tile of out (TC_TILES:
+the float16 names of the tiles, which the bfloat16 kernels share). Grid: tc_grid, one block per tile,
 their count folded into y past 65,535 (the block's tile is blockIdx.x + blockIdx.y * gridDim.x;
 blocks past the last tile do nothing), z the batch. tc_kernel picks the tile for a product; the
 client uses these on the cuda backend only (the WebGPU sources have none of them) and keeps
-matmul_<x>_<w> for float32 operands (float32 products, which float16 operands would round).
+matmul_<x>_<w> for the other pairs (float32 products, which 16-bit operands would round).
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ from typing import NamedTuple
 
 from gpud_protocol.ops import MAX_GROUPS, KernelSpec, TensorInfo, need
 
-DTYPES = ("float32", "float16")
-SHORT = {"float32": "f32", "float16": "f16"}
-BIAS_KINDS = {"float32": 1, "float16": 2}  # bias_kind by the bias's dtype; 0: no bias
+DTYPES = ("float32", "float16", "bfloat16")
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+BIAS_KINDS = {"float32": 1, "float16": 2, "bfloat16": 3}  # bias_kind by the bias's dtype; 0: no bias
 MATVEC_ROWS = 8  # the matvec kernels' most rows of x per weight matrix
 MATVEC_COLS = 64  # matvec without wt: columns of out per workgroup
 TILE = 64  # matmul: a workgroup computes a TILE x TILE block of out
@@ -64,8 +67,16 @@ class Plan(NamedTuple):
         return (self.batch, self.m, self.n, self.k, self.x_stride, self.w_stride)
 
 
+def mixes_halves(x_dtype: str, w_dtype: str) -> bool:
+    """float16 with bfloat16: no kernel takes the pair (torch refuses it too); the caller casts one."""
+    return {x_dtype, w_dtype} == {"float16", "bfloat16"}
+
+
+PAIRS = tuple((x, w) for x in DTYPES for w in DTYPES if not mixes_halves(x, w))  # (x, w) dtypes with kernels
+
+
 def out_dtype(x_dtype: str, w_dtype: str) -> str:
-    return "float16" if x_dtype == w_dtype == "float16" else "float32"
+    return x_dtype if x_dtype == w_dtype else "float32"
 
 
 def plan(x_shape: Sequence[int], w_shape: Sequence[int], wt: bool) -> Plan:
@@ -124,34 +135,46 @@ class TcTile(NamedTuple):
     threads: int
 
 
-TC_TILES: dict[str, TcTile] = {  # largest first
+TC_TILES: dict[str, TcTile] = {  # largest first; the float16 names (tc_name gives the others)
     "matmul_tc128x128_f16_f16": TcTile(128, 128, 256),
     "matmul_tc64x64_f16_f16": TcTile(64, 64, 128),
     "matmul_tc32x32_f16_f16": TcTile(32, 32, 128),
     "matmul_tc16x32_f16_f16": TcTile(16, 32, 128),
     "matmul_tc16x16_f16_f16": TcTile(16, 16, 256),
 }
+TC_DTYPES = {"float16": "f16", "bfloat16": "bf16"}  # the operands' dtype of each matmul_tc variant
+
+
+def tc_name(name: str, dtype: str) -> str:
+    """The variant of tile `name` (a TC_TILES key, or any variant's name) for x and w of `dtype`."""
+    tile = name.removeprefix("matmul_tc").split("_")[0]
+    short = TC_DTYPES[dtype]
+    return f"matmul_tc{tile}_{short}_{short}"
+
+
+TC_KERNELS: dict[str, TcTile] = {tc_name(n, d): t for d in TC_DTYPES for n, t in TC_TILES.items()}
 SMS = 132  # the multiprocessors of the GPU the tile choice was fitted on (an H100)
 TC_BUSY = 1.5  # ... and the tiles per multiprocessor a larger tile must still give
 
 
 def _tiles(name: str, m: int, n: int) -> int:
-    t = TC_TILES[name]
+    t = TC_KERNELS[name]
     return -(-m // t.bm) * -(-n // t.bn)
 
 
-def tc_kernel(m: int, n: int, k: int) -> str:
-    """The matmul_tc kernel for an (m, k) @ (k, n) product. Up to 16 rows, 16 x 16 tiles (the product
-    is bound by the latency of its K loop: many blocks, each with a deep pipeline); past that the
-    largest tile of at most m rows that still gives TC_BUSY tiles per multiprocessor, else 16 x 16.
-    Fitted on the measurements of benchmarks/gemm_harness.py --sweep (K does not enter yet)."""
+def tc_kernel(m: int, n: int, k: int, dtype: str = "float16") -> str:
+    """The matmul_tc kernel for an (m, k) @ (k, n) product of x and w of `dtype` (TC_DTYPES). Up to 16
+    rows, 16 x 16 tiles (the product is bound by the latency of its K loop: many blocks, each with a
+    deep pipeline); past that the largest tile of at most m rows that still gives TC_BUSY tiles per
+    multiprocessor, else 16 x 16. Fitted on the measurements of benchmarks/gemm_harness.py --sweep
+    (float16; K does not enter yet), and used for bfloat16 alike (the same instructions' rate)."""
     smallest = "matmul_tc16x16_f16_f16"
     if m <= 16:
-        return smallest
+        return tc_name(smallest, dtype)
     for name, tile in TC_TILES.items():
         if tile.bm <= m and _tiles(name, m, n) >= TC_BUSY * SMS:
-            return name
-    return smallest
+            return tc_name(name, dtype)
+    return tc_name(smallest, dtype)
 
 
 def tc_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
@@ -179,9 +202,9 @@ def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK, family: str
             forms.add((p.out_shape[0], p.out_shape[1], p.n, p.k, p.out_shape[1] * p.k, 0))
         sizes = tuple(s[:6])
         need(sizes in forms, f"the sizes passed {list(sizes)} do not match the tensors (expected {sorted(forms)})")
-        need(bias_kind in (0, 1, 2), f"bias_kind is 0, 1 or 2, not {bias_kind}")
+        need(bias_kind in (0, *BIAS_KINDS.values()), f"bias_kind is 0, 1, 2 or 3, not {bias_kind}")
         if bias_kind:
-            want = "float32" if bias_kind == 1 else "float16"
+            want = next(dtype for dtype, kind in BIAS_KINDS.items() if kind == bias_kind)
             need(bias.dtype == want, f"bias_kind {bias_kind} is a {want} bias, the bias is {bias.dtype}")
             need(bias.shape == (p.n,), f"bias is {list(bias.shape)}, it must be [{p.n}] (N)")
         if kind == "matvec":
@@ -191,7 +214,9 @@ def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK, family: str
     return KernelSpec(name, family, "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, block)
 
 
-SPECS = [_spec(kind, xd, wd) for kind in ("matvec", "matmul") for xd in DTYPES for wd in DTYPES] + [
-    _spec(name.removesuffix("_f16_f16"), "float16", "float16", tile.threads, "matmul_tc")
-    for name, tile in TC_TILES.items()
+SPECS = [_spec(kind, xd, wd) for kind in ("matvec", "matmul") for xd, wd in PAIRS] + [
+    _spec(name.removesuffix(f"_{short}_{short}"), dtype, dtype, tile.threads, "matmul_tc")
+    for dtype, short in TC_DTYPES.items()
+    for name, tile in TC_KERNELS.items()
+    if name.endswith(f"_{short}_{short}")
 ]

@@ -17,18 +17,19 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
-from gpud_protocol.ops.matmul import LIMIT, SCALARS, plan
+from gpud_protocol.ops.matmul import BIAS_KINDS, LIMIT, SCALARS, plan
 
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
-BIAS_KINDS = {"float32": 1, "float16": 2, "bfloat16": 3}
 CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
-MIN_ROWS = 128  # fewer rows of x per weight matrix: matmul_tc's small tiles serve better
+MIN_ROWS = 128  # fewer rows of x per weight matrix: matmul_tc's 16-row tiles waste less
+MIN_TILES = 48  # fewer 64 x 64 tiles than this: matmul_tc's small tiles keep more multiprocessors busy
 
 
 class WgTile(NamedTuple):
     bm: int
     bn: int
     stages: int
+    blocks: int  # blocks per multiprocessor the kernel is built for (__launch_bounds__)
 
     @property
     def threads(self) -> int:
@@ -40,11 +41,11 @@ class WgTile(NamedTuple):
         return self.stages * (self.bm + self.bn) * 128 + 1024
 
 
-TILES = {
-    "128x256": WgTile(128, 256, 4),
-    "128x128": WgTile(128, 128, 5),
-    "64x128": WgTile(64, 128, 4),
-    "64x64": WgTile(64, 64, 6),
+TILES = {  # "d": a deeper pipeline, for long K
+    "128x256": WgTile(128, 256, 4, 1),
+    "128x64": WgTile(128, 64, 4, 2),
+    "64x64": WgTile(64, 64, 4, 3),
+    "64x64d": WgTile(64, 64, 6, 2),
 }
 WG_TILES = {f"matmul_wg{size}_{t}_{t}": tile for t in SHORT.values() for size, tile in TILES.items()}
 SMS = 132  # the multiprocessors of the GPU the tile choice was fitted on (an H100)
@@ -55,15 +56,21 @@ def _tiles(tile: WgTile, m: int, n: int) -> int:
 
 
 def wg_kernel(m: int, n: int, k: int, dtype: str) -> str | None:
-    """The largest tile that still gives every multiprocessor a block, else the smallest; None below
-    MIN_ROWS rows."""
-    if m < MIN_ROWS or dtype not in SHORT:
+    """The matmul_wg kernel for an (m, k) @ (k, n) product of `dtype` operands, or None where
+    matmul_tc serves it better (too few tiles to fill the GPU). Fitted on an H100's measurements
+    (benchmarks/wg_harness.py): 128 x 256 tiles for wide or deep products that still fill the GPU
+    (at most one block per multiprocessor), 128 x 64 where there are 1.5 blocks per multiprocessor
+    for them, else 64 x 64: with 6 pipeline stages where K is long and the tiles few, else 4."""
+    if dtype not in SHORT or m < MIN_ROWS or _tiles(TILES["64x64"], m, n) < MIN_TILES:
         return None
     t = SHORT[dtype]
-    for size, tile in TILES.items():
-        if _tiles(tile, m, n) >= SMS:
-            return f"matmul_wg{size}_{t}_{t}"
-    return f"matmul_wg64x64_{t}_{t}"
+    big = _tiles(TILES["128x256"], m, n)
+    if (n >= 2048 and big >= 2 * SMS) or (k >= 2048 and 2 * big >= SMS):
+        return f"matmul_wg128x256_{t}_{t}"
+    if 2 * _tiles(TILES["128x64"], m, n) >= 3 * SMS:
+        return f"matmul_wg128x64_{t}_{t}"
+    deep = k >= 1536 and _tiles(TILES["64x64"], m, n) <= 2 * SMS
+    return f"matmul_wg64x64{'d' if deep else ''}_{t}_{t}"
 
 
 def wg_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cuda
 
 def test_a_full_format_cache_evicts_one_signature() -> None:
     """Regression: a kernel's 65th signature cleared the formats of the other 64."""
-    launch = Launch(1, None, (64, 1, 1), None, None)
+    launch = Launch(1, None, (64, 1, 1), 0, None, None)
     kinds = [None, ArgKind.F32, ArgKind.I32, ArgKind.U32]
     signatures = list(itertools.product(kinds, repeat=4))[: FORMATS_KEPT + 1]
     for signature in signatures[:FORMATS_KEPT]:

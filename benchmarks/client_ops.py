@@ -1,0 +1,134 @@
+"""The client's CPU cost per call: microseconds spent in the calling thread to queue one op, measured
+client-side against a fake daemon (the device computes nothing; see benchmarks.fake_ops).
+
+    python -m benchmarks.client_ops [--calls 2000] [--reps 5]
+
+Per case, `calls` calls are queued back to back and timed (the batches they fill go to the daemon
+without waiting), then the session syncs and frees what they made, outside the timing; the least of
+`reps` such runs is printed as microseconds of this thread's CPU per call (and of wall time). The
+targets (issue #17): <= 2 us per raw `gpu.dispatch`, <= 5 us per op-library call (an output made per
+call included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import gpud_client
+from benchmarks import fake_ops
+from gpud_client import nn, u32
+
+Case = Callable[[int], None]  # queues `calls` calls
+
+
+def _cases(gpu: gpud_client.Client, kernel: gpud_client.Kernel, tensors: dict[str, Any]) -> dict[str, Case]:
+    x, y, z = tensors["x"], tensors["y"], tensors["z"]
+    h, w, b = tensors["h"], tensors["w"], tensors["b"]
+    q, mask, g, beta = tensors["q"], tensors["mask"], tensors["g"], tensors["beta"]
+    linear = nn.Linear(gpu, w, b)
+    norm = nn.LayerNorm(gpu, g, beta)
+    ops = gpu.ops
+    n = u32(x.shape[0])
+
+    def dispatch(calls: int) -> None:
+        for _ in range(calls):
+            gpu.dispatch(kernel, 4, [x, y, z, n])
+
+    def add(calls: int) -> None:
+        for _ in range(calls):
+            ops.add(x, y)
+
+    def add_out(calls: int) -> None:
+        for _ in range(calls):
+            ops.add(x, y, out=z)
+
+    def linear_call(calls: int) -> None:
+        for _ in range(calls):
+            linear(h)
+
+    def layernorm(calls: int) -> None:
+        for _ in range(calls):
+            norm(h)
+
+    def reshape(calls: int) -> None:
+        for _ in range(calls):
+            h.reshape(16, 16, 12, 32)
+
+    def attention(calls: int) -> None:
+        for _ in range(calls):
+            ops.attention(q, q, q, key_mask=mask)
+
+    return {
+        "gpu.dispatch (raw, 4 args)": dispatch,
+        "ops.add (new output)": add,
+        "ops.add (out=)": add_out,
+        "nn.Linear 384->384 (B, S, H)": linear_call,
+        "nn.LayerNorm (B, S, H)": layernorm,
+        "Tensor.reshape (a view)": reshape,
+        "ops.attention key_mask (B, S, 12, 32)": attention,
+    }
+
+
+async def _measure(gpu: gpud_client.Client, case: Case, calls: int, reps: int) -> tuple[float, float]:
+    """(CPU, wall) microseconds per call: the least over `reps` runs of `calls` calls. CPU is this
+    thread's (time.thread_time): what the calls cost, whatever else the machine runs (the daemon
+    shares its cores); wall adds the time this thread waited for a core."""
+    cpu, wall = [], []
+    for rep in range(reps + 1):
+        async with gpu.scope():
+            c0, t0 = time.thread_time(), time.perf_counter()
+            case(calls)
+            c1, t1 = time.thread_time(), time.perf_counter()
+            await gpu.sync()
+        if rep:  # the first run warms the caches and registers the kernels
+            cpu.append((c1 - c0) / calls * 1e6)
+            wall.append((t1 - t0) / calls * 1e6)
+    return min(cpu), min(wall)
+
+
+async def run(address: str, calls: int, reps: int) -> dict[str, float]:
+    async with gpud_client.connect(address) as gpu:
+        kernel = await gpu.kernel("fake:add", "add") if gpu.backend == "fake" else None
+        rng = np.random.default_rng(0)
+        arrays = {
+            "x": rng.standard_normal(256, np.float32),
+            "y": rng.standard_normal(256, np.float32),
+            "z": np.zeros(256, np.float32),
+            "h": rng.standard_normal((16, 16, 384), np.float32).astype(np.float16),
+            "w": rng.standard_normal((384, 384), np.float32).astype(np.float16),
+            "b": rng.standard_normal(384, np.float32).astype(np.float16),
+            "g": np.ones(384, np.float16),
+            "beta": np.zeros(384, np.float16),
+            "q": rng.standard_normal((16, 16, 12, 32), np.float32).astype(np.float16),
+            "mask": np.ones((16, 16), np.int64),
+        }
+        tensors = {name: gpu.tensor(a) for name, a in arrays.items()}
+        results = {}
+        for name, case in _cases(gpu, kernel, tensors).items():  # type: ignore[arg-type]
+            if kernel is None and name.startswith("gpu.dispatch"):
+                continue
+            cpu, wall = await _measure(gpu, case, calls, reps)
+            results[name] = cpu
+            print(f"  {name:<40} {cpu:8.2f} us per call   (wall {wall:.2f})", flush=True)
+        return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.client_ops", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000, help="calls per timed run")
+    parser.add_argument("--reps", type=int, default=5, help="timed runs per case (the least is the result)")
+    parser.add_argument("--backend", default="fake", help="fake (no-op op library) or a real backend")
+    args = parser.parse_args(argv)
+    print(f"client CPU per call ({args.backend} daemon, {args.calls} calls a run, least of {args.reps}):")
+    with fake_ops.daemon(args.backend) as address:
+        asyncio.run(run(address, args.calls, args.reps))
+
+
+if __name__ == "__main__":
+    main()

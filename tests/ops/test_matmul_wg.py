@@ -1,0 +1,135 @@
+"""The float16 and bfloat16 matmuls on Hopper's warpgroup tensor cores (matmul_wg<BM>x<BN>_<t>_<t>, CUDA
+on compute capability 9.0 only) against numpy in float64: every tile at sizes off its tile, K not a
+multiple of 8 and operands off 16-byte alignment (the element-at-a-time loads), biases of every float
+dtype, batches; the products the op sends there; the tile choice, grids and the daemon's checks as pure
+functions; the kernel source against its generator and its interface module. Tolerances as in
+test_matmul_tc.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpud_client
+from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+from gpud_protocol.ops.matmul import BIAS_KINDS, plan
+from gpud_protocol.ops.matmul_wg import CAPABILITY, MIN_ROWS, SMS, WG_TILES, wg_grid, wg_kernel
+from ops.test_matmul_bf16 import rand as rand_of
+from ops.test_matmul_bf16 import upload
+from ops.test_matmul_tc import close_of, dtype_of
+
+ROOT = Path(__file__).resolve().parents[2]
+# (batch, M, N, K, bias dtype, batched w, x one element off 16-byte alignment)
+EDGES = [
+    (1, 17, 33, 70, None, False, False),
+    (1, 130, 136, 200, "float16", False, False),
+    (1, 257, 264, 1000, "float32", False, False),
+    (1, 70, 66, 40, "bfloat16", False, True),
+    (2, 40, 72, 136, "float32", True, False),
+    (3, 7, 40, 24, "float16", False, False),  # a shared w: the batches fold into 21 rows
+    (1, 1, 5, 3, None, False, False),
+    (1, 150, 40, 1000, None, False, False),
+]
+
+
+def hopper(gpu: gpud_client.Client) -> bool:
+    return bool(gpu.backend == "cuda" and gpu.devices[0].get("compute_capability") == CAPABILITY)
+
+
+async def wg_product(gpu: gpud_client.Client, name: str, case: tuple[object, ...], rng: np.random.Generator) -> None:
+    """Kernel `name` dispatched directly into a poisoned output, checked against float64."""
+    batch, m, n, k, bias_dtype, batched, offset = case
+    assert isinstance(batch, int) and isinstance(m, int) and isinstance(n, int) and isinstance(k, int)
+    dtype = dtype_of(name)
+    x = rand_of(rng, (batch, m, k), dtype)
+    w = rand_of(rng, (batch, n, k) if batched else (n, k), dtype)
+    bias = None if bias_dtype is None else rand_of(rng, (n,), str(bias_dtype), 4.0)
+    p = plan(x.shape, w.shape, True)
+    out = upload(gpu, np.full(p.out_shape, np.nan, np.float32), dtype)
+    if offset:  # x one element into a larger tensor: a view 2 bytes past the allocation's alignment
+        whole = upload(gpu, np.concatenate([np.zeros(1, np.float32), x.astype(np.float32).ravel()]), dtype)
+        tx = whole.narrow(0, 1, x.size).reshape(x.shape)
+    else:
+        tx = upload(gpu, x, dtype)
+    tw = upload(gpu, w, dtype)
+    tb = tx if bias is None else upload(gpu, bias, str(bias_dtype))
+    bias_kind = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
+    gpu.ops._run(name, wg_grid(name, p.batch, p.m, p.n), [tx, tw, tb, out], [*p.sizes, 1, bias_kind], None)
+    close_of(dtype, await out.numpy(), x, w, True, bias)
+
+
+@pytest.mark.parametrize("name", list(WG_TILES))
+async def test_every_tile_at_edges(gpu: gpud_client.Client, name: str) -> None:
+    if not hopper(gpu):
+        pytest.skip("the warpgroup kernels run on compute capability 9.0")
+    rng = np.random.default_rng()
+    for case in EDGES:
+        await wg_product(gpu, name, case, rng)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+async def test_the_op_sends_wide_products_there(gpu: gpud_client.Client, dtype: str) -> None:
+    if not hopper(gpu):
+        pytest.skip("the warpgroup kernels run on compute capability 9.0")
+    rng = np.random.default_rng()
+    for m, n, k in ((256, 4864, 896), (1000, 384, 1536), (4096, 1536, 384)):
+        assert wg_kernel(m, n, k, dtype) is not None
+        x, w, bias = rand_of(rng, (m, k), dtype), rand_of(rng, (n, k), dtype), rand_of(rng, (n,), dtype)
+        out = upload(gpu, np.full((m, n), np.nan, np.float32), dtype)
+        gpu.ops.matmul(
+            upload(gpu, x, dtype), upload(gpu, w, dtype), transpose_w=True, bias=upload(gpu, bias, dtype), out=out
+        )
+        close_of(dtype, await out.numpy(), x, w, True, bias)
+    assert any(name.startswith("matmul_wg") for name in gpu.ops._kernels)
+
+
+def test_the_tile_choice_and_grids() -> None:
+    assert wg_kernel(MIN_ROWS - 1, 151936, 896, "float16") is None  # few rows: matmul_tc
+    assert wg_kernel(256, 128, 896, "float16") is None  # too few tiles to fill the GPU
+    assert wg_kernel(4096, 1536, 384, "float32") is None
+    assert wg_kernel(4096, 4864, 896, "bfloat16") == "matmul_wg128x256_bf16_bf16"
+    for m in (128, 300, 1024, 4096, 15360):
+        for n in (384, 896, 1152, 4864, 151936):
+            name = wg_kernel(m, n, 896, "float16")
+            if name is None:
+                continue
+            tile = WG_TILES[name]
+            tiles = -(-m // tile.bm) * -(-n // tile.bn)
+            gx, gy, gz = wg_grid(name, 3, m, n)
+            assert gz == 3 and gx * gy >= tiles and gx <= 65535 and (gy == 1 or gx * (gy - 1) < tiles)
+            assert tiles >= SMS // 4, (m, n, name)
+
+
+def test_the_daemon_checks_the_dispatches() -> None:
+    check = KERNELS["matmul_wg64x64_f16_f16"].verify
+    x, w, out = TensorInfo("float16", (300, 64)), TensorInfo("float16", (96, 64)), TensorInfo("float16", (300, 96))
+    check([x, w, x, out], [1, 300, 96, 64, 0, 0, 1, 0])
+    for tensors, scalars, message in [
+        ([x, w, x, out], [1, 300, 96, 64, 0, 0, 0, 0], r"w as \(N, K\) only"),
+        ([x, TensorInfo("bfloat16", (96, 64)), x, out], [1, 300, 96, 64, 0, 0, 1, 0], "takes x and w float16"),
+        ([x, w, x, TensorInfo("float32", (300, 96))], [1, 300, 96, 64, 0, 0, 1, 0], "out is float32"),
+        ([x, w, x, out], [1, 300, 96, 65, 0, 0, 1, 0], "do not match"),
+        ([x, w, TensorInfo("float16", (96,)), out], [1, 300, 96, 64, 0, 0, 1, 3], "bfloat16 bias"),
+    ]:
+        with pytest.raises(OpError, match=message):
+            check(tensors, scalars)
+
+
+def test_the_source_matches_its_generator_and_interface() -> None:
+    source = (ROOT / "gpud" / "ops" / "matmul_wg.cu").read_text()
+    generated = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen-wgmma.py")], capture_output=True, text=True, check=True
+    ).stdout
+    assert generated.strip() in source  # the wgmma wrappers are the generator's, unedited
+    found = re.findall(r"__launch_bounds__\((\d+), \d+\) (matmul_wg\w+)\(", source)
+    entries = {name: int(threads) for threads, name in found}
+    assert entries == {name: tile.threads for name, tile in WG_TILES.items()}
+    for name, tile in WG_TILES.items():
+        assert KERNELS[name].shared == tile.shared <= 227 * 1024 and KERNELS[name].block == tile.threads
+        wg, bn, stages = re.search(rf"{name}\(.*?matmul_wg<(\d+), (\d+), (\d+),", source, re.S).groups()  # type: ignore[union-attr]
+        assert (64 * int(wg), int(bn), int(stages)) == (tile.bm, tile.bn, tile.stages)
