@@ -378,10 +378,10 @@ async def test_a_refused_submission_fails_only_its_waiters(make: Make) -> None:
     await drive(rt.upload(x, memoryview(np.ones(n, np.float32).tobytes()), bystander))
     await rt.synchronize()  # the zero fills and the upload are done and fine
     good = rt.prepare(program, blocks(n), scale_args(x, y, 3.0, n))
-    module_id, function, gx, gy, gz, _bx, _by, _bz, params = good.packed
+    module_id, function, gx, gy, gz, _bx, _by, _bz, shared, params = good.packed
     # 2048 threads per block: cuLaunchKernel refuses it at once (CUDA_ERROR_INVALID_VALUE), like a
     # check the daemon missed before encoding.
-    bad = Prepared(good.buffers, (module_id, function, gx, gy, gz, 2048, 1, 1, params))
+    bad = Prepared(good.buffers, (module_id, function, gx, gy, gz, 2048, 1, 1, shared, params))
     rt.dispatch(bad, owner)
     reading = await start_read(rt, y, owner)
     failed = rt.synchronize()
