@@ -196,6 +196,38 @@ __device__ __forceinline__ bool word_elements(unsigned int n, unsigned int out_d
     return true;
 }
 
+// The common case without the per-element dtype switches: an output word of two 16-bit floats (F16 or
+// BF16) from dense operands of that same dtype. The same conversions as load_f and store_f: the same bits.
+template <unsigned int C>
+__device__ __forceinline__ float lo_half(unsigned int w) { return C == F16 ? h2f(w & 0xffffu) : bf2f(w & 0xffffu); }
+template <unsigned int C>
+__device__ __forceinline__ float hi_half(unsigned int w) { return C == F16 ? h2f(w >> 16) : bf2f(w >> 16); }
+template <unsigned int C>
+__device__ __forceinline__ unsigned int pack2(float a, float b) {
+    return C == F16 ? (unsigned int)f2h(a) | ((unsigned int)f2h(b) << 16)
+                    : (unsigned int)f2bf(a) | ((unsigned int)f2bf(b) << 16);
+}
+__device__ __forceinline__ bool half_words(unsigned int count, unsigned int c) {
+    return count == 2u && (c == F16 || c == BF16);
+}
+
+template <unsigned int C>
+__device__ __forceinline__ void binary2(const unsigned char* x, const unsigned char* y, unsigned char* out,
+                                        unsigned int word, unsigned int op) {
+    const unsigned int a = reinterpret_cast<const unsigned int*>(x)[word];
+    const unsigned int b = reinterpret_cast<const unsigned int*>(y)[word];
+    reinterpret_cast<unsigned int*>(out)[word] = pack2<C>(binary_op(lo_half<C>(a), lo_half<C>(b), op),
+                                                          binary_op(hi_half<C>(a), hi_half<C>(b), op));
+}
+
+template <unsigned int C>
+__device__ __forceinline__ void unary2(const unsigned char* x, unsigned char* out, unsigned int word,
+                                       unsigned int op, float p, float q) {
+    const unsigned int a = reinterpret_cast<const unsigned int*>(x)[word];
+    reinterpret_cast<unsigned int*>(out)[word] =
+        pack2<C>(unary_op(lo_half<C>(a), op, p, q), unary_op(hi_half<C>(a), op, p, q));
+}
+
 extern "C" __global__ void ew_binary(const unsigned char* x, const unsigned char* y, unsigned char* out, unsigned int n,
                                      unsigned int op, unsigned int rank, unsigned int d0, unsigned int d1,
                                      unsigned int d2, unsigned int d3, unsigned int d4, unsigned int d5,
@@ -203,6 +235,11 @@ extern "C" __global__ void ew_binary(const unsigned char* x, const unsigned char
                                      unsigned int y_dtype, unsigned int out_dtype) {
     unsigned int first, count;
     if (!word_elements(n, out_dtype, first, count)) return;
+    if (half_words(count, out_dtype) && x_dtype == out_dtype && y_dtype == out_dtype && (x_bcast | y_bcast) == 0u) {
+        if (out_dtype == F16) binary2<F16>(x, y, out, first / 2, op);
+        else binary2<BF16>(x, y, out, first / 2, op);
+        return;
+    }
     const Shape s = {rank, {d0, d1, d2, d3, d4, d5}};
     const unsigned int masks[2] = {x_bcast, y_bcast};
     for (unsigned int j = 0; j < count; ++j) {
@@ -238,6 +275,11 @@ extern "C" __global__ void ew_unary(const unsigned char* x, unsigned char* out, 
                                     float a, float b, unsigned int x_dtype, unsigned int out_dtype) {
     unsigned int first, count;
     if (!word_elements(n, out_dtype, first, count)) return;
+    if (half_words(count, out_dtype) && x_dtype == out_dtype) {
+        if (out_dtype == F16) unary2<F16>(x, out, first / 2, op, a, b);
+        else unary2<BF16>(x, out, first / 2, op, a, b);
+        return;
+    }
     for (unsigned int j = 0; j < count; ++j) {
         store_f(out, out_dtype, first + j, unary_op(load_f(x, x_dtype, first + j), op, a, b));
     }
