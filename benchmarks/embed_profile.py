@@ -54,7 +54,7 @@ def report(path: Path) -> None:
     header = rows[0]
     name_at, pid_at, value_at = header.index("Kernel Name"), header.index("Process ID"), header.index("Metric Value")
     unit_at = header.index("Metric Unit")
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
     times: dict[tuple[str, str], float] = defaultdict(float)
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for row in rows[1:]:
