@@ -27,6 +27,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -83,24 +84,56 @@ def _ops(gpu: gpud_client.Client, b: int, s: int, dtype: str, rng: np.random.Gen
     a = gpu.empty(heads, dtype)
     attn_flop = 4 * b * c.heads * s * s * c.head_dim / 1e9
     out.append(
-        Op("attention", layers, attn_flop, 4 * rows * h * e / 1e6, lambda: ops.attention(q, k, v, key_mask=key_mask, out=a))
+        Op(
+            "attention",
+            layers,
+            attn_flop,
+            4 * rows * h * e / 1e6,
+            lambda: ops.attention(q, k, v, key_mask=key_mask, out=a),
+        )
     )
     wn, bn = t(h, scale=0.1), t(h, scale=0.1)
     y = gpu.empty((b, s, h), dtype)
-    out.append(Op("layernorm", 2 * layers + 1, 8 * rows * h / 1e9, 2 * rows * h * e / 1e6, lambda: ops.layernorm(x, wn, bn, 1e-12, out=y)))
+    out.append(
+        Op(
+            "layernorm",
+            2 * layers + 1,
+            8 * rows * h / 1e9,
+            2 * rows * h * e / 1e6,
+            lambda: ops.layernorm(x, wn, bn, 1e-12, out=y),
+        )
+    )
     yf = gpu.empty((b, s, f), dtype)
     out.append(Op("gelu", layers, 0.0, 2 * rows * f * e / 1e6, lambda: ops.gelu(xf, out=yf)))
     x2 = t(b, s, h)
     out.append(Op("add", 2 * layers, rows * h / 1e9, 3 * rows * h * e / 1e6, lambda: ops.add(x, x2, out=y)))
     pos_table = t(s, h)
-    out.append(Op("add positions", 1, rows * h / 1e9, (2 * rows + s) * h * e / 1e6, lambda: ops.add(x, pos_table, out=y)))
+    out.append(
+        Op("add positions", 1, rows * h / 1e9, (2 * rows + s) * h * e / 1e6, lambda: ops.add(x, pos_table, out=y))
+    )
     ids = gpu.tensor(rng.integers(0, c.vocab, (b, s)).astype(np.int64))
     table = t(c.vocab, h, scale=0.5)
-    out.append(Op("embedding", 1, 0.0, (rows * 8 + 2 * rows * h * e) / 1e6, lambda: ops.embedding(ids, table, dtype=dtype, out=y)))
+    out.append(
+        Op(
+            "embedding",
+            1,
+            0.0,
+            (rows * 8 + 2 * rows * h * e) / 1e6,
+            lambda: ops.embedding(ids, table, dtype=dtype, out=y),
+        )
+    )
     positions = gpu.tensor(np.arange(s, dtype=np.int32))
     ptable = t(c.max_positions, h)
     yp = gpu.empty((s, h), dtype)
-    out.append(Op("embedding positions", 1, 0.0, 2 * s * h * e / 1e6, lambda: ops.embedding(positions, ptable, dtype=dtype, out=yp)))
+    out.append(
+        Op(
+            "embedding positions",
+            1,
+            0.0,
+            2 * s * h * e / 1e6,
+            lambda: ops.embedding(positions, ptable, dtype=dtype, out=yp),
+        )
+    )
     mask3 = key_mask.reshape(b, s, 1)
     masked = gpu.empty((b, s, h), "float32")
     out.append(Op("mul mask", 1, rows * h / 1e9, rows * h * (e + 4) / 1e6, lambda: ops.mul(x, mask3, out=masked)))
@@ -179,7 +212,8 @@ def _print(measured: dict[str, Any], cpu_clock: bool) -> None:
     rows = measured["rows"]
     total = sum(r[key] * r["per_forward"] for r in rows)
     print(f"\n{measured['device'].get('name', '?')}: ms per call ({'daemon CPU' if cpu_clock else 'wall'})")
-    print(f"{'op':<22} {'calls':>5} {'ms/call':>9} {'ms/fwd':>9} {'share':>6} {'GFLOP':>7} {'MB':>7} {'GFLOP/s':>8} {'GB/s':>6}")
+    heads = ("calls", "ms/call", "ms/fwd", "share", "GFLOP", "MB", "GFLOP/s", "GB/s")
+    print(f"{'op':<22} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, (5, 9, 9, 6, 7, 7, 8, 6), strict=True)))
     for r in sorted(rows, key=lambda r: -r[key] * r["per_forward"]):
         ms = r[key]
         per = ms * r["per_forward"]
@@ -203,7 +237,12 @@ def main(args: argparse.Namespace) -> int:
     _print(measured, cpu_clock)
     write_json(
         args.json,
-        {"benchmark": "wgsl-minilm-ops", "LP_NUM_THREADS": os.environ["LP_NUM_THREADS"], **vars(args), **measured},
+        {
+            "benchmark": "wgsl-minilm-ops",
+            "LP_NUM_THREADS": os.environ["LP_NUM_THREADS"],
+            **{name: value for name, value in vars(args).items() if name != "json"},
+            **measured,
+        },
     )
     return 0
 
@@ -216,5 +255,5 @@ if __name__ == "__main__":
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--ops", type=lambda v: v.split(","), default=None, help="op names (prefixes) to time")
     parser.add_argument("--forward", action="store_true", help="also time whole eager forwards")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", type=Path, default=None)
     raise SystemExit(main(parser.parse_args()))

@@ -49,33 +49,38 @@ class Client(ClientBase):
 
     def tensor(self, array: Any, dtype: Any = None, *, device: int | None = None) -> Tensor:
         """Allocate a tensor holding a copy of `array` (the copy is taken now). dtype="bfloat16" rounds
-        `array` to bfloat16, to nearest even (gpud_client.dtypes)."""
+        `array` to bfloat16, to nearest even (gpud_client.dtypes). The upload writes every byte, so the
+        memory may be a freed op output's of the same dtype and shape (gpud_client.pool)."""
         if is_bfloat16(dtype):
             try:
                 bits = to_bits(array, "tensor")
             except ValueError as exc:
                 raise InvalidArgument(str(exc)) from None
-            tensor = self.empty(bits.shape, bfloat16, device=device)
+            tensor = self._output(*self._checked(bits.shape, bfloat16, device))
             self._send(tensor, bits)
             return tensor
         host = np.asarray(array, dtype=dtype, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
         if host.dtype == object:
             raise InvalidArgument(f"cannot send an array of Python objects ({type(array).__name__})")
-        tensor = self.empty(host.shape, host.dtype, device=device)
+        tensor = self._output(*self._checked(host.shape, host.dtype, device))
         self.upload(tensor, host)
         return tensor
 
     def empty(self, shape: int | Sequence[int], dtype: Any = "float32", *, device: int | None = None) -> Tensor:
         """A new tensor, zero-filled on every backend, on `device` (default: the session's)."""
+        dims, name, where = self._checked(shape, dtype, device)
+        return self._new(dims, name, where, host_dtype(dtype))
+
+    def _checked(self, shape: int | Sequence[int], dtype: Any, device: int | None) -> tuple[tuple[int, ...], str, int]:
+        """(shape, dtype name, device) of a new tensor, checked."""
         dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        np_dtype = host_dtype(dtype)
-        name = name_of(np_dtype)  # np_dtype.name, kept (numpy takes microseconds for it)
+        name = name_of(host_dtype(dtype))  # np_dtype.name, kept (numpy takes microseconds for it)
         if name not in proto.DTYPE_SIZES:
-            raise InvalidArgument(f"dtype {np_dtype} is not supported: use one of {sorted(proto.DTYPE_SIZES)}")
+            raise InvalidArgument(f"dtype {host_dtype(dtype)} is not supported: use one of {sorted(proto.DTYPE_SIZES)}")
         where = self.device if device is None else int(device)
         if not 0 <= where < max(1, len(self.devices)):
             raise InvalidArgument(f"no device {where}: the daemon serves {len(self.devices)}")
-        return self._new(dims, name, where, np_dtype)
+        return dims, name, where
 
     zeros = empty
 
@@ -195,6 +200,7 @@ class Client(ClientBase):
             raise InvalidArgument(
                 f"publish {name!r}: {tensor!r} is a view (reshaped, transposed or narrowed); publish its base tensor"
             )
+        self._hold(tensor)  # the name keeps the memory: never reused as another op's output
         self._queue(proto.Publish(self._next_seq(), handle, name, mode))
 
     async def open(self, name: str) -> Tensor:
@@ -242,7 +248,12 @@ class Client(ClientBase):
 
     def scope(self) -> Scope:
         """`async with gpu.scope() as scope:` frees, at exit, every tensor and view this client made
-        inside, in this task, except those passed to `scope.keep(t)` (see gpud_client.scope)."""
+        inside, in this task, except those passed to `scope.keep(t)` (see gpud_client.scope).
+
+        The op library's outputs it frees go to the client's pool, to serve the next outputs of their
+        device, dtype and shape without an allocation: that memory still counts in the session's memory
+        as the daemon reports it (`stats()`) and against its quota, up to 1 GiB (`set_pool_limits`).
+        `trim()` frees it; the client trims by itself before raising an OutOfMemory."""
         return Scope(self)
 
     # ------------------------------------------------------------------ replay graphs

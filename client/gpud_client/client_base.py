@@ -4,6 +4,7 @@ queue, argument encoding, the session's info and the plain requests (sync, flush
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -12,8 +13,9 @@ import numpy as np
 import gpud_protocol as proto
 from gpud_client import packing
 from gpud_client.dtypes import HostDType, host_dtype
-from gpud_client.errors import InvalidArgument
+from gpud_client.errors import GpudError, InvalidArgument, OutOfMemory
 from gpud_client.liveness import Connection
+from gpud_client.pool import Origin, Pool
 from gpud_client.rpc import Trace
 from gpud_client.scope import Scope
 from gpud_client.tensor import Tensor
@@ -31,6 +33,10 @@ class ClientBase:
         self._handles = itertools.count(1)
         self._dispatches = proto.DispatchEncoder()
         self._scopes: dict[Any, list[Scope]] = {}  # the open scopes of each task, innermost last
+        self._pool = Pool()  # freed op-library outputs (gpud_client.pool)
+        self._allocs = 0  # Alloc messages sent
+        self._frees = 0  # Free messages sent
+        connection.on_failure = self._on_failure
 
     # ------------------------------------------------------------------ info
 
@@ -146,8 +152,98 @@ class ClientBase:
         handle = next(self._handles)
         seq = self._seq_last = next(self._seqs)
         self._queue_packed(packing.alloc(seq, handle, dtype, shape, where))
+        self._allocs += 1
         client = cast("Client", self)  # what a ClientBase always is
         return Tensor(client, handle, host_dtype(dtype) if host is None else host, shape, where, dtype_name=dtype)
+
+    # ------------------------------------------------------------------ the pool of op outputs
+
+    def _output(self, shape: tuple[int, ...], dtype: str, device: int | None) -> Tensor:
+        """An op-library call's output: a pooled handle of exactly this device, dtype and shape, else a
+        new tensor (`_new`). Either way freeing it pools it (gpud_client.pool)."""
+        where = self.device if device is None else device
+        pool = self._pool
+        if pool.dropped:
+            self._collect()
+        key = (where, dtype, shape)
+        got = pool.take(key)
+        if got is None:
+            tensor = self._new(shape, dtype, where)
+            origin = Origin(key, self._seq_last, math.prod(shape) * proto.DTYPE_SIZES[dtype])
+        else:
+            handle, origin = got
+            tensor = Tensor(cast("Client", self), handle, host_dtype(dtype), shape, where, dtype_name=dtype)
+        tensor._origin = origin
+        return tensor
+
+    def _release(self, handle: int, origin: Origin | None) -> None:
+        """The memory of a freed tensor: pooled when it is an op output, else (or when it does not fit) freed."""
+        if origin is not None and self._connection.lost is None:
+            evicted = self._pool.put(handle, origin)
+            if evicted is None:  # its allocation was refused: no handle to free
+                return
+            for h in evicted:  # `handle` among them when it does not fit
+                self._free_handle(h)
+            return
+        self._free_handle(handle)
+
+    def _free_handle(self, handle: int) -> None:
+        self._queue_packed(packing.free(self._next_seq(), handle))
+        self._frees += 1
+
+    def _hold(self, tensor: Tensor) -> None:
+        """The daemon will hold `tensor`'s memory past the ops queued so far (published, or recorded into a
+        replay graph): never pool it."""
+        tensor.base._origin = None
+
+    def _collect(self) -> None:
+        """Pool the op outputs Python dropped unfreed (`Tensor.__del__`)."""
+        dropped = self._pool.dropped
+        while dropped:
+            handle, origin = dropped.popleft()
+            if self._connection.lost is None:  # else the session, and its handles, are gone
+                self._release(handle, origin)
+
+    def trim(self) -> int:
+        """Free every pooled op output now (queued like `t.free()`: the daemon takes them off the session's
+        memory in op order, before anything queued later); the bytes released."""
+        self._collect()
+        released = self._pool.nbytes
+        for handle in self._pool.clear():
+            self._free_handle(handle)
+        return released
+
+    def set_pool_limits(self, max_bytes: int, max_entries: int) -> None:
+        """Bound the pool of freed op outputs (default 1 GiB and 1,024 tensors; 0 turns pooling off),
+        freeing what no longer fits, the least recently pooled first."""
+        if max_bytes < 0 or max_entries < 0:
+            raise InvalidArgument(f"pool limits are not negative: {max_bytes} bytes, {max_entries} entries")
+        for handle in self._pool.limit(int(max_bytes), int(max_entries)):
+            self._free_handle(handle)
+
+    def pool_stats(self) -> dict[str, int]:
+        """The pool of freed op outputs: entries and bytes held, hits and misses of op-library outputs,
+        evictions; and the Alloc and Free messages this client sent (every tensor's)."""
+        self._collect()
+        pool = self._pool
+        return {
+            "entries": len(pool),
+            "bytes": pool.nbytes,
+            "hits": pool.hits,
+            "misses": pool.misses,
+            "evictions": pool.evictions,
+            "allocs": self._allocs,
+            "frees": self._frees,
+        }
+
+    def _on_failure(self, seq: int, op: str, error: GpudError) -> None:
+        """A failed op, reported by the daemon (before the caller sees it): a refused allocation's handle
+        is never pooled; on OutOfMemory the pool is released first, so that a retry is not refused for
+        memory the pool held."""
+        if op == "alloc":
+            self._pool.failed(seq)
+        if isinstance(error, OutOfMemory) and self._connection.lost is None:
+            self.trim()
 
     def _queue_launch(self, kernel: int, head: bytes, tail: bytes, tensors: Sequence[Any]) -> int:
         """Queue a dispatch of `kernel` whose grid and argument count are packed in `head`, and its

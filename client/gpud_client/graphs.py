@@ -175,6 +175,7 @@ class Graph:
                 raise InvalidArgument(f"{value!r} belongs to another graph")
             return (value.kind, value.index)
         ref = self._client._ref_of(value)
+        self._client._hold(value)  # a built graph holds the memory: never reused as another op's output
         if isinstance(ref, proto.TensorView):  # a session view: recorded as a view of its base
             _whole_view(f"graph {self.name!r}", value)
             view = self._session_views.get(ref)
@@ -191,7 +192,11 @@ class Graph:
                 raise InvalidArgument("a scalar of another graph")
             return (int(ArgKind.SCALAR), value.index)
         kind, v = self._client._arg(value)
-        return self._ref(value) if isinstance(v, proto.TensorView) else (kind, v)
+        if isinstance(v, proto.TensorView):
+            return self._ref(value)
+        if kind == ArgKind.TENSOR:
+            self._client._hold(value)  # a built graph holds the memory: never reused as another op's output
+        return (kind, v)
 
     async def build(self) -> Step:
         """Send the recording; the daemon checks it against every kernel and instantiates it."""

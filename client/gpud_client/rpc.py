@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -88,6 +89,8 @@ class Rpc(Transport):
         self.limits = proto.DEFAULT_LIMITS
         self.last_trace: Trace | None = None
         self._op_names: OrderedDict[int, str] = OrderedDict()  # seq of an op-library dispatch -> its op
+        # Told of each failed op (its seq, the daemon's name for it, the error) before anyone sees the error.
+        self.on_failure: Callable[[int, str, GpudError], None] | None = None
 
     async def request(self, seq: int) -> Reply:
         """Send what is queued (the request `seq` is its last op) and wait for the reply."""
@@ -191,12 +194,14 @@ class Rpc(Transport):
                 future.set_result((header, payload[0].buffer if payload else None))
             return
         code, message, failed_seq, op = header["err"]
-        if op == "dispatch":
-            op = self._op_names.get(failed_seq, op)
+        named = self._op_names.get(failed_seq, op) if op == "dispatch" else op
+        error = from_code(code, message, seq=failed_seq, op=named)
+        if self.on_failure is not None:
+            self.on_failure(failed_seq, op, error)
         self.queue.acks.add(failed_seq)
         self._parts.pop(seq, None)
         if future is not None and not future.done():
-            future.set_exception(from_code(code, message, seq=failed_seq, op=op))
+            future.set_exception(error)
 
     def _part(self, header: dict[str, Any], payload: list[Any]) -> None:
         seq = header.get("seq", -1)

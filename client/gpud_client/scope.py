@@ -6,6 +6,12 @@ that scope keeps moves to the scope around it (which frees it at its own exit un
 too). Keeping a view keeps its tensor. The exit frees whether or not an exception ends the block,
 and queues the frees like `t.free()` (no round trip). Tensors made by other tasks (even ones
 started inside the block) and by other clients are not the scope's.
+
+Freeing an op-library call's output does not give its memory back to the daemon: the client pools it
+for the next output of its device, dtype and shape (gpud_client.pool), so a loop of scopes allocates
+once. Pooled memory is still the session's as the daemon counts it (`gpu.stats()`, the quota):
+at most 1 GiB and 1,024 tensors (`gpu.set_pool_limits`); `gpu.trim()` frees all of it, and the
+client does that by itself before it raises an OutOfMemory, so that a retry finds that memory free.
 """
 
 from __future__ import annotations
@@ -72,6 +78,13 @@ class Scope:
         stack = self._client._scopes.get(self._task, [])
         index = stack.index(self) if self in stack else len(stack)
         return stack[index - 1] if index > 0 else None
+
+
+def disown(client: Client, tensor: Tensor) -> None:
+    """`tensor` is the client's own (an op's scratch kept across calls), not the scope's it was made in."""
+    stack = client._scopes.get(current_task())
+    if stack:
+        stack[-1]._made.pop(id(tensor), None)
 
 
 def made(client: Client, tensor: Tensor) -> None:

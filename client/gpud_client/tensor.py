@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import gpud_protocol as proto
-from gpud_client import packing
 from gpud_client.dtypes import HostDType, from_storage, name_of, values_dtype
 from gpud_client.memo import Memo
+from gpud_client.pool import Origin
 from gpud_client.scope import made as scope_made
 from gpud_client.values import TENSOR
 from gpud_client.views import TensorViews, picked
@@ -28,7 +28,12 @@ class Tensor(TensorViews):
 
     A view (`reshape`, `transpose`, `permute`, `narrow`: gpud_client.views) is a Tensor too: its `base`
     is the tensor whose memory it is, `handle` is the base's, and it travels as a `TensorView` (the
-    base's handle with its own offset, shape and strides)."""
+    base's handle with its own offset, shape and strides).
+
+    An op-library call's output (no `out=`) is pooled when freed, or when Python drops it unfreed
+    (gpud_client.pool): its handle serves the next output of its device, dtype and shape."""
+
+    _origin: Origin | None = None  # an op output's: its memory goes to the client's pool when freed
 
     def __init__(
         self,
@@ -133,13 +138,17 @@ class Tensor(TensorViews):
         return not self.offset and self.is_contiguous and math.prod(self.shape) == math.prod(self.base.shape)
 
     def free(self) -> None:
-        """Queue the free; the daemon releases the memory once work using it has completed. A view's
+        """Queue the free; the daemon releases the memory once work using it has completed. An op output's
+        memory goes to the client's pool instead (gpud_client.pool), to serve a later output. A view's
         free is the client's alone: the base, and its other views, stay."""
         if not self._freed:
             self._freed = True
-            if self.base is self:
-                client = self._client
-                client._queue_packed(packing.free(client._next_seq(), self.handle))
+            if self._base is None:
+                self._client._release(self.handle, self._origin)
+
+    def __del__(self) -> None:
+        if self._origin is not None and not self._freed:  # an op output dropped unfreed: pooled at the next call
+            self._client._pool.dropped.append((self.handle, self._origin))
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray[Any, Any]:
         raise TypeError(f"{self!r} lives on the GPU: use `await tensor.numpy()` to read it")

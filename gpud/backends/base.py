@@ -105,10 +105,6 @@ def same_memory(a: Buffer, b: Buffer) -> bool:
     return memory_key(a) == memory_key(b)
 
 
-def scalar_kind(kind: int) -> str:
-    return {ArgKind.F32: "f32", ArgKind.I32: "i32", ArgKind.U32: "u32"}[ArgKind(kind)]
-
-
 # ---------------------------------------------------------------------- recorded steps (replay graphs)
 
 

@@ -546,9 +546,9 @@ fn ew_cast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 
 // ---------------------------------------------------------------- ew_binary4, ew_unary4: four floats a thread
 // ew_binary's and ew_unary's arithmetic for float operands and outputs only, four consecutive output
-// elements a thread (n a multiple of 4), the operands read as 16-byte words. Broadcasting over at most two
-// merged axes whose inner one holds a multiple of 4 elements: an operand then gives either four
-// consecutive elements (at a multiple of 4) or one element for all four. For lavapipe, where every side
+// elements a thread (n a multiple of 4), the operands read as 8-byte words (their sizes a multiple of 8
+// bytes). Broadcasting over at most two merged axes whose inner one holds a multiple of 4 elements: an
+// operand then gives either four consecutive elements (at a multiple of 4) or one element for all four. For lavapipe, where every side
 // of every branch runs (a dtype switch costs all its cases, the integer ones too) and each load is a loop
 // over the SIMD lanes: the generic kernels take ~20x longer on the same floats.
 
@@ -583,7 +583,8 @@ fn floats4(c: u32, lo: vec2<u32>, hi: vec2<u32>) -> vec4<f32> {
 
 fn load4_0(c: u32, o: u32, one: bool) -> vec4<f32> {
     if (one) {
-        return vec4<f32>(float_at(c, in0[select(o / 2u, o, c == F32)], o));
+        let word = select(o / 2u, o, c == F32);  // the word holding element o
+        return vec4<f32>(float_at(c, in0h[word / 2u][word & 1u], o));
     }
     var hi = vec2<u32>();
     if (c == F32) {
@@ -594,7 +595,8 @@ fn load4_0(c: u32, o: u32, one: bool) -> vec4<f32> {
 
 fn load4_1(c: u32, o: u32, one: bool) -> vec4<f32> {
     if (one) {
-        return vec4<f32>(float_at(c, in1[select(o / 2u, o, c == F32)], o));
+        let word = select(o / 2u, o, c == F32);  // the word holding element o
+        return vec4<f32>(float_at(c, in1h[word / 2u][word & 1u], o));
     }
     var hi = vec2<u32>();
     if (c == F32) {
@@ -617,12 +619,17 @@ fn src4(e: u32, rank: u32, d0: u32, d1: u32, mask: u32) -> Src4 {
     return Src4(select(row * inner + e % inner, row, one), one);
 }
 
-// Four output values stored at elements e..e + 3 of `out` (a float dtype c): whole words only.
+// v as float16 (c F16) or bfloat16, rounded as `encode` rounds
+fn half_bits(c: u32, v: f32) -> u32 {
+    return select(f32_to_half(v), f32_to_bf16(v), c == BF16);
+}
+
+// The words of four output values of float dtype c: four float32s, or two words of 16-bit pairs.
 fn store4_words(c: u32, v: vec4<f32>) -> vec4<u32> {
     if (c == F32) {
         return bitcast<vec4<u32>>(v);
     }
-    let b = vec4<u32>(encode(c, v.x).x, encode(c, v.y).x, encode(c, v.z).x, encode(c, v.w).x);
+    let b = vec4<u32>(half_bits(c, v.x), half_bits(c, v.y), half_bits(c, v.z), half_bits(c, v.w));
     return vec4<u32>(b.x | (b.y << 16u), b.z | (b.w << 16u), 0u, 0u);
 }
 
@@ -636,7 +643,8 @@ fn ew_binary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let ys = src4(e, pb.rank, pb.d0, pb.d1, pb.y_bcast);
     let a = load4_0(pb.x_dtype, xs.at, xs.one);
     let b = load4_1(pb.y_dtype, ys.at, ys.one);
-    let r = vec4<f32>(binary(a.x, b.x, pb.op), binary(a.y, b.y, pb.op), binary(a.z, b.z, pb.op), binary(a.w, b.w, pb.op));
+    let r = vec4<f32>(binary(a.x, b.x, pb.op), binary(a.y, b.y, pb.op), binary(a.z, b.z, pb.op),
+                      binary(a.w, b.w, pb.op));
     let w = store4_words(pb.out_dtype, r);
     if (pb.out_dtype == F32) {
         binary_out[e] = w.x;

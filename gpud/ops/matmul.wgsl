@@ -487,7 +487,7 @@ fn matmul_bf16_bf16(@builtin(local_invocation_index) lid: u32, @builtin(workgrou
 }
 
 // ---------------------------------------------------------------- matmul_nk: for CPU-backed Vulkan
-// w as (N, K) (transpose_w), K a multiple of 8 (gpud_protocol/ops/matmul.py: nk_applies). Lavapipe runs
+// w as (N, K) (transpose_w), K a multiple of 8 (gpud_protocol/ops/matmul_nk.py: nk_applies). Lavapipe runs
 // 8 invocations in the lanes of a SIMD register: arithmetic is one instruction for all 8, but a load from
 // a buffer or workgroup memory is a loop over the lanes (~1 cycle per lane and 32-bit word, uniform
 // address or not), so the loads per product decide the speed; and a version of this kernel that staged
@@ -496,10 +496,11 @@ fn matmul_bf16_bf16(@builtin(local_invocation_index) lid: u32, @builtin(workgrou
 // products of rows of x and of w, loading both straight from the operands 8 K-elements at a time (one
 // vec4<u32> of float16 or bfloat16, two of float32), each load serving NK_BLOCK dot products: 24 loads
 // per 144 dot products of 8. 8 x 8 threads make an NK_TILE x NK_TILE tile of out. Rows and columns past
-// out load its last row or column (their results are dropped). The K loop holds no loop (K / 8
-// iterations), and its block lives in registers (written out: an array indexed by a variable anywhere
-// would not). Measured on llvmpipe: ~4x the tiled kernel's rate on MiniLM's products. On a GPU the
-// block does not fit in registers: the tiled kernel above serves GPUs.
+// out load its last row or column (their results are dropped). The K loop is the kernel's only loop
+// (K / 8 iterations: lavapipe's budget of 65,535 is the invocation's, for loops one after the other
+// too), and the block lives in registers (written out: an array indexed by a variable anywhere would
+// not). Measured on llvmpipe: ~4x the tiled kernel's rate on MiniLM's products. On a GPU the block does
+// not fit in registers: the tiled kernel above serves GPUs.
 const NK_BLOCK: u32 = 12u;
 const NK_TILE: u32 = 96u;
 
@@ -547,7 +548,9 @@ struct W12 { c0: K8, c1: K8, c2: K8, c3: K8, c4: K8, c5: K8, c6: K8, c7: K8, c8:
 struct R12 { a: vec4<f32>, b: vec4<f32>, c: vec4<f32> }
 
 // a thread's block of out
-struct Acc12 { r0: R12, r1: R12, r2: R12, r3: R12, r4: R12, r5: R12, r6: R12, r7: R12, r8: R12, r9: R12, r10: R12, r11: R12 }
+struct Acc12 {
+    r0: R12, r1: R12, r2: R12, r3: R12, r4: R12, r5: R12, r6: R12, r7: R12, r8: R12, r9: R12, r10: R12, r11: R12,
+}
 
 fn ld_w12(at: array<u32, 12>, e: u32, kind: u32) -> W12 {
     return W12(ld8_w(at[0] + e, kind), ld8_w(at[1] + e, kind), ld8_w(at[2] + e, kind), ld8_w(at[3] + e, kind),
@@ -565,17 +568,24 @@ fn nk_origin(lid: u32, wg: vec3<u32>) -> vec2<u32> {
     return vec2<u32>(wg.y * NK_TILE + (lid / 8u) * NK_BLOCK, wg.x * NK_TILE + (lid % 8u) * NK_BLOCK);
 }
 
+// Where rows first..first + 11 (at most `last`) of a matrix of k columns start, from `base`: written out,
+// not looped (lavapipe's budget of loop iterations is the invocation's, the K loop's too)
+fn nk_starts(base: u32, first: u32, last: u32, k: u32) -> array<u32, 12> {
+    return array<u32, 12>(base + min(first, last) * k, base + min(first + 1u, last) * k,
+                          base + min(first + 2u, last) * k, base + min(first + 3u, last) * k,
+                          base + min(first + 4u, last) * k, base + min(first + 5u, last) * k,
+                          base + min(first + 6u, last) * k, base + min(first + 7u, last) * k,
+                          base + min(first + 8u, last) * k, base + min(first + 9u, last) * k,
+                          base + min(first + 10u, last) * k, base + min(first + 11u, last) * k);
+}
+
 fn nk_block(lid: u32, wg: vec3<u32>, xk: u32, wk: u32) -> Acc12 {
     let m = p.m;
     let n = p.n;
     let k = p.k;
     let origin = nk_origin(lid, wg);
-    var xa: array<u32, 12>;  // where the thread's rows of x and w start
-    var wa: array<u32, 12>;
-    for (var i = 0u; i < NK_BLOCK; i++) {
-        xa[i] = wg.z * p.x_stride + min(origin.x + i, m - 1u) * k;
-        wa[i] = wg.z * p.w_stride + min(origin.y + i, n - 1u) * k;
-    }
+    let xa = nk_starts(wg.z * p.x_stride, origin.x, m - 1u, k);
+    let wa = nk_starts(wg.z * p.w_stride, origin.y, n - 1u, k);
     var acc: Acc12;
     for (var e = 0u; e < k; e += 8u) {
         let w = ld_w12(wa, e, wk);

@@ -29,7 +29,8 @@ def _fail(message: str) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from gpud.backends import BackendUnavailable
-    from gpud.service.config import Config, ConfigError, check, default_config_path, overrides_from_args
+    from gpud.service.config import Config, ConfigError, check, default_config_path
+    from gpud.service.config_flags import overrides_from_args
     from gpud.service.lifecycle import run_loop
     from gpud.service.server import Server
     from gpud.service.transport import AddressInUse
@@ -116,7 +117,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpud.service.config import add_arguments
+    from gpud.service.config_flags import add_arguments
 
     parser = argparse.ArgumentParser(prog="gpud", description="gpud: share the GPUs of a host between many processes")
     parser.add_argument("--version", action="version", version=f"gpud {__version__}")

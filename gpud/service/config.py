@@ -1,47 +1,21 @@
-"""Daemon settings, defined once: the TOML file's validation, `gpud serve` flags and the shipped example file.
-
-Each setting is a field of `Config`; its metadata (made by `setting`) holds the help text and constraints.
-"""
+"""Daemon settings, defined once: `Config`, each setting a field (declared with `setting`), loaded from
+the TOML file's [gpud] table and the flags of `gpud serve` (`config_flags`), every value validated.
+The shipped example file is rendered from the same fields (`config_example`)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import functools
-import json
-import math
 import os
 import tomllib
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpud.service.setting import MS, RATE, US, B, GiB, KiB, MiB, S, check_value, describe, setting, toml_text
 from gpud_protocol import Limits
-
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-LIMITS_HELP: dict[str, str] = {
-    "max_header_bytes": "bytes of one message's msgpack header",
-    "max_ops_per_batch": "ops in one batch",
-    "max_frames": "ZeroMQ frames in one message",
-    "max_tensor_bytes": "bytes of one tensor",
-    "max_message_bytes": "bytes of one message, header and payload frames together",
-    "max_ndim": "dimensions of one tensor",
-    "max_args": "arguments of one dispatch",
-    "max_source_bytes": "bytes of one kernel's source",
-    "max_name_len": "characters of a name (kernel entry point, resident tensor)",
-    "max_options": "compiler options of one kernel",
-    "max_handle": "largest tensor handle",
-    "max_grid": "largest grid dimension of one dispatch",
-    "max_devices": "devices one message may name",
-    "reply_part_bytes": "a readback's data travels in messages of at most this many bytes",
-    "max_graph_steps": "recorded ops of one replay graph",
-    "max_graph_tensors": "inputs, scalars, bound tensors, intermediates and outputs of one graph, each",
-}
-_KINDS = {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path"}
-_ACCEPTS: dict[Any, Any] = {bool: bool, int: int, float: int | float, str: str, Path: str | os.PathLike}
-_EXPECTED = {bool: "a boolean (true or false)", int: "an integer", float: "a number", str: "a string", Path: "a path"}
 
 
 class ConfigError(Exception):
@@ -80,117 +54,30 @@ def default_config_path(environ: Mapping[str, str] | None = None, euid: int | No
     return None
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(str(value))
-
-
-def _describe(value: Any) -> str:
-    """A value as found, for error messages: `the string "five"`, `the boolean true`, `the list [1, 2]`."""
-    if isinstance(value, list | tuple):
-        text = _toml(value) if all(isinstance(v, bool | int | float | str) for v in value) else "[...]"
-    elif isinstance(value, bool | int | float | str):
-        text = _toml(value)
-    else:
-        return "a table" if isinstance(value, Mapping) else f"a {type(value).__name__}"
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(type(value), "list")
-    return f"the {kind} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-def _num(x: float, unit: str | None = None) -> str:
-    text = str(int(x)) if float(x).is_integer() else repr(x)
-    return f"{text} ({_size(int(x))})" if unit == "bytes" and x >= KiB else text
-
-
-def _size(n: int) -> str:
-    for step, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if n >= step and n % step == 0:
-            return f"{n // step} {name}"
-    return f"{n} bytes"
-
-
-def _range(meta: Mapping[str, Any]) -> str:
-    lo, above, hi, unit = meta.get("min"), meta.get("above"), meta.get("max"), meta.get("unit")
-    if lo is not None and hi is not None:
-        return f"from {_num(lo, unit)} to {_num(hi, unit)}"
-    parts = [f">= {_num(lo, unit)}"] if lo is not None else [f"> {_num(above, unit)}"] if above is not None else []
-    return " and ".join(parts + ([f"<= {_num(hi, unit)}"] if hi is not None else []))
-
-
-def _check(tp: Any, meta: Mapping[str, Any], value: Any) -> Any:
-    """The validated (and converted) value, or ValueError saying what was expected and what was found."""
-    if tp in _EXPECTED:
-        if isinstance(value, bool) != (tp is bool) or not isinstance(value, _ACCEPTS[tp]):  # a bool is no number
-            raise ValueError(f"expected {_EXPECTED[tp]}, got {_describe(value)}")
-        if tp is Path and value == "":
-            raise ValueError('expected a non-empty path, got the string ""')
-        value = tp(value) if tp in (float, Path) else value
-        if tp is float and not math.isfinite(value):
-            raise ValueError(f"expected a finite number, got {value!r}")
-        lo, above, hi = meta.get("min"), meta.get("above"), meta.get("max")
-        if (lo is not None and value < lo) or (above is not None and value <= above) or (hi is not None and value > hi):
-            raise ValueError(f"expected {_EXPECTED[tp]} {_range(meta)}, got {_num(value)}")
-        if (choices := meta.get("choices")) and value not in choices:
-            raise ValueError(f"expected one of {' | '.join(choices)}, got {_describe(value)}")
-    extra: Callable[[Any], Any] | None = meta.get("check")
-    return value if extra is None else extra(value)
-
-
 def _devices(value: Any) -> str | list[int]:
     if value == "all":
         return "all"
     if not isinstance(value, list | tuple) or not value:
-        raise ValueError(f'expected "all" or a non-empty list of device indices, got {_describe(value)}')
+        raise ValueError(f'expected "all" or a non-empty list of device indices, got {describe(value)}')
     for d in value:
         if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-            raise ValueError(f"expected device indices (integers >= 0), got {_describe(d)}")
+            raise ValueError(f"expected device indices (integers >= 0), got {describe(d)}")
     if len(set(value)) != len(value):
-        raise ValueError(f"expected distinct device indices, got {_toml(value)}")
+        raise ValueError(f"expected distinct device indices, got {toml_text(value)}")
     return list(value)
 
 
 def _address(value: str) -> str:
     if not value.startswith(("ipc://", "tcp://")) or len(value) <= len("ipc://"):
-        raise ValueError(f"expected an ipc:// or tcp:// endpoint, got {_describe(value)}")
+        raise ValueError(f"expected an ipc:// or tcp:// endpoint, got {describe(value)}")
     return value
 
 
 def _host_port(value: str) -> str:
     host, _, port = value.rpartition(":")
     if value and not (host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f'expected "" or "host:port", got {_describe(value)}')
+        raise ValueError(f'expected "" or "host:port", got {describe(value)}')
     return value
-
-
-def setting(
-    default: Any = None,
-    help: str = "",
-    *,
-    factory: Callable[[], Any] | None = None,
-    section: str = "service",
-    min: float | None = None,
-    above: float | None = None,
-    max: float | None = None,
-    choices: tuple[str, ...] | None = None,
-    cli: bool = True,
-    unit: str | None = None,
-    metavar: str | None = None,
-    check: Callable[[Any], Any] | None = None,
-    example: Any = None,
-    default_doc: str | None = None,
-) -> Any:
-    """A `Config` field; `example`, `default_doc`: a machine-dependent default (rendered commented out)."""
-    meta: dict[str, Any] = {"help": help, "section": section, "min": min, "above": above, "max": max, "cli": cli}
-    meta |= {"choices": choices, "unit": unit, "metavar": metavar, "check": check}
-    meta |= {"example": example, "default_doc": default_doc}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
 
 
 _service = functools.partial(setting, section="service")
@@ -198,8 +85,6 @@ _coalescing = functools.partial(setting, section="coalescing")
 _pools = functools.partial(setting, section="pools and caches")
 _sessions = functools.partial(setting, section="sessions")
 _operation = functools.partial(setting, section="service operation")
-_US, _MS, _S, _B, _RATE = "microseconds", "milliseconds", "seconds", "bytes", "per second"
-_METAVARS = {_US: "US", _MS: "MS", _S: "SECONDS", _B: "BYTES"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +104,7 @@ class Config:
     insecure_tcp: bool = _service(False, "allow tcp:// without CURVE (testing only)")
     curve_secret_key: str = _service("", "CURVE certificate file (zmq.auth) for tcp://; empty: none", metavar="FILE")
     event_loop: str = _service("auto", "auto: uvloop when installed", choices=("auto", "asyncio", "uvloop"))
-    busy_poll_us: float = _service(0.0, "after a message, poll for the next before sleeping", min=0, max=1e6, unit=_US)
+    busy_poll_us: float = _service(0.0, "after a message, poll for the next before sleeping", min=0, max=1e6, unit=US)
     trace: bool = _service(False, "stamp readback replies with daemon-side times (performance work)")
     max_sessions: int = _service(1024, "client sessions at once; more are refused", min=1)
 
@@ -230,10 +115,10 @@ class Config:
         "long work progress (0: count alone)",
         min=0,
         max=3600,
-        unit=_S,
+        unit=S,
     )
     flush_deadline_ms: float = _coalescing(
-        2.0, "submit pending work once it has waited this long", above=0, max=1e4, unit=_MS
+        2.0, "submit pending work once it has waited this long", above=0, max=1e4, unit=MS
     )
     max_submissions_in_flight: int = _coalescing(
         16, "new GPU work waits while the device is this far behind", min=1, max=1024
@@ -241,22 +126,22 @@ class Config:
     graph_cache_size: int = _coalescing(32, "cuda: graphs of repeated launch segments kept (0: never capture)", min=0)
     graph_min_launches: int = _coalescing(16, "cuda: shorter segments are launched one by one", min=1)
     completion_spin_us: float = _coalescing(
-        50.0, "cuda: poll a flush that a readback awaits this long before handing it off", min=0, max=1e6, unit=_US
+        50.0, "cuda: poll a flush that a readback awaits this long before handing it off", min=0, max=1e6, unit=US
     )
     completion_poll_us: float = _coalescing(
         2000.0,
         "cuda: then poll it between the event loop's other work this long before the completion thread takes it",
         min=0,
         max=1e6,
-        unit=_US,
+        unit=US,
     )
 
-    staging_pool_bytes: int = _pools(256 * MiB, "bound on host staging buffers (uploads, readbacks)", min=MiB, unit=_B)
+    staging_pool_bytes: int = _pools(256 * MiB, "bound on host staging buffers (uploads, readbacks)", min=MiB, unit=B)
     reuse_memory_bytes: int = _pools(
-        512 * MiB, "freed device memory kept for allocations of the same size (cuda)", min=0, unit=_B
+        512 * MiB, "freed device memory kept for allocations of the same size (cuda)", min=0, unit=B
     )
     pool_idle_release_s: float = _pools(
-        30.0, "staging buffers and kept device memory idle this long are released (0: kept)", min=0, unit=_S
+        30.0, "staging buffers and kept device memory idle this long are released (0: kept)", min=0, unit=S
     )
     kernel_cache_size: int = _pools(256, "compiled kernels kept", min=1)
     bind_group_cache_size: int = _pools(8192, "webgpu: bind groups kept", min=1)
@@ -268,8 +153,8 @@ class Config:
         default_doc="GPUD_CACHE_DIR, else $XDG_CACHE_HOME/gpud (root: /var/cache/gpud)",
     )
 
-    lease_s: float = _sessions(5.0, "a session without a heartbeat this long is ended", min=0.1, max=3600, unit=_S)
-    session_memory_bytes: int = _sessions(8 * GiB, "device memory quota per session, per device", min=0, unit=_B)
+    lease_s: float = _sessions(5.0, "a session without a heartbeat this long is ended", min=0.1, max=3600, unit=S)
+    session_memory_bytes: int = _sessions(8 * GiB, "device memory quota per session, per device", min=0, unit=B)
     session_max_requests: int = _sessions(4096, "awaited requests (readbacks, syncs, kernels) per session", min=1)
     session_max_handles: int = _sessions(65536, "open tensor handles per session", min=1)
     session_max_kernels: int = _sessions(1024, "registered kernels per session", min=1)
@@ -277,21 +162,21 @@ class Config:
     session_max_graphs: int = _sessions(64, "replay graphs a session builds or opens", min=1)
     graph_instances: int = _sessions(8, "instances (input shapes) of one replay graph", min=1, max=1024)
     session_window: int = _sessions(64, "batches a client may send before the daemon confirms them", min=1)
-    session_reply_bytes: int = _sessions(2 * GiB, "reply bytes a session may have waiting to be sent", min=MiB, unit=_B)
+    session_reply_bytes: int = _sessions(2 * GiB, "reply bytes a session may have waiting to be sent", min=MiB, unit=B)
     sessionless_rate: float = _sessions(
-        100.0, "messages from one peer without a session (status, garbage); more are dropped", above=0, unit=_RATE
+        100.0, "messages from one peer without a session (status, garbage); more are dropped", above=0, unit=RATE
     )
     sessionless_total_rate: float = _sessions(
-        1000.0, "messages from all peers without a session (beats, hellos aside); more are dropped", above=0, unit=_RATE
+        1000.0, "messages from all peers without a session (beats, hellos aside); more are dropped", above=0, unit=RATE
     )
     sessionless_reply_bytes: int = _sessions(
-        MiB, "reply bytes waiting for one peer without a session; more replies are dropped", min=64 * KiB, unit=_B
+        MiB, "reply bytes waiting for one peer without a session; more replies are dropped", min=64 * KiB, unit=B
     )
     resident_max_count: int = _sessions(4096, "published resident tensors, all sessions together", min=0)
-    resident_max_bytes: int = _sessions(64 * GiB, "memory of resident tensors, all sessions together", min=0, unit=_B)
+    resident_max_bytes: int = _sessions(64 * GiB, "memory of resident tensors, all sessions together", min=0, unit=B)
 
-    drain_timeout_s: float = _operation(10.0, "on shutdown, wait this long for pending work", min=0, unit=_S)
-    health_stall_s: float = _operation(30.0, "pending work with no completion this long: unhealthy", above=0, unit=_S)
+    drain_timeout_s: float = _operation(10.0, "on shutdown, wait this long for pending work", min=0, unit=S)
+    health_stall_s: float = _operation(30.0, "pending work with no completion this long: unhealthy", above=0, unit=S)
     metrics_address: str = _operation(
         "", "Prometheus endpoint host:port; empty: none", check=_host_port, metavar="HOST:PORT"
     )
@@ -318,7 +203,8 @@ class Config:
 
 
 @functools.cache
-def _fields() -> dict[str, tuple[dataclasses.Field[Any], Any]]:
+def config_fields() -> dict[str, tuple[dataclasses.Field[Any], Any]]:
+    """Every setting, in declaration order: its name -> (its field, whose metadata `setting` made; its type)."""
     hints = typing.get_type_hints(Config)
     return {f.name: (f, hints[f.name]) for f in dataclasses.fields(Config)}
 
@@ -331,13 +217,13 @@ def _unknown(source: str, key: str, known: Any, where: str) -> ConfigError:
 
 
 def _validate(values: Mapping[str, Any], source: str) -> dict[str, Any]:
-    fields, out = _fields(), {}
+    fields, out = config_fields(), {}
     for key, value in values.items():
         if key not in fields:
             raise _unknown(source, key, fields, "[gpud]")
         try:
             field, tp = fields[key]
-            out[key] = _limits(value, source) if key == "limits" else _check(tp, field.metadata, value)
+            out[key] = _limits(value, source) if key == "limits" else check_value(tp, field.metadata, value)
         except ValueError as exc:
             raise ConfigError(f"{source}: {key}: {exc}") from None
     return out
@@ -346,13 +232,13 @@ def _validate(values: Mapping[str, Any], source: str) -> dict[str, Any]:
 def _limits(value: Any, source: str) -> dict[str, int]:
     value = value.as_dict() if isinstance(value, Limits) else value
     if not isinstance(value, Mapping):
-        raise ValueError(f"expected a [gpud.limits] table, got {_describe(value)}")
+        raise ValueError(f"expected a [gpud.limits] table, got {describe(value)}")
     known, out = {f.name for f in dataclasses.fields(Limits)}, {}
     for key, v in value.items():
         if key not in known:
             raise _unknown(source, key, known, "[gpud.limits]")
         try:
-            out[key] = _check(int, {"min": 1}, v)
+            out[key] = check_value(int, {"min": 1}, v)
         except ValueError as exc:
             raise ConfigError(f"{source}: limits.{key}: {exc}") from None
     return out
@@ -369,12 +255,12 @@ def _read(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     for key in doc:
-        if key in _fields():
+        if key in config_fields():
             raise ConfigError(f'{path}: "{key}" is outside the [gpud] table: put it under [gpud]')
         if key != "gpud":
             raise _unknown(str(path), key, ["gpud"], "the top level, which may hold only a [gpud] table")
     if not isinstance(table := doc.get("gpud", {}), dict):
-        raise ConfigError(f"{path}: gpud: expected a [gpud] table, got {_describe(table)}")
+        raise ConfigError(f"{path}: gpud: expected a [gpud] table, got {describe(table)}")
     return table
 
 
@@ -383,87 +269,7 @@ def check(path: Path | str) -> str:
     table = _read(Path(path))
     Config.from_values(table, str(path))
     given = [k for k in table if k != "limits"] + [f"limits.{k}" for k in table.get("limits", {})]
-    total = len(_fields()) - 1 + len(dataclasses.fields(Limits))
+    total = len(config_fields()) - 1 + len(dataclasses.fields(Limits))
     return f"{path}: valid; sets {len(given)} of {total} settings, the others are defaults" + (
         f": {', '.join(given)}" if given else ""
     )
-
-
-def _from_text(tp: Any, text: str) -> Any:
-    try:
-        if tp in (int, float):
-            return tp(text)
-        return text if tp in (str, Path) or text == "all" else [int(part) for part in text.split(",")]
-    except ValueError:
-        what = _EXPECTED.get(tp, '"all" or comma-separated device indices such as 0,2')
-        raise ValueError(f"expected {what}, got {json.dumps(text)}") from None
-
-
-def _flag_type(tp: Any, meta: Mapping[str, Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return _check(tp, meta, _from_text(tp, text))
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return convert
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One `--kebab-case` flag per setting (bools as --x/--no-x), default None: only given flags override."""
-    groups: dict[str, Any] = {}
-    for name, (field, tp) in _fields().items():
-        meta = field.metadata
-        if not meta["cli"]:
-            continue
-        section = meta["section"]
-        group = groups.get(section) or groups.setdefault(section, parser.add_argument_group(f"settings: {section}"))
-        value: Any = field.default
-        default = meta["default_doc"] or (_size(value) if meta["unit"] == _B else _toml(value))
-        unit = f"{meta['unit']}, " if meta["unit"] else ""
-        text = f"{meta['help']} ({unit}default: {default})".replace("%", "%%")
-        flag = "--" + name.replace("_", "-")
-        if tp is bool:
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
-            continue
-        choices = meta["choices"] and "{" + ",".join(meta["choices"]) + "}"
-        metavar = meta["metavar"] or choices or _METAVARS.get(meta["unit"]) or {int: "N", float: "X"}.get(tp, "TEXT")
-        group.add_argument(flag, dest=name, type=_flag_type(tp, meta), default=None, metavar=metavar, help=text)
-
-
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings given as flags (those not given are None on the namespace and left out)."""
-    names = [name for name, (field, _) in _fields().items() if field.metadata["cli"]]
-    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
-
-
-def render_defaults() -> str:
-    """An example gpud.toml: every setting with its default, type and help; it loads to `Config()`."""
-    lines = [
-        "# gpud daemon settings: /etc/gpud/gpud.toml, which `gpud serve` reads when it runs as root or under",
-        "# systemd; any other file with `gpud serve --config FILE`; check one with `gpud serve --check-config`.",
-        "# Every key is optional and shows its default; unknown keys are an error; flags of `gpud serve` override",
-        "# this file. Generated by gpud.service.config.render_defaults(): change the code, then regenerate.",
-        "",
-        "[gpud]",
-    ]
-    section = None
-    for name, (field, tp) in _fields().items():
-        meta, default = field.metadata, typing.cast(Any, field.default)
-        if name == "limits":
-            continue
-        if meta["section"] != section:
-            section = meta["section"]
-            lines += ["", f"# ---- {section} ----"]
-        doc = [_KINDS.get(tp, '"all" or a list of device indices'), meta["unit"], _range(meta)]
-        doc += [f"one of {' | '.join(meta['choices'])}" if meta["choices"] else ""]
-        if meta["example"] is not None:
-            doc.append(f"default: {meta['default_doc']}")
-            value = f"# {name} = {_toml(meta['example'])}"
-        else:
-            value = f"{name} = {_toml(default)}" + (f"  # {_size(default)}" if meta["unit"] == _B and default else "")
-        lines += ["", f"# {meta['help']} [{', '.join(d for d in doc if d)}]", value]
-    lines += ["", "[gpud.limits]", f"# {_fields()['limits'][0].metadata['help']}: integers >= 1"]
-    for f in dataclasses.fields(Limits):
-        lines += ["", f"# {LIMITS_HELP.get(f.name, f.name.replace('_', ' '))}", f"{f.name} = {_toml(f.default)}"]
-    return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpud.service import units
-from gpud.service.config import render_defaults
+from gpud.service.config_example import render_defaults
 
 CONFIG = "etc/gpud/gpud.toml"
 

@@ -167,7 +167,7 @@ def render(gpud_exec: Path | str, readme: Path | str | None = None) -> dict[str,
 
 def shipped() -> dict[str, str]:
     """What the repository's systemd/ folder holds: the files for a checkout at /opt/gpud, and the config."""
-    from gpud.service.config import render_defaults
+    from gpud.service.config_example import render_defaults
 
     units = render(DEFAULT_PREFIX / ".venv" / "bin" / "gpud", DEFAULT_PREFIX / "README.md")
     return {**units, "gpud.toml": render_defaults()}

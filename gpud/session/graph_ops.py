@@ -16,15 +16,13 @@ from gpud_protocol.errors import Busy, InvalidArgument, NotFound, OutOfMemory, P
 if TYPE_CHECKING:
     from gpud.session.session import Session
 
-_SCALAR_RANGES = {ArgKind.I32: (-(1 << 31), (1 << 31) - 1), ArgKind.U32: (0, (1 << 32) - 1)}
-
 
 def _check_value(value: int | float, kind: int, name: str) -> int | float:
     if kind == ArgKind.F32:
         if not proto.f32_fits(float(value)):
             raise InvalidArgument(f"scalar {name!r}: {value!r} does not fit a 32-bit float")
         return float(value)
-    low, high = _SCALAR_RANGES[ArgKind(kind)]
+    low, high = proto.SCALAR_RANGES[ArgKind(kind)]
     if type(value) is not int or not low <= value <= high:
         what = proto.SCALAR_NAMES[ArgKind(kind)]
         raise InvalidArgument(f"scalar {name!r} is {what}: {value!r} is not in [{low}, {high}]")

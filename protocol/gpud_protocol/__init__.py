@@ -5,6 +5,16 @@ plus a raw ZeroMQ frame.
 """
 
 from gpud_protocol import ops
+from gpud_protocol.arg_kinds import (
+    GRAPH_TENSOR_KINDS,
+    SCALAR_FORMATS,
+    SCALAR_KINDS,
+    SCALAR_NAMES,
+    SCALAR_RANGES,
+    Arg,
+    ArgKind,
+    DispatchArg,
+)
 from gpud_protocol.client_encode import (
     BYE,
     PING,
@@ -17,40 +27,8 @@ from gpud_protocol.client_encode import (
 )
 from gpud_protocol.daemon_decode import decode_client_message, decode_op
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
-from gpud_protocol.limits import DEFAULT_LIMITS, DTYPE_SIZES, Limits
-from gpud_protocol.lru import LruCache
-from gpud_protocol.memo import DispatchEntry, DispatchMemo, Memoized, new_dispatch_memo
-from gpud_protocol.replies import (
-    PONG,
-    decode_server_message,
-    encode_error,
-    encode_error_reply,
-    encode_part,
-    encode_receipt,
-    encode_reply,
-)
-from gpud_protocol.schema import (
-    GRAPH_TENSOR_KINDS,
-    OPS,
-    PROTOCOL_VERSION,
-    REPLY_FIELDS,
-    REQUEST_OPCODES,
-    RESIDENTS_PER_REPLY,
-    SCALAR_NAMES,
-    Alloc,
-    Arg,
-    ArgKind,
-    Batch,
-    Beat,
-    BuildGraph,
-    Bye,
-    ClientMessage,
-    Copy,
-    Dispatch,
-    DispatchArg,
-    FlushOp,
-    Free,
-    FreeGraph,
+from gpud_protocol.field_types import KernelOptions
+from gpud_protocol.graph_def import (
     GraphCopy,
     GraphDef,
     GraphDispatch,
@@ -58,18 +36,26 @@ from gpud_protocol.schema import (
     GraphScalar,
     GraphTensor,
     GraphUpload,
-    Hello,
-    KernelOptions,
+)
+from gpud_protocol.limits import DEFAULT_LIMITS, DTYPE_SIZES, Limits
+from gpud_protocol.lru import LruCache
+from gpud_protocol.memo import DispatchEntry, DispatchMemo, Memoized, new_dispatch_memo
+from gpud_protocol.op_table import OPS, REPLY_FIELDS, REQUEST_OPCODES, Opcode, OpSpec, op_name
+from gpud_protocol.op_types import (
+    RESIDENTS_PER_REPLY,
+    Alloc,
+    BuildGraph,
+    Copy,
+    Dispatch,
+    FlushOp,
+    Free,
+    FreeGraph,
     Launch,
     ListResidents,
     Op,
-    Opcode,
     Open,
     OpenGraph,
     OpenPrefix,
-    OpError,
-    OpSpec,
-    Ping,
     Publish,
     PublishGraph,
     Readback,
@@ -82,8 +68,17 @@ from gpud_protocol.schema import (
     UnpublishGraph,
     Upload,
     UploadPart,
-    op_name,
 )
+from gpud_protocol.replies import (
+    PONG,
+    decode_server_message,
+    encode_error,
+    encode_error_reply,
+    encode_part,
+    encode_receipt,
+    encode_reply,
+)
+from gpud_protocol.schema import PROTOCOL_VERSION, Batch, Beat, Bye, ClientMessage, Hello, OpError, Ping
 from gpud_protocol.views import TensorRef, TensorView, contiguous_strides, extent, is_contiguous, view_of_shape
 from gpud_protocol.wire import describe, f32_fits, pack
 
@@ -119,7 +114,10 @@ __all__ = [
     "PROTOCOL_VERSION",
     "REPLY_FIELDS",
     "REQUEST_OPCODES",
+    "SCALAR_FORMATS",
+    "SCALAR_KINDS",
     "SCALAR_NAMES",
+    "SCALAR_RANGES",
     "Alloc",
     "Arg",
     "ArgKind",

@@ -5,16 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpud_protocol import schema
+from gpud_protocol.field_types import KernelOptions
+from gpud_protocol.graph_def import GraphCopy, GraphDef, GraphDispatch, GraphUpload
 from gpud_protocol.lru import LruCache
-from gpud_protocol.schema import KernelOptions, Op, Opcode
+from gpud_protocol.op_table import SPEC_OF_TYPE, Opcode
+from gpud_protocol.op_types import Op
+from gpud_protocol.schema import PROTOCOL_VERSION
 from gpud_protocol.wire import pack
 
 
 def _wire(field: Any) -> Any:
     if type(field) is KernelOptions:
         return {k: v for k, v in field._asdict().items() if v is not None and v != () and v != 0}
-    if type(field) is schema.GraphDef:
+    if type(field) is GraphDef:
         return {
             "inputs": [list(t) for t in field.inputs],
             "scalars": [list(t) for t in field.scalars],
@@ -27,15 +30,15 @@ def _wire(field: Any) -> Any:
     return field
 
 
-def _step(step: schema.GraphDispatch | schema.GraphCopy | schema.GraphUpload) -> list[Any]:
-    if type(step) is schema.GraphDispatch:
+def _step(step: GraphDispatch | GraphCopy | GraphUpload) -> list[Any]:
+    if type(step) is GraphDispatch:
         return [0, *step]
-    return [1 if type(step) is schema.GraphCopy else 2, *step]
+    return [1 if type(step) is GraphCopy else 2, *step]
 
 
 def encode_op(op: Op) -> bytes:
     """An op as the client sends it: [opcode, seq, *fields]."""
-    return pack([schema.SPEC_OF_TYPE[type(op)].opcode, *[_wire(f) for f in op]])
+    return pack([SPEC_OF_TYPE[type(op)].opcode, *[_wire(f) for f in op]])
 
 
 class DispatchEncoder:
@@ -85,7 +88,7 @@ def encode_ops(ops: Sequence[Op], n_frames: int, ack: Sequence[int] | None = Non
 
 
 def encode_hello(name: str, pid: int, device: int | None = None) -> bytes:
-    return pack({"t": "hello", "v": schema.PROTOCOL_VERSION, "name": name, "pid": pid, "device": device})
+    return pack({"t": "hello", "v": PROTOCOL_VERSION, "name": name, "pid": pid, "device": device})
 
 
 def encode_beat(session: str, key: str) -> bytes:

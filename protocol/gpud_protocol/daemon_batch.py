@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from gpud_protocol.limits import Limits
-from gpud_protocol.schema import Opcode
+from gpud_protocol.op_table import Opcode
 from gpud_protocol.wire import pack
 
 BATCH_PREFIX = b"\x86" + pack("t") + pack("batch") + pack("ops")  # a map of 6, as `encode_batch` begins

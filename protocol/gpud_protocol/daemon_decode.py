@@ -7,9 +7,9 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from gpud_protocol import schema
 from gpud_protocol.daemon_batch import Body, NotCanonical, read_batch
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
+from gpud_protocol.field_types import Field
 from gpud_protocol.fields import (
     Validator,
     check_args,
@@ -33,24 +33,13 @@ from gpud_protocol.fields import (
     check_values,
     check_writes,
 )
+from gpud_protocol.graph_def import GraphUpload
 from gpud_protocol.graph_fields import check_graph
 from gpud_protocol.limits import Limits
 from gpud_protocol.memo import DispatchEntry, DispatchMemo, Memoized
-from gpud_protocol.schema import (
-    Alloc,
-    Batch,
-    Beat,
-    Bye,
-    ClientMessage,
-    Dispatch,
-    Field,
-    Hello,
-    Op,
-    Opcode,
-    OpError,
-    Ping,
-    Upload,
-)
+from gpud_protocol.op_table import OPS, Opcode, op_name
+from gpud_protocol.op_types import Alloc, BuildGraph, Dispatch, Launch, Op, Replay, Upload, UploadPart
+from gpud_protocol.schema import Batch, Beat, Bye, ClientMessage, Hello, OpError, Ping, Status
 from gpud_protocol.wire import bad, describe, is_int, unpack_header
 
 _VALIDATORS: dict[Field, Validator] = {
@@ -87,9 +76,9 @@ def _field_validators(cls: type[Any]) -> tuple[Validator, ...]:
     return tuple(validators)
 
 
-# opcode -> (NamedTuple, validator of each field after seq), from the schema's annotations
+# opcode -> (NamedTuple, validator of each field after seq), from the ops' annotations (`op_types`)
 _DECODERS: dict[int, tuple[type[Any], tuple[Validator, ...]]] = {
-    int(code): (spec.type, _field_validators(spec.type)) for code, spec in schema.OPS.items()
+    int(code): (spec.type, _field_validators(spec.type)) for code, spec in OPS.items()
 }
 
 
@@ -129,7 +118,7 @@ def decode_client_message(
     if kind == "bye":
         return Bye()
     if kind == "status":
-        return schema.Status()
+        return Status()
     if kind == "hello":
         version, name, pid = header.get("v", -1), header.get("name", ""), header.get("pid", 0)
         device = header.get("device")
@@ -198,9 +187,9 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
             ops.append(op)
         except ProtocolViolation as exc:
             used_frames.update(_claimed_frames(raw, len(payloads)))  # a failed op consumed its frames
-            ops.append(OpError(raw[1], exc.code, exc.message, schema.op_name(raw[0])))
+            ops.append(OpError(raw[1], exc.code, exc.message, op_name(raw[0])))
         except RecursionError:
-            ops.append(OpError(raw[1], ErrorCode.INVALID_ARGUMENT, "value nested too deeply", schema.op_name(raw[0])))
+            ops.append(OpError(raw[1], ErrorCode.INVALID_ARGUMENT, "value nested too deeply", op_name(raw[0])))
     if len(used_frames) != n_frames:
         raise ProtocolViolation(ErrorCode.PROTOCOL, "some payload frames are not used by any op")
     return Batch(ops, ack, list(payloads), number, receipt)
@@ -209,12 +198,12 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
 def _frames_of(op: Op) -> list[int]:
     """The payload frames an op consumes."""
     t = type(op)
-    if t is Upload or t is schema.UploadPart:
+    if t is Upload or t is UploadPart:
         return [op.frame]  # type: ignore[union-attr]
-    if t is schema.Replay or t is schema.Launch:
+    if t is Replay or t is Launch:
         return [op.frame] if op.frame >= 0 else []  # type: ignore[union-attr]
-    if t is schema.BuildGraph:
-        return [s.frame for s in op.graph.steps if type(s) is schema.GraphUpload]  # type: ignore[union-attr]
+    if t is BuildGraph:
+        return [s.frame for s in op.graph.steps if type(s) is GraphUpload]  # type: ignore[union-attr]
     return []
 
 
@@ -253,6 +242,6 @@ def decode_op(raw: tuple[Any, ...], payloads: Sequence[Any], limits: Limits) -> 
         nbytes = op.nbytes
         if nbytes > limits.max_tensor_bytes:
             raise bad(f"tensor of {nbytes} bytes exceeds {limits.max_tensor_bytes}")
-    elif (type(op) is Upload or type(op) is schema.UploadPart) and len(payloads[op.frame]) != op.nbytes:
+    elif (type(op) is Upload or type(op) is UploadPart) and len(payloads[op.frame]) != op.nbytes:
         raise bad(f"frame {op.frame} holds {len(payloads[op.frame])} bytes, the op says {op.nbytes}")
     return op

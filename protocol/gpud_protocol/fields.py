@@ -1,4 +1,4 @@
-"""Validators of the fields of an op from a client: each checks one kind of field (`schema.Field`)
+"""Validators of the fields of an op from a client: each checks one kind of field (`field_types.Field`)
 against `Limits` before anything is allocated, and returns the value the daemon will use."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from gpud_protocol import schema
+from gpud_protocol.arg_kinds import SCALAR_NAMES, SCALAR_RANGES, ArgKind, DispatchArg
+from gpud_protocol.field_types import RESIDENT_MODES, KernelOptions
 from gpud_protocol.limits import DTYPE_SIZES, Limits
-from gpud_protocol.schema import ArgKind, KernelOptions
 from gpud_protocol.views import TensorView, extent
 from gpud_protocol.wire import bad, describe, f32_fits, is_int
 
@@ -22,6 +22,8 @@ MAX_SHARED = 1 << 20  # bytes of dynamic shared memory a kernel may ask; the dev
 
 Validator = typing.Callable[[Any, Limits, Sequence[Any]], Any]
 _TENSOR, _F32, _I32, _U32 = (int(kind) for kind in (ArgKind.TENSOR, ArgKind.F32, ArgKind.I32, ArgKind.U32))
+(_I32_LOW, _I32_HIGH), (_U32_LOW, _U32_HIGH) = SCALAR_RANGES[ArgKind.I32], SCALAR_RANGES[ArgKind.U32]
+_ARG_KINDS = ", ".join([f"{_TENSOR} tensor handle or view", *(f"{int(k)} {name}" for k, name in SCALAR_NAMES.items())])
 
 
 def check_handle(value: Any, limits: Limits, _payloads: Sequence[Any]) -> int:
@@ -123,8 +125,8 @@ def check_prefix(value: Any, limits: Limits, _payloads: Sequence[Any]) -> str:
 
 
 def check_mode(value: Any, _limits: Limits, _payloads: Sequence[Any]) -> str:
-    if value not in schema.RESIDENT_MODES or type(value) is not str:
-        raise bad(f"mode must be one of {schema.RESIDENT_MODES}, got {describe(value)}")
+    if value not in RESIDENT_MODES or type(value) is not str:
+        raise bad(f"mode must be one of {RESIDENT_MODES}, got {describe(value)}")
     return value
 
 
@@ -159,10 +161,10 @@ def check_operands(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tupl
     return tuple(check_operand(v, limits, ()) for v in value)
 
 
-def check_args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[schema.DispatchArg, ...]:
+def check_args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[DispatchArg, ...]:
     if type(value) is not tuple or len(value) > limits.max_args:
         raise bad(f"args must be a list of at most {limits.max_args}, got {describe(value)}")
-    decoded: list[schema.DispatchArg] = []
+    decoded: list[DispatchArg] = []
     max_handle = limits.max_handle
     for item in value:
         if type(item) is not tuple or len(item) != 2 or type(item[0]) is not int:  # True == 1, 1.0 == 1
@@ -176,14 +178,14 @@ def check_args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[sc
             decoded.append((1, v))
         elif t is int and (
             (kind == _TENSOR and 0 < v <= max_handle)
-            or (kind == _I32 and -(1 << 31) <= v < (1 << 31))
-            or (kind == _U32 and 0 <= v < (1 << 32))
+            or (kind == _I32 and _I32_LOW <= v <= _I32_HIGH)
+            or (kind == _U32 and _U32_LOW <= v <= _U32_HIGH)
         ):
             decoded.append(item)
         elif kind == _TENSOR and t is tuple:
             decoded.append((kind, check_view(v, limits)))
         else:
-            raise bad(f"bad arg [{describe(kind)}, {describe(v)}]: kind 0 tensor handle or view, 1 f32, 2 i32, 3 u32")
+            raise bad(f"bad arg [{describe(kind)}, {describe(v)}]: kind {_ARG_KINDS}")
     return tuple(decoded)
 
 

@@ -1,4 +1,4 @@
-"""The validator of a graph recording (`schema.GraphDef`) from a client: its tensors, scalars, views,
+"""The validator of a graph recording (`graph_def.GraphDef`) from a client: its tensors, scalars, views,
 steps and outputs, each reference checked against what the graph declares."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpud_protocol import schema
+from gpud_protocol.arg_kinds import Arg, ArgKind
 from gpud_protocol.fields import (
     check_args,
     check_dtype,
@@ -17,21 +17,27 @@ from gpud_protocol.fields import (
     check_shape,
     check_writes,
 )
+from gpud_protocol.graph_def import (
+    GraphCopy,
+    GraphDef,
+    GraphDispatch,
+    GraphOutput,
+    GraphScalar,
+    GraphTensor,
+    GraphUpload,
+)
 from gpud_protocol.limits import Limits
-from gpud_protocol.schema import ArgKind
 from gpud_protocol.wire import bad, describe, is_int
 
 
-def check_graph_tensor(value: Any, limits: Limits, what: str) -> schema.GraphTensor:
+def check_graph_tensor(value: Any, limits: Limits, what: str) -> GraphTensor:
     if type(value) is not tuple or len(value) != 3:
         raise bad(f"each graph {what} must be [name, dtype, shape], got {describe(value)}")
     name, dtype, shape = value
-    return schema.GraphTensor(
-        check_name(name, limits, ()), check_dtype(dtype, limits, ()), check_shape(shape, limits, ())
-    )
+    return GraphTensor(check_name(name, limits, ()), check_dtype(dtype, limits, ()), check_shape(shape, limits, ()))
 
 
-def check_graph_ref(value: Any, counts: dict[int, int], limits: Limits, scalars: bool = False) -> schema.Arg:
+def check_graph_ref(value: Any, counts: dict[int, int], limits: Limits, scalars: bool = False) -> Arg:
     """A tensor of a graph recording (kind TENSOR, INPUT, BIND or TEMP), or with `scalars` any argument."""
     if type(value) is not tuple or len(value) != 2 or type(value[0]) is not int:
         raise bad(f"a graph reference must be [kind, value], got {describe(value)}")
@@ -49,10 +55,10 @@ def check_graph_ref(value: Any, counts: dict[int, int], limits: Limits, scalars:
     raise bad(f"bad graph tensor kind {describe(kind)}")
 
 
-_GRAPH_KEYS = frozenset(schema.GraphDef._fields)
+_GRAPH_KEYS = frozenset(GraphDef._fields)
 
 
-def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> schema.GraphDef:
+def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> GraphDef:
     if type(value) is not dict or not set(value) <= _GRAPH_KEYS:
         raise bad(f"a graph must be a map with keys from {sorted(_GRAPH_KEYS)}")
     cap = limits.max_graph_tensors
@@ -69,7 +75,7 @@ def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> schema.G
     for item in part("scalars", cap):
         if type(item) is not tuple or len(item) != 2 or item[1] not in (1, 2, 3) or type(item[1]) is not int:
             raise bad(f"each graph scalar must be [name, kind 1|2|3], got {describe(item)}")
-        scalars.append(schema.GraphScalar(check_name(item[0], limits, ()), item[1]))
+        scalars.append(GraphScalar(check_name(item[0], limits, ()), item[1]))
     temps = []
     for item in part("temps", cap):
         if type(item) is not tuple or len(item) != 2:
@@ -79,7 +85,7 @@ def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> schema.G
     if len(set(names)) != len(names):
         raise bad("the names of a graph's inputs, scalars and bound tensors must differ")
     counts: dict[int, int] = {ArgKind.INPUT: len(inputs), ArgKind.BIND: len(binds), ArgKind.TEMP: len(temps)}
-    views: list[tuple[schema.Arg, tuple[int, ...]]] = []
+    views: list[tuple[Arg, tuple[int, ...]]] = []
     for item in part("views", cap):
         if type(item) is not tuple or len(item) != 2:
             raise bad(f"each graph view must be [tensor, shape], got {describe(item)}")
@@ -87,7 +93,7 @@ def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> schema.G
         views.append((check_graph_ref(item[0], counts, limits), check_shape(item[1], limits, ())))
     counts[ArgKind.VIEW] = len(views)
     with_scalars = {**counts, int(ArgKind.SCALAR): len(scalars)}
-    steps: list[schema.GraphDispatch | schema.GraphCopy | schema.GraphUpload] = []
+    steps: list[GraphDispatch | GraphCopy | GraphUpload] = []
     for step in part("steps", limits.max_graph_steps):
         if type(step) is not tuple or not step or type(step[0]) is not int:
             raise bad(f"a graph step must be a list [kind, ...], got {describe(step)}")
@@ -97,22 +103,18 @@ def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> schema.G
                 raise bad(f"args must be a list of at most {limits.max_args}")
             refs = tuple(check_graph_ref(a, with_scalars, limits, scalars=True) for a in args)
             kernel, grid = check_handle(kernel, limits, ()), check_grid(grid, limits, ())
-            steps.append(schema.GraphDispatch(kernel, grid, refs, check_writes(writes, limits, ())))
+            steps.append(GraphDispatch(kernel, grid, refs, check_writes(writes, limits, ())))
         elif step[0] == 1 and len(step) == 3:
-            steps.append(
-                schema.GraphCopy(check_graph_ref(step[1], counts, limits), check_graph_ref(step[2], counts, limits))
-            )
+            steps.append(GraphCopy(check_graph_ref(step[1], counts, limits), check_graph_ref(step[2], counts, limits)))
         elif step[0] == 2 and len(step) == 3:
-            steps.append(
-                schema.GraphUpload(check_frame(step[1], limits, payloads), check_graph_ref(step[2], counts, limits))
-            )
+            steps.append(GraphUpload(check_frame(step[1], limits, payloads), check_graph_ref(step[2], counts, limits)))
         else:
             raise bad(f"unknown graph step {describe(step[0])} with {len(step) - 1} fields")
     outputs = []
     for item in part("outputs", cap):
         if type(item) is not tuple or len(item) != 2:
             raise bad(f"each graph output must be [name, tensor], got {describe(item)}")
-        outputs.append(schema.GraphOutput(check_name(item[0], limits, ()), check_graph_ref(item[1], counts, limits)))
+        outputs.append(GraphOutput(check_name(item[0], limits, ()), check_graph_ref(item[1], counts, limits)))
     if len({o.name for o in outputs}) != len(outputs):
         raise bad("graph outputs need distinct names")
-    return schema.GraphDef(inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs), tuple(views))
+    return GraphDef(inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs), tuple(views))

@@ -1,6 +1,7 @@
 """`gpu.scope()`: tensors and views made inside are freed at exit unless kept, on every backend.
 
-Memory is measured by the daemon (`gpu.stats()`: the session's private bytes and handles)."""
+Memory is measured by the daemon (`gpu.stats()`: the session's private bytes and handles), after
+`gpu.trim()` (the op outputs a scope frees are pooled: tests/client/test_pool.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gpud_client import Client, InvalidArgument, Tensor
 
 
 async def usage(gpu: Client) -> tuple[int, int]:
+    gpu.trim()  # freed op outputs are pooled (still the session's memory): give them back first
     session = (await gpu.stats())["session"]
     return session["private_bytes"], session["handles"]
 

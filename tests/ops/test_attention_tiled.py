@@ -2,24 +2,30 @@
 numpy in float64: every head-dim width (1, 2, 4 or 8 threads per row) and dims that fill none, float32
 and float16, grouped heads, causal with T = S, T < S and T > S, additive masks, key masks, rows that
 see nothing; the longest sequence lavapipe's loop budget allows, and the split kernel past it; the
-kernel's rule (no device). Hidden keys hold NaN: they must never be read.
+kernel's rule (no device). Hidden keys hold NaN: they must never be read. On a software adapter
+(lavapipe) the client sends D 32 and 64 without an additive mask to attention_cpu (test_attention_cpu.py):
+there `tiled` dispatches attention_tiled itself, which GPUs run.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
 
 import gpud_client
 from gpud_client import InvalidArgument, u32
+from gpud_client.ops.base import dtype_name
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.attention import MAX_LOOP
+from gpud_protocol.ops.attention import MAX_LOOP, SHORT
 from gpud_protocol.ops.attention_tiled import (
     TILED_HEAD_DIMS,
     tiled_applies,
     tiled_grid,
     tiled_keys,
     tiled_loop,
+    tiled_width,
 )
 from ops.test_attention import TOL, attention_ref, close, poisoned
 
@@ -27,6 +33,21 @@ from ops.test_attention import TOL, attention_ref, close, poisoned
 def webgpu_only(gpu: gpud_client.Client) -> None:
     if gpu.backend != "webgpu":
         pytest.skip("attention_tiled is WebGPU's")
+
+
+def software(gpu: gpud_client.Client) -> bool:
+    """A WebGPU adapter on the CPU (lavapipe), where the client picks attention_cpu where it can."""
+    return gpu.backend == "webgpu" and bool(gpu.devices[gpu.device].get("software"))
+
+
+def tiled(
+    gpu: gpud_client.Client, q: Any, k: Any, v: Any, *, causal: bool = False, key_mask: Any = None, out: Any = None
+) -> Any:
+    """attention_tiled itself (q, k, v tensors; no additive mask), whichever kernel gpu.ops.attention picks."""
+    dtypes = "_".join(SHORT[dtype_name(t)] for t in (q, k, q if out is None else out))
+    name = f"attention_tiled_d{tiled_width(int(q.shape[-1]))}_{dtypes}"
+    grid = tiled_grid(*(int(n) for n in q.shape))
+    return gpu.ops._one_pass(name, grid, q, k, v, key_mask, causal, None, out, None)
 
 
 def kernels(gpu: gpud_client.Client, prefix: str) -> set[str]:
@@ -56,10 +77,14 @@ async def test_full_attention_on_webgpu_is_one_pass_of_the_tiled_kernel(gpu: gpu
     got = await gpu.ops.attention(qt, kt, vt, key_mask=mask).numpy()
     close(got, ref, TOL["float32"])
     np.testing.assert_array_equal(got[0], 0)
-    assert set(gpu.ops._kernels) == {"attention_tiled_d32_f32_f32_f32"}
+    one_pass = {"attention_cpu_d32_f32_f32_f32" if software(gpu) else "attention_tiled_d32_f32_f32_f32"}
+    assert set(gpu.ops._kernels) == one_pass
+    if software(gpu):  # attention_tiled, which GPUs run, on the same call
+        close(await tiled(gpu, qt, kt, vt, key_mask=mask).numpy(), ref, TOL["float32"])
+        one_pass.add("attention_tiled_d32_f32_f32_f32")
     split = await gpu.ops.attention(qt, kt, vt, key_mask=mask, splits=1).numpy()
     close(split, ref, TOL["float32"])
-    assert set(gpu.ops._kernels) == {"attention_tiled_d32_f32_f32_f32", "attention_f32_f32", "attention_combine_f32"}
+    assert set(gpu.ops._kernels) == {*one_pass, "attention_f32_f32", "attention_combine_f32"}
 
 
 @pytest.mark.parametrize(
@@ -122,9 +147,10 @@ async def test_the_longest_sequence_within_the_loop_budget(gpu: gpud_client.Clie
     k[0, keys - 1, 0] = (q[0, -1, 0] * 4).astype(np.float16)  # the last row's peak: the last key it sees
     for count, used in [
         (keys, {f"attention_tiled_d{width}_f32_f16_f32"}),
-        (keys + tiled_keys(width), {"attention_f32_f16"}),
+        (keys + tiled_keys(width), {"attention_f32_f16"}),  # the client's choice past the tiled budget
     ]:
-        got = await gpu.ops.attention(gpu.tensor(q), gpu.tensor(k[:, :count]), gpu.tensor(v[:, :count])).numpy()
+        qkv = (gpu.tensor(q), gpu.tensor(k[:, :count]), gpu.tensor(v[:, :count]))
+        got = await (tiled(gpu, *qkv) if count == keys else gpu.ops.attention(*qkv)).numpy()
         ref = attention_ref(q, k[:, :count], v[:, :count], np.ones((1, 16, count), bool))
         close(got, ref, TOL["float32"])
         assert np.abs(ref[0, -1, 0] - v[0, keys - 1, 0]).max() < 0.05  # the peak dominates: it was read

@@ -149,7 +149,9 @@ async def test_a_linear_layer_in_a_replay_graph(gpu: gpud_client.Client) -> None
         check((await step.replay(x=a))["y"], a, w, "float16", bias)
 
 
-@pytest.mark.parametrize(("x_dtype", "w_dtype"), [("float32", "float16"), ("float16", "float16"), ("bfloat16", "bfloat16")])
+@pytest.mark.parametrize(
+    ("x_dtype", "w_dtype"), [("float32", "float16"), ("float16", "float16"), ("bfloat16", "bfloat16")]
+)
 async def test_the_tiled_kernel_on_what_lavapipe_sends_to_matmul_nk(
     gpu: gpud_client.Client, x_dtype: str, w_dtype: str
 ) -> None:

@@ -386,16 +386,19 @@ async def test_reductions_read_strided_views_without_a_copy(gpu: gpud_client.Cli
         (t.transpose(1, 2).narrow(0, 5, 1), a.swapaxes(1, 2)[5:6]),
     ]
     handles = (await gpu.stats())["session"]["handles"]
+    kept: list[gpud_client.Tensor] = []
     results = 0
     for view, ref in views:
         for axis in [*range(-ref.ndim, ref.ndim), None]:
             if axis is None and not view.is_contiguous:
                 continue  # axis=None flattens x: a view that does not flatten is refused (below)
-            check_reduction("sum", await gpu.ops.sum(view, axis).numpy(), ref, axis)
-            check_reduction("max", await gpu.ops.max(view, axis=axis).numpy(), ref, axis)
-            np.testing.assert_array_equal(await gpu.ops.argmax(view, axis).numpy(), ref.argmax(axis=axis))
-            got = await gpu.ops.softmax(view, axis=axis).numpy()
-            close_softmax(got, softmax_axis_ref(ref.astype(np.float64), axis), dtype)
+            made = [gpu.ops.sum(view, axis), gpu.ops.max(view, axis=axis), gpu.ops.argmax(view, axis)]
+            made.append(gpu.ops.softmax(view, axis=axis))
+            check_reduction("sum", await made[0].numpy(), ref, axis)
+            check_reduction("max", await made[1].numpy(), ref, axis)
+            np.testing.assert_array_equal(await made[2].numpy(), ref.argmax(axis=axis))
+            close_softmax(await made[3].numpy(), softmax_axis_ref(ref.astype(np.float64), axis), dtype)
+            kept += made  # alive: a dropped result's handle is freed (or pooled)
             results += 4
     # the results are new tensors, the views none: the session holds t and the results only
     assert (await gpu.stats())["session"]["handles"] == handles + results

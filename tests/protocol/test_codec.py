@@ -758,7 +758,7 @@ def _mutate(rng: random.Random, op: list[Any]) -> list[Any]:
     return op
 
 
-OP_TYPES = proto.schema.Op  # every op the schema defines
+OP_TYPES = proto.Op  # every op the schema defines (`op_types`)
 
 
 def _check(frames: list[bytes]) -> None:

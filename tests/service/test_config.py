@@ -10,15 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpud.service.config import (
-    LIMITS_HELP,
-    Config,
-    ConfigError,
-    add_arguments,
-    check,
-    overrides_from_args,
-    render_defaults,
-)
+from gpud.service.config import Config, ConfigError, check
+from gpud.service.config_example import LIMITS_HELP, render_defaults
+from gpud.service.config_flags import add_arguments, overrides_from_args
 from gpud_protocol import Limits
 
 SHIPPED = Path(__file__).resolve().parents[2] / "systemd" / "gpud.toml"

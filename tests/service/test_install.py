@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpud.service import install, units
-from gpud.service.config import render_defaults
+from gpud.service.config_example import render_defaults
 
 EXEC = Path("/opt/gpud/.venv/bin/gpud")
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.base import OpsBase, dtype_name, same_memory
+from gpud_client.scope import disown
 from gpud_protocol import ArgKind, LruCache
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.attention import (
@@ -35,6 +36,7 @@ from gpud_protocol.ops.attention import (
     mixes_halves,
     rotary_freq,
 )
+from gpud_protocol.ops.attention_cpu import cpu_applies, cpu_grid
 from gpud_protocol.ops.attention_tiled import tiled_applies, tiled_grid, tiled_width
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ class AttentionOps(OpsBase):
         tensor = self._scratches.get(key)
         if tensor is None or tensor.freed:
             tensor = self._client.empty(shape, dtype, device=device)
+            disown(self._client, tensor)  # kept across calls: a scope freeing it would make one per call
             self._scratches.put(key, tensor)
         return tensor
 
@@ -198,6 +201,9 @@ class AttentionOps(OpsBase):
             grid = tiled_grid(*(int(n) for n in q.shape))
             dtypes = "_".join(SHORT[d] for d in (dtype_name(q), dtype_name(k), _out_dtype("attention", q, out)))
             name = f"attention_tiled_d{tiled_width(int(q.shape[-1]))}_{dtypes}"
+            if self._software(q) and _cpu_fits(q, k, v, out, mask is not None):  # lavapipe: no barriers
+                batch, steps, heads, dim = (int(n) for n in q.shape)
+                name, grid = f"attention_cpu_d{dim}_{dtypes}", cpu_grid(batch, steps, heads)
             masks = mask if key_mask is None else key_mask
             return self._one_pass(name, grid, q, k, v, masks, bool(causal), scale, out, graph, key_mask is None)
         return self._attention("attention", q, k, v, None, mask, bool(causal), scale, splits, out, graph, key_mask)
@@ -325,6 +331,12 @@ def _flash_fits(q: Any, k: Any, v: Any, key_mask: Any, out: Any) -> bool:
 def _tiled_fits(q: Any, k: Any, v: Any, out: Any) -> bool:
     """Whether attention_tiled computes this attention into `out` (WebGPU; checked there against its spec)."""
     return tiled_applies(_tensor_info(q), _tensor_info(k), dtype_name(v), dtype_name(q if out is None else out))
+
+
+def _cpu_fits(q: Any, k: Any, v: Any, out: Any, additive: bool) -> bool:
+    """Whether attention_cpu computes this attention (a software adapter's; checked there against its spec)."""
+    out_dtype = dtype_name(q if out is None else out)
+    return cpu_applies(_tensor_info(q), _tensor_info(k), dtype_name(v), out_dtype, additive)
 
 
 def _graph_input(t: Any) -> bool:

@@ -58,6 +58,18 @@ class OpsBase:
         self._kernels: dict[str, Kernel] = {}
         self._plans: Memo[tuple[Any, ...], Any] = Memo(PLANS_KEPT)  # Planned, or Launch (`_run`), by call
 
+    def _software(self, like: Any) -> bool:
+        """Whether `like` (a tensor, or a recording's) lives on a WebGPU adapter that runs on the CPU
+        (lavapipe): some ops have kernels written for it (matmul_nk, the rows family)."""
+        return self._client.backend == "webgpu" and bool(self._device_info(like).get("software"))
+
+    def _device_info(self, like: Any) -> dict[str, Any]:
+        """The daemon's info of the device `like` lives on ({} where it says nothing)."""
+        index = getattr(like, "device", None)
+        devices = self._client.devices
+        where = self._client.device if index is None else int(index)
+        return devices[where] if 0 <= where < len(devices) else {}
+
     def _kernel(self, name: str) -> Kernel:
         """The built-in kernel `name`, registered on first use without a round trip."""
         kernel = self._kernels.get(name)
@@ -72,12 +84,13 @@ class OpsBase:
         return kernel
 
     def _out(self, out: Any, shape: tuple[int, ...], dtype: str, like: Any, graph: Graph | None) -> Any:
-        """The output tensor: `out` as given (checked), else a new one on the device of `like`."""
+        """The output tensor: `out` as given (checked), else one on the device of `like` (pooled or new:
+        every kernel writes its whole output, so a pooled one's old bytes are never read)."""
         if out is not None:
             return out
         if graph is not None:
             return graph.empty(shape, dtype)
-        return self._client._new(shape, dtype, getattr(like, "device", None))
+        return self._client._output(shape, dtype, getattr(like, "device", None))
 
     def _run(
         self,
@@ -146,14 +159,14 @@ class OpsBase:
         return plan
 
     def _execute(self, plan: Planned, inputs: list[Any], out: Any, like: Any, graph: Graph | None) -> Any:
-        """Run a planned call: its output (`out`, else a new tensor on the device of `like`), then its
-        dispatch of `inputs` and the output."""
+        """Run a planned call: its output (`out`, else a tensor on the device of `like`, pooled or new),
+        then its dispatch of `inputs` and the output."""
         if out is not None:
             result = out
         elif graph is not None:
             result = graph.empty(plan.shape, plan.dtype)
         else:
-            result = self._client._new(plan.shape, plan.dtype, getattr(like, "device", None))
+            result = self._client._output(plan.shape, plan.dtype, getattr(like, "device", None))
         if plan.launch is not None:
             inputs.append(result)
             self._launch(plan.launch, inputs, graph, fresh=out is None)

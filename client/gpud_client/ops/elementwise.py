@@ -3,7 +3,9 @@ minimum and where broadcast as numpy does; scale, exp, rsqrt, silu, gelu (exact 
 clamp; cast between any two dtypes of the daemon's elementwise table (gpud_protocol.ops.dtypes).
 
 Float dtypes (float32, float16, bfloat16) mix: two different ones give float32 unless `out=` gives
-another float dtype. Everything is computed in float32 and rounded once when stored."""
+another float dtype. Everything is computed in float32 and rounded once when stored. On WebGPU, float
+calls over a multiple of 4 elements (and broadcasting over at most two merged axes, the inner one a
+multiple of 4) run ew_binary4 / ew_unary4, four elements a thread (gpud_protocol.ops.elementwise4)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
 from gpud_protocol.ops.dtypes import DTYPES, FLOATS, result_dtype, threads
 from gpud_protocol.ops.elementwise import BINARY_OPS, UNARY_OPS
+from gpud_protocol.ops.elementwise4 import WIDTH, binary4_applies, unary4_applies
 
 UNKNOWN = 2**32 - 1  # the code of a dtype outside the table: the op's check refuses it by name
 
@@ -120,8 +123,12 @@ class ElementwiseOps(OpsBase):
         n = math.prod(result.shape)
         codes = [_code(d) for d in (*dtypes, dtype_name(result))]
         scalars = [n, BINARY_OPS[op], *lay, *codes]
-        grid = grid_1d(threads(n, _table_dtype(result)))
-        return Planned(shape, dtype_name(result), self._check("ew_binary", grid, [x, y, result], scalars))
+        counts = [math.prod(x.shape), math.prod(y.shape)]
+        if self._client.backend == "webgpu" and binary4_applies(n, lay[0], lay[1:], codes, counts):
+            name, grid = "ew_binary4", grid_1d(n // WIDTH)
+        else:
+            name, grid = "ew_binary", grid_1d(threads(n, _table_dtype(result)))
+        return Planned(shape, dtype_name(result), self._check(name, grid, [x, y, result], scalars))
 
     def _unary(self, op: str, x: Any, out: Any, graph: Any, a: float = 0.0, b: float = 0.0) -> Any:
         a, b = float(a), float(b)
@@ -133,9 +140,13 @@ class ElementwiseOps(OpsBase):
         self._check_dtypes(name, {"x": x})
         result = TensorInfo(dtype_name(x), tuple(x.shape)) if out is None else out
         n = math.prod(x.shape)
-        scalars = [n, UNARY_OPS[op], a, b, _code(dtype_name(x)), _code(dtype_name(result))]
-        grid = grid_1d(threads(n, _table_dtype(result)))
-        return Planned(tuple(x.shape), dtype_name(result), self._check("ew_unary", grid, [x, result], scalars))
+        codes = [_code(dtype_name(x)), _code(dtype_name(result))]
+        scalars = [n, UNARY_OPS[op], a, b, *codes]
+        if self._client.backend == "webgpu" and unary4_applies(n, codes):
+            name, grid = "ew_unary4", grid_1d(n // WIDTH)
+        else:
+            name, grid = "ew_unary", grid_1d(threads(n, _table_dtype(result)))
+        return Planned(tuple(x.shape), dtype_name(result), self._check(name, grid, [x, result], scalars))
 
     def _check_dtypes(self, op: str, tensors: dict[str, Any]) -> None:
         for name, tensor in tensors.items():

@@ -92,17 +92,6 @@ class MatmulOps(OpsBase):
         launch = self._check(name, grid, tensors, [*p.sizes, int(wt), bias_kind])
         return Planned(p.out_shape, out_dtype(xd, wd), launch)
 
-    def _software(self, like: Any) -> bool:
-        """Whether `like` lives on a WebGPU adapter that runs on the CPU (lavapipe)."""
-        return self._client.backend == "webgpu" and bool(self._device_info(like).get("software"))
-
-    def _device_info(self, like: Any) -> dict[str, Any]:
-        """The daemon's info of the device `like` lives on ({} where it says nothing)."""
-        index = getattr(like, "device", None)
-        devices = self._client.devices
-        where = self._client.device if index is None else int(index)
-        return devices[where] if 0 <= where < len(devices) else {}
-
     def _capability(self, like: Any) -> str:
         """The compute capability of the device `like` lives on ("9.0"), "" where the daemon does not say."""
         return str(self._device_info(like).get("compute_capability", ""))

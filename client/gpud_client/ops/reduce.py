@@ -1,6 +1,7 @@
 """Reductions: sum, mean, max, argmax and softmax over any axis (`axes` picks the kernel); softmax with
 an additive mask, rmsnorm and layernorm over the last axis. Inputs are float32, float16 or bfloat16;
-everything accumulates in float32."""
+everything accumulates in float32. On a software WebGPU adapter (lavapipe) layernorm over rows a multiple
+of 8 long runs a thread per row (gpud_protocol.ops.rows)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gpud_client.ops.base import OpsBase, Planned, dtype_name, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
 from gpud_protocol.ops.reduce_axis import grid as axis_grid
+from gpud_protocol.ops.rows import rows_apply, rows_grid
 
 
 class ReduceOps(OpsBase):
@@ -161,10 +163,10 @@ class ReduceOps(OpsBase):
         if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
             raise InvalidArgument(f"{op}: eps must be finite and >= 0, not {eps!r}")
         result = TensorInfo(dtype, tuple(x.shape)) if out is None else out
-        name = f"{op}_{SHORT[dtype]}_{SHORT[wdtype]}"
-        return Planned(
-            tuple(x.shape), dtype, self._check(name, _grid(rows), [x, *params, result], [rows, length, float(eps)])
-        )
+        name, grid = f"{op}_{SHORT[dtype]}_{SHORT[wdtype]}", _grid(rows)
+        if op == "layernorm" and rows_apply(length) and self._software(x):  # lavapipe: a thread per row
+            name, grid = f"layernorm_rows_{SHORT[dtype]}_{SHORT[wdtype]}", rows_grid(rows)
+        return Planned(tuple(x.shape), dtype, self._check(name, grid, [x, *params, result], [rows, length, float(eps)]))
 
 
 def _grid(rows: int) -> tuple[int, int, int]:

@@ -26,12 +26,12 @@ from gpud.backends.cuda.driver import E, address, check, cu, error, host_alloc, 
 from gpud.backends.cuda.graph import ReplayRun
 from gpud.backends.cuda.launch import make_launch, pack
 from gpud.backends.cuda.stream import Commands, Stream, Submitted
-from gpud_protocol import KernelOptions
+from gpud_protocol import SCALAR_FORMATS, KernelOptions
 from gpud_protocol.errors import DeviceLost, InvalidArgument
 
 log = logging.getLogger(__name__)
 
-_SCALAR_FORMAT = {1: "<f", 2: "<i", 3: "<I"}  # ArgKind F32, I32, U32: a scalar at the start of its 8-byte slot
+_SCALAR_FORMAT = {int(kind): "<" + fmt for kind, fmt in SCALAR_FORMATS.items()}  # at the start of its 8-byte slot
 
 
 class CudaDevice(Device):

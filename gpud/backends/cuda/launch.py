@@ -13,12 +13,13 @@ from typing import Any
 
 from gpud.backends.base import Arg, Buffer
 from gpud.backends.cuda.driver import E, check, cu, error
-from gpud_protocol import ArgKind
+from gpud_protocol import SCALAR_FORMATS, SCALAR_NAMES
 from gpud_protocol.errors import CompileError, InvalidArgument
 from gpud_protocol.lru import LruCache
 
-_PACK = {None: "Q", ArgKind.F32: "f4x", ArgKind.I32: "i4x", ArgKind.U32: "I4x"}  # None: a tensor
-_KIND_NAMES = {None: "a tensor", ArgKind.F32: "f32", ArgKind.I32: "i32", ArgKind.U32: "u32"}
+# Each argument takes an 8-byte slot: a tensor's pointer (kind None), or a scalar's 4 bytes then padding.
+_PACK: dict[int | None, str] = {None: "Q", **{kind: fmt + "4x" for kind, fmt in SCALAR_FORMATS.items()}}
+_KIND_NAMES: dict[int | None, str] = {None: "a tensor", **{kind: name for kind, name in SCALAR_NAMES.items()}}
 FORMATS_KEPT = 64  # argument-kind signatures per kernel whose struct format is kept
 
 

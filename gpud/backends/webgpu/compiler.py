@@ -14,10 +14,10 @@ from typing import Any
 from gpud.backends.base import Program
 from gpud.backends.webgpu.wgsl.model import Binding, Reflection
 from gpud.backends.webgpu.wgsl.reflect import reflect
-from gpud_protocol import KernelOptions
+from gpud_protocol import SCALAR_NAMES, KernelOptions
 from gpud_protocol.errors import CompileError, InvalidArgument
 
-SCALARS = ("f32", "i32", "u32")
+SCALARS = frozenset(SCALAR_NAMES.values())  # the WGSL types of scalar arguments
 
 
 @dataclasses.dataclass(frozen=True)

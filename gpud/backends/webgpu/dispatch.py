@@ -17,18 +17,17 @@ from typing import Any
 
 from gpud.backends.base import Arg, Buffer, Program
 from gpud.backends.webgpu.compiler import Pipeline
-from gpud_protocol import ArgKind
+from gpud_protocol import SCALAR_FORMATS, ArgKind
 from gpud_protocol.errors import InvalidArgument
 from gpud_protocol.lru import LruCache
 
 SLOT_BYTES = 256  # uniform slot per dispatch; >= every adapter's minUniformBufferOffsetAlignment
-_FORMAT = {ArgKind.F32: "f", ArgKind.I32: "i", ArgKind.U32: "I"}
 
 
 @functools.lru_cache(maxsize=256)
 def scalar_struct(kinds: tuple[int, ...]) -> struct.Struct:
     """The packer of one scalar signature (bounded: signatures come from the wire)."""
-    return struct.Struct("<" + "".join(_FORMAT[ArgKind(k)] for k in kinds))
+    return struct.Struct("<" + "".join(SCALAR_FORMATS[ArgKind(k)] for k in kinds))
 
 
 class Dispatcher:

@@ -147,17 +147,33 @@ def _registry() -> dict[str, KernelSpec]:
 
 from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers above)
     attention,
+    attention_cpu,
     attention_tiled,
     elementwise,
+    elementwise4,
     layout,
     matmul,
     matmul_nk,
     matmul_wg,
     reduce,
     reduce_axis,
+    rows,
 )
 
-FAMILIES = [elementwise, matmul, matmul_nk, matmul_wg, reduce, attention, attention_tiled, layout, reduce_axis]
+FAMILIES = [
+    elementwise,
+    elementwise4,
+    matmul,
+    matmul_nk,
+    matmul_wg,
+    reduce,
+    attention,
+    attention_tiled,
+    attention_cpu,
+    layout,
+    reduce_axis,
+    rows,
+]
 KERNELS: dict[str, KernelSpec] = _registry()
 
 

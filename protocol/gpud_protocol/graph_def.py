@@ -1,0 +1,56 @@
+"""A replay graph's recording, as a client builds it (`BuildGraph`) and the daemon checks it (`graph_fields`)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from gpud_protocol.arg_kinds import Arg
+
+
+class GraphTensor(NamedTuple):
+    """An input (uploaded per replay) or a bound tensor (chosen per replay) of a graph."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class GraphScalar(NamedTuple):
+    name: str
+    kind: int  # ArgKind.F32 | I32 | U32
+
+
+class GraphDispatch(NamedTuple):
+    kernel: int
+    grid: tuple[int, int, int]
+    args: tuple[Arg, ...]  # kinds TENSOR (a session tensor), INPUT, BIND, TEMP, SCALAR, or a fixed scalar
+    writes: tuple[int, ...] | None
+
+
+class GraphCopy(NamedTuple):
+    src: Arg  # (kind, index or handle) of a tensor
+    dst: Arg
+
+
+class GraphUpload(NamedTuple):
+    """Recorded data (a payload frame of the building message), copied into `dst` at this point of every replay."""
+
+    frame: int
+    dst: Arg
+
+
+class GraphOutput(NamedTuple):
+    name: str
+    ref: Arg
+
+
+class GraphDef(NamedTuple):
+    """A recorded step. On the wire a map of these keys, each a list (`client_encode`, `graph_fields`)."""
+
+    inputs: tuple[GraphTensor, ...]
+    scalars: tuple[GraphScalar, ...]
+    binds: tuple[GraphTensor, ...]
+    temps: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, shape) of each intermediate
+    steps: tuple[GraphDispatch | GraphCopy | GraphUpload, ...]
+    outputs: tuple[GraphOutput, ...]
+    views: tuple[tuple[Arg, tuple[int, ...]], ...] = ()  # (tensor, shape): the same memory, another shape
