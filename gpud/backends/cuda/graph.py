@@ -115,7 +115,7 @@ class GraphRunner:
         if self._cache_size == 0:
             launches = list(run.launches)
             for index, values in patches:
-                launches[index] = (*launches[index][:8], values)
+                launches[index] = (*launches[index][:-1], values)
             self._launch_all(launches)
             return
         with self.lock:
@@ -124,7 +124,7 @@ class GraphRunner:
         if graph is None:
             launches = list(run.launches)
             for index, values in patches:
-                launches[index] = (*launches[index][:8], values)
+                launches[index] = (*launches[index][:-1], values)
             graph = self._build(launches)
             self.built += 1
             with self.lock:
