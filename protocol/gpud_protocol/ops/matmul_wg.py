@@ -22,7 +22,7 @@ from gpud_protocol.ops.matmul import BIAS_KINDS, LIMIT, SCALARS, plan
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
 MIN_ROWS = 128  # fewer rows of x per weight matrix: matmul_tc's 16-row tiles waste less
-MIN_TILES = 48  # fewer 64 x 64 tiles than this: matmul_tc's small tiles keep more multiprocessors busy
+MIN_TILES = 80  # fewer 64 x 64 tiles than this: matmul_tc's small tiles keep more multiprocessors busy
 
 
 class WgTile(NamedTuple):
