@@ -14,7 +14,7 @@ from typing import Any
 import gpud_client
 import gpud_protocol as proto
 from gpud.backends.base import Program
-from gpud.backends.fake import FakeDevice, FakeKernel
+from gpud.backends.fake import FAKE_KERNELS, FakeDevice, FakeKernel
 from gpud.runtime.runtime import DeviceRuntime
 from gpud.service.config import Config
 from gpud.session.graphs import GraphStore
@@ -31,7 +31,8 @@ def _noop(*_args: Any) -> None:
 
 class NoOpDevice(FakeDevice):
     """The fake device, of kind "cuda": the op library's kernels compile (their .cu source is read)
-    into no-ops with the interface of their spec. Times what runs when a submission completes."""
+    into no-ops with the interface of their spec, and the fake backend's test kernels (`fake:axpb`)
+    into no-ops with theirs. Times what runs when a submission completes."""
 
     kind = "cuda"
 
@@ -40,9 +41,13 @@ class NoOpDevice(FakeDevice):
         self._clock = clock
 
     def compile(self, key: tuple[Any, ...], source: str, entry: str, options: Any) -> Program:
-        spec = KERNELS[entry]
-        kinds = tuple(kind for _name, kind in spec.scalars)
-        kernel = FakeKernel(_noop, len(spec.tensors), kinds, frozenset(spec.writes))
+        if source.startswith("fake:"):
+            test = FAKE_KERNELS[entry]
+            kernel = FakeKernel(_noop, test.tensors, test.scalars, test.writes)
+        else:
+            spec = KERNELS[entry]
+            kinds = tuple(kind for _name, kind in spec.scalars)
+            kernel = FakeKernel(_noop, len(spec.tensors), kinds, frozenset(spec.writes))
         return Program(key, entry, kernel, kernel.tensors, kernel.scalars, kernel.writes)
 
     def watch(self, submitted: Any, done: Callable[[BaseException | None], None], awaited: bool) -> None:

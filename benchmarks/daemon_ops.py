@@ -13,7 +13,9 @@ dispatches per step that the session's memo did not hold (decoded, checked and p
 The device is a fake one of kind "cuda" (the H100's op mix: its kernel names, grids and blocks)
 whose kernels do nothing.
 
-Workloads: the decode step (24 layers, Qwen2.5-0.5B's op sequence at tiny sizes) in its steady state,
+Workloads: the chain of `gpud bench cuda` (benchmarks/cuda.py: CHAIN dependent raw `gpu.dispatch` of
+axpb alternating two buffers, then one readback; its ops per step are the dispatches, an upload and
+the readback); the decode step (24 layers, Qwen2.5-0.5B's op sequence at tiny sizes) in its steady state,
 where every dispatch repeats (`hits`); the same steps with the daemon's dispatch caches emptied
 before each (`misses`: every dispatch decoded, checked and packed afresh; a kernel's rule, kept per
 distinct call, is not run again); and the MiniLM forward in eager mode, which makes new tensors (new
@@ -36,11 +38,13 @@ import numpy as np
 import gpud_client
 from benchmarks.daemon_inproc import Clock, InProcessDaemon, Loopback
 from gpud.session.session import Session
-from gpud.testing import bert, transformer
+from gpud.testing import bert, transformer, workloads
 
 DECODE = transformer.Config(24, 64, 4, 2, 16, 128, 256, 256)  # Qwen2.5-0.5B's 24 layers, tiny sizes
 MINILM = bert.BertConfig(6, 384, 12, 1536, 1000, max_positions=64)  # all-MiniLM-L6-v2 but its vocabulary
 MINILM_BATCH = (4, 16)  # sentences, tokens
+CHAIN = 1000  # dispatches per step of the chain (`gpud bench cuda --quick`)
+CHAIN_N = 4096  # floats per buffer, as benchmarks/cuda.py
 
 
 class Result:
@@ -97,6 +101,7 @@ async def run(
     decode: transformer.Config = DECODE,
     minilm: bert.BertConfig = MINILM,
     batch: tuple[int, int] = MINILM_BATCH,
+    chain: int = CHAIN,
 ) -> list[tuple[Result, str]]:
     """Each workload's median run (and its profile's top 20, when asked)."""
     loop = asyncio.get_running_loop()
@@ -124,7 +129,15 @@ async def run(
     async def minilm_forward() -> None:
         await encoder.embed(tokens, mask)
 
+    axpb = await gpu.kernel("fake:axpb", "axpb")
+    bufs = [gpu.empty(CHAIN_N), gpu.empty(CHAIN_N)]
+    x0 = np.ones(CHAIN_N, np.float32)
+
+    async def chain_step() -> None:
+        await workloads.run_chain(gpu, axpb, bufs, x0, chain)
+
     for _ in range(3):  # compiles, first allocations, caches filled
+        await chain_step()
         await decode_step()
         await minilm_forward()
     gc.collect()
@@ -133,6 +146,7 @@ async def run(
     gc.set_threshold(50_000, 20, 100)
 
     cases: list[tuple[str, Callable[[], Coroutine[Any, Any, Any]], Any]] = [
+        (f"chain of {chain} raw axpb dispatches", chain_step, None),
         (f"decode {decode.layers} layers, hits", decode_step, None),
         ("decode, misses (caches emptied)", decode_step, lambda: forget_dispatches(session)),
         (f"MiniLM eager {batch[0]}x{batch[1]} (new handles)", minilm_forward, None),

@@ -1,7 +1,8 @@
 """A batch header as the client encodes it (`client_encode.encode_batch`), read op by op without
 decoding the body of a dispatch: the body (everything after the seq) stays bytes, the key under which
 a session's memo keeps it decoded and checked (`memo`). A repeated dispatch then costs a byte
-comparison instead of building and comparing its nested tuples.
+comparison instead of building and comparing its nested tuples, and is looked up as it is read: it
+leaves here as `Memoized(seq, entry)` (a miss as a `Body`, decoded by the caller).
 
 Only the client's own layout is read here (the keys in its order, each op an array). Anything else,
 a message this reader cannot vouch for included, raises `NotCanonical`, and the caller decodes the
@@ -10,11 +11,13 @@ message the general way (`wire.unpack_header`), which gives the same ops for wha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
 
 from gpud_protocol.limits import Limits
+from gpud_protocol.memo import DispatchEntry, DispatchMemo, Memoized
 from gpud_protocol.op_table import Opcode
 from gpud_protocol.wire import pack
 
@@ -45,16 +48,16 @@ class Body(NamedTuple):
         return (int(Opcode.DISPATCH), self.seq, *fields)
 
 
-def read_batch(frame: Any, limits: Limits) -> dict[str, Any]:
-    """The header of a batch in the client's layout: "ops" holds each op as a tuple, or a `Body` for a
-    dispatch; the other keys as they came."""
+def read_batch(frame: Any, limits: Limits, memo: DispatchMemo | None = None) -> dict[str, Any]:
+    """The header of a batch in the client's layout: "ops" holds each op as a tuple, a dispatch as
+    `Memoized` where `memo` holds its body, else as a `Body`; the other keys as they came."""
     if len(frame) > limits.max_header_bytes or bytes(frame[: len(BATCH_PREFIX)]) != BATCH_PREFIX:
         raise NotCanonical
     data = bytes(frame)[len(BATCH_PREFIX) :]
     unpacker = _unpacker(limits, len(data))
     unpacker.feed(data)
     try:
-        ops = _read_ops(unpacker, data, limits)
+        ops = _read_ops(unpacker, data, limits, None if memo is None else memo.get)
         header: dict[str, Any] = {"t": "batch", "ops": ops}
         for key in _TAIL_KEYS:
             if unpacker.unpack() != key:
@@ -69,7 +72,9 @@ def read_batch(frame: Any, limits: Limits) -> dict[str, Any]:
     return header
 
 
-def _read_ops(unpacker: msgpack.Unpacker, data: bytes, limits: Limits) -> tuple[Any, ...]:
+def _read_ops(
+    unpacker: msgpack.Unpacker, data: bytes, limits: Limits, find: Callable[[bytes], DispatchEntry | None] | None
+) -> tuple[Any, ...]:
     count = unpacker.read_array_header()
     if count > limits.max_ops_per_batch:
         raise NotCanonical
@@ -81,7 +86,7 @@ def _read_ops(unpacker: msgpack.Unpacker, data: bytes, limits: Limits) -> tuple[
         unpacker.skip,
         unpacker.tell,
     )
-    dispatch = int(Opcode.DISPATCH)
+    dispatch, new_tuple = int(Opcode.DISPATCH), tuple.__new__
     for _ in range(count):
         length = read_header()
         if not 2 <= length <= _MAX_FIELDS:
@@ -95,7 +100,11 @@ def _read_ops(unpacker: msgpack.Unpacker, data: bytes, limits: Limits) -> tuple[
             skip()
             skip()
             skip()
-            append(Body(seq, data[start : tell()]))
+            body = data[start : tell()]
+            if find is not None and (entry := find(body)) is not None:  # the hot path: a repeated dispatch
+                append(new_tuple(Memoized, (seq, entry)))
+            else:
+                append(Body(seq, body))
         else:
             append((code, seq, *[unpack() for _ in range(length - 2)]))
     return tuple(ops)

@@ -99,7 +99,7 @@ def decode_client_message(
     if sum(len(f) for f in frames) > limits.max_message_bytes:
         raise ProtocolViolation(ErrorCode.PROTOCOL, f"message larger than {limits.max_message_bytes} bytes")
     try:
-        return _decode_batch(read_batch(frames[0], limits), frames[1:], limits, dispatch_memo)
+        return _decode_batch(read_batch(frames[0], limits, dispatch_memo), frames[1:], limits, dispatch_memo)
     except NotCanonical:
         pass  # not the client's layout: read the general way
     header = unpack_header(frames[0], limits)
@@ -152,14 +152,17 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
     ops: list[Op | OpError | Memoized] = []
     used_frames: set[int] = set()
     dispatch, new_tuple = int(Opcode.DISPATCH), tuple.__new__
-    for raw in raw_ops:  # the hot loop: a memo hit costs a lookup and a tuple
+    for raw in raw_ops:  # the hot loop: `read_batch` found the repeated dispatches in the memo
         key: Any = None
-        if type(raw) is Body:  # a dispatch read by `read_batch`: its body's bytes
-            if memo is not None:
-                key = raw.body
-                if (entry := memo.get(key)) is not None:
-                    ops.append(new_tuple(Memoized, (raw.seq, entry)))
-                    continue
+        if type(raw) is Memoized:
+            ops.append(raw)
+            continue
+        if type(raw) is Body:  # a dispatch read by `read_batch` that the memo lacked: its body's bytes
+            key = raw.body
+            if memo is not None and key in memo:  # added by an earlier op of this batch: one entry each
+                memo.misses -= 1  # `read_batch` counted a miss before that op added it
+                ops.append(new_tuple(Memoized, (raw.seq, memo.get(key))))
+                continue
             raw = raw.unpacked(limits)
         elif type(raw) is not tuple or len(raw) < 2 or type(raw[0]) is not int or type(raw[1]) is not int:
             raise ProtocolViolation(ErrorCode.PROTOCOL, "an op must be a list [opcode, seq, ...]")

@@ -116,3 +116,25 @@ def test_a_repeated_body_is_one_memo_lookup_and_its_encodings_are_told_apart() -
     (c,) = second.ops
     assert isinstance(c, proto.Memoized)
     assert c.entry is not a.entry and c.entry.fields == a.entry.fields and len(memo) == 2
+
+
+def test_a_chain_of_two_new_alternating_bodies_decodes_each_once_then_only_hits() -> None:
+    """`gpud bench cuda`'s chain (x -> y, y -> x, ...) in its first batch: each body is decoded once
+    and every later op shares its entry (the memo neither churns nor holds copies), then a second
+    batch is all hits."""
+    memo = proto.new_dispatch_memo()
+
+    def chain(first_seq: int) -> list[Any]:
+        return [
+            [Opcode.DISPATCH, seq, 2, [64, 1, 1], [[0, 1 + seq % 2], [0, 2 - seq % 2], [3, 4096]], None]
+            for seq in range(first_seq, first_seq + 100)
+        ]
+
+    first = proto.decode_client_message(frames_of(chain(1)), LIMITS, memo)
+    assert isinstance(first, proto.Batch) and all(type(op) is proto.Memoized for op in first.ops)
+    assert len(memo) == 2 and memo.misses == 2 and memo.hits == 98
+    assert all(op.entry is first.ops[i % 2].entry for i, op in enumerate(first.ops))  # type: ignore[union-attr]
+    second = proto.decode_client_message(frames_of(chain(101)), LIMITS, memo)
+    assert isinstance(second, proto.Batch)
+    assert [op.entry for op in second.ops] == [op.entry for op in first.ops]  # type: ignore[union-attr]
+    assert len(memo) == 2 and memo.misses == 2 and memo.hits == 198

@@ -470,6 +470,7 @@ async def test_client_killed_mid_stream_is_cleaned_up(private_daemon: Daemon) ->
                 await check_well_behaved(bystander, k, seed=rounds)
                 rounds += 1
             assert rounds > 0
+            bystander.trim()  # its freed tensors, pooled for reuse (gpud_client.pool), are freed too
             await bystander.flush()  # its last frees
             await wait_for_memory(address, with_resident, timeout=10)
         finally:
