@@ -54,7 +54,8 @@ def sweep_entries() -> tuple[str, list[tuple[str, int, int, int, int]]]:
 
 def build_wg(dev: Any, wg: Any) -> list[Any]:
     extra, sweep = sweep_entries()
-    image = gd.compile_cubin((gd.ROOT / "gpud" / "ops" / "matmul_wg.cu").read_text() + extra, "sm_90a")
+    source = gd.PRELUDE.read_text() + (gd.ROOT / "gpud" / "ops" / "matmul_wg.cu").read_text()
+    image = gd.compile_cubin(source + extra, "sm_90a")
     module = gd._check(dev.cu.cuModuleLoadData(image))
     dev.modules.append(module)
     attr = dev.cu.CUfunction_attribute

@@ -62,8 +62,10 @@ def family_source(family: str) -> str:
 
         text: str = source(family, "cuda")
         return text
-    except ImportError:
-        return (OPS / f"{family}.cu").read_text()
+    except ImportError:  # without gpud's dependencies: the cp.async helpers put first, as its _PRELUDES do
+        text = (OPS / f"{family}.cu").read_text()
+        uses = "cp_async16(" in text and "void cp_async16" not in text
+        return ((OPS / "cp_async.cu").read_text() if uses else "") + text
 
 
 def expected_entries(family: str) -> set[str] | None:

@@ -14,8 +14,11 @@ from gpud_protocol import KernelOptions
 from gpud_protocol.ops import KernelSpec
 
 _SUFFIX = {"cuda": ".cu", "webgpu": ".wgsl"}
-# Shared helpers added to a family's source (the daemon allows no includes).
+# Shared helpers added to a family's source (the daemon allows no includes): after it in WGSL (its
+# `enable` directives come first, and module-scope declarations may be used before they appear),
+# before it in CUDA C (declared before use).
 _PRELUDES = {(family, "webgpu"): ("bf16",) for family in ("attention", "matmul", "reduce", "reduce_axis")}
+_PRELUDES.update({(family, "cuda"): ("cp_async",) for family in ("matmul_tc", "matmul_wg")})
 
 
 @functools.cache
@@ -27,12 +30,10 @@ def source(family: str, backend: str) -> str:
     path = resources.files(__name__).joinpath(family + suffix)
     if not path.is_file():  # a family of one backend (matmul_tc: CUDA's tensor cores)
         raise LookupError(f"the op library's {family} kernels have no {backend} version")
-    # After the family's own text: WGSL's `enable` directives come first, and its module-scope
-    # declarations may be used before they appear.
-    shared = (
+    shared = "".join(
         resources.files(__name__).joinpath(name + suffix).read_text() for name in _PRELUDES.get((family, backend), ())
     )
-    return path.read_text() + "".join(shared)
+    return shared + path.read_text() if backend == "cuda" else path.read_text() + shared
 
 
 def options(spec: KernelSpec, backend: str) -> KernelOptions:

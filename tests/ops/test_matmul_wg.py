@@ -106,7 +106,7 @@ def test_the_daemon_checks_the_dispatches() -> None:
     check([x, w, x, out], [1, 300, 96, 64, 0, 0, 1, 0])
     for tensors, scalars, message in [
         ([x, w, x, out], [1, 300, 96, 64, 0, 0, 0, 0], r"w as \(N, K\) only"),
-        ([x, TensorInfo("bfloat16", (96, 64)), x, out], [1, 300, 96, 64, 0, 0, 1, 0], "takes x and w float16"),
+        ([x, TensorInfo("bfloat16", (96, 64)), x, out], [1, 300, 96, 64, 0, 0, 1, 0], "takes x float16 and w float16"),
         ([x, w, x, TensorInfo("float32", (300, 96))], [1, 300, 96, 64, 0, 0, 1, 0], "out is float32"),
         ([x, w, x, out], [1, 300, 96, 65, 0, 0, 1, 0], "do not match"),
         ([x, w, TensorInfo("float16", (96,)), out], [1, 300, 96, 64, 0, 0, 1, 3], "bfloat16 bias"),
@@ -128,3 +128,11 @@ def test_the_source_matches_its_generator_and_interface() -> None:
         assert KERNELS[name].shared == tile.shared <= 227 * 1024 and KERNELS[name].block == tile.threads
         wg, bn, stages = re.search(rf"{name}\(.*?matmul_wg<(\d+), (\d+), (\d+),", source, re.S).groups()  # type: ignore[union-attr]
         assert (64 * int(wg), int(bn), int(stages)) == (tile.bm, tile.bn, tile.stages)
+
+
+def test_the_cp_async_helpers_are_defined_once_before_the_families_that_use_them() -> None:
+    from gpud.ops import source
+
+    for family in ("matmul_tc", "matmul_wg"):
+        text = source(family, "cuda")
+        assert text.count("void cp_async16(") == 1 and text.index("void cp_async16(") < text.index("cp_async16(sa")

@@ -13,11 +13,12 @@ serves it better (few rows, or a weight as (K, N)).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
-from gpud_protocol.ops.matmul import BIAS_KINDS, LIMIT, SCALARS, plan
+from gpud_protocol.ops.matmul import SPECS as MATMUL_SPECS
 
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
@@ -48,6 +49,7 @@ TILES = {  # "d": a deeper pipeline, for long K
     "64x64d": WgTile(64, 64, 6, 2),
 }
 WG_TILES = {f"matmul_wg{size}_{t}_{t}": tile for t in SHORT.values() for size, tile in TILES.items()}
+_TILED = {spec.name: spec for spec in MATMUL_SPECS}
 SMS = 132  # the multiprocessors of the GPU the tile choice was fitted on (an H100)
 
 
@@ -81,31 +83,15 @@ def wg_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
 
 
 def _spec(name: str, tile: WgTile, dtype: str) -> KernelSpec:
-    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
-        x, w, bias, out = t
-        wt, bias_kind = s[6], s[7]
-        need(x.dtype == w.dtype == dtype, f"takes x and w {dtype}, got x {x.dtype} and w {w.dtype}")
-        need(out.dtype == dtype, f"out is {out.dtype}, the product of {dtype} operands is {dtype}")
-        need(wt == 1, f"takes w as (N, K) only (wt 1), not wt {wt}")
-        p = plan(x.shape, w.shape, True)
-        need(out.shape == p.out_shape, f"out is {list(out.shape)}, the product is {list(p.out_shape)}")
-        need(max(x.size, w.size, out.size) < LIMIT, f"more than {LIMIT - 1} elements in a tensor")
-        forms = {p.sizes}
-        if len(x.shape) == 3 and len(w.shape) == 2:  # shared w, batches not folded into the rows
-            forms.add((p.out_shape[0], p.out_shape[1], p.n, p.k, p.out_shape[1] * p.k, 0))
-        sizes = tuple(s[:6])
-        need(sizes in forms, f"the sizes passed {list(sizes)} do not match the tensors (expected {sorted(forms)})")
-        kinds = {v: k for k, v in BIAS_KINDS.items()}
-        need(bias_kind == 0 or bias_kind in kinds, f"bias_kind is 0, 1, 2 or 3, not {bias_kind}")
-        if bias_kind:
-            need(
-                bias.dtype == kinds[int(bias_kind)],
-                f"bias_kind {bias_kind} is a {kinds[int(bias_kind)]} bias, the bias is {bias.dtype}",
-            )
-            need(bias.shape == (p.n,), f"bias is {list(bias.shape)}, it must be [{p.n}] (N)")
+    """matmul_<t>_<t>'s interface and rule, for w as (N, K) only."""
+    tiled = _TILED[f"matmul_{SHORT[dtype]}_{SHORT[dtype]}"]
 
-    return KernelSpec(
-        name, "matmul_wg", "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, tile.threads, shared=tile.shared
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        need(s[6] == 1, f"takes w as (N, K) only (wt 1), not wt {s[6]}")
+        tiled.check(t, s)
+
+    return dataclasses.replace(
+        tiled, name=name, family="matmul_wg", check=check, block=tile.threads, shared=tile.shared
     )
 
 
