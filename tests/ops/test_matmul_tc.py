@@ -162,3 +162,22 @@ def test_the_rule_of_the_tensor_core_kernels() -> None:
         check([TensorInfo("float32", (3, 4, 5)), w, x, TensorInfo("float32", (3, 4, 6))], [1, 12, 6, 5, 0, 0, 1, 0])
     with pytest.raises(OpError, match="out is"):
         check([x, w, x, TensorInfo("float32", (3, 4, 6))], [1, 12, 6, 5, 0, 0, 1, 0])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+async def test_two_to_eight_rows_go_to_the_tensor_cores_on_cuda(gpu: gpud_client.Client, dtype: str) -> None:
+    """One row stays on matvec (a weight read once at the copy engine's speed); from 2 rows 16-bit
+    products go to matmul_tc's 16 x 16 tiles, at cuBLAS's speed where matvec was at half of it."""
+    rng = np.random.default_rng()
+    w = rand_of(rng, (40, 24), dtype)
+    tw = upload(gpu, w, dtype)
+    for m in (1, 2, 5, 8):
+        x = rand_of(rng, (m, 24), dtype)
+        before = set(gpu.ops._kernels)
+        got = await gpu.ops.matmul(upload(gpu, x, dtype), tw, transpose_w=True).numpy()
+        close_of(dtype, got, x, w, True, None)
+        new = set(gpu.ops._kernels) - before
+        if gpu.backend == "cuda" and m > 1:
+            assert not new or all(name.startswith("matmul_tc16x16") for name in new), new
+    if gpu.backend == "cuda":
+        assert tc_name("matmul_tc16x16_f16_f16", dtype) in gpu.ops._kernels

@@ -1,7 +1,7 @@
 """Matrix products: matmul (x @ w, batched or not, w as (K, N) or PyTorch Linear's (N, K), an
 optional bias), accumulated in float32; rows of x up to 8 per weight matrix (decode) go to a
-matrix-vector kernel that reads each weight once; past that, float16 or bfloat16 x and w (one dtype)
-on CUDA go to the tensor cores (a matmul_tc kernel with a tile sized to the product; on Hopper, wide
+matrix-vector kernel that reads each weight once; past that (from 2 rows for float16 or bfloat16 x and
+w of one dtype on CUDA, where its 16-row tiles match cuBLAS), those go to the tensor cores (a matmul_tc kernel with a tile sized to the product; on Hopper, wide
 products with w as (N, K) to a matmul_wg kernel: its warpgroup instructions); on a WebGPU adapter that
 runs on the CPU (lavapipe), products with w as (N, K) and K a multiple of 8 to matmul_nk_<x>_<w>;
 anything else to matmul_<x>_<w>."""
@@ -72,9 +72,10 @@ class MatmulOps(OpsBase):
             bias_kind = BIAS_KINDS[bd]
         try:
             p = plan(tuple(x.shape), tuple(w.shape), wt)
-            if p.m <= MATVEC_ROWS:
+            tensor_cores = xd == wd and xd in TC_DTYPES and self._client.backend == "cuda"
+            if p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores):
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
-            elif xd == wd and xd in TC_DTYPES and self._client.backend == "cuda":
+            elif tensor_cores:  # from 2 rows: matmul_tc's 16-row tiles match cuBLAS where matvec did not
                 wide = wg_kernel(p.m, p.n, p.k, xd) if wt and self._capability(x) == CAPABILITY else None
                 if wide is not None:  # Hopper's warpgroup kernels (a Linear's weight layout)
                     name, grid = wide, wg_grid(wide, p.batch, p.m, p.n)
