@@ -6,7 +6,7 @@
 The source is compiled by NVRTC (cuda-python) for the device, as gpud's CUDA backend does, and its
 kernels are launched with cuLaunchKernel on PyTorch's stream, over PyTorch's tensors: q (B, T, Hq, D)
 and k, v (B, S, Hkv, D) float16, the op library's layout. The only gpud module imported is
-gpud_protocol.ops.attention, for its grid and its rule (each launch is checked against the spec).
+gpud_protocol.ops.attention_flash, for its grid and its rule (each launch is checked against the spec).
 
 Checks: key masks of every dtype, fully masked rows, causal (T = S and T != S), grouped heads, head
 sizes 32/64/128, odd lengths and S = 1; outputs poisoned with NaN first. Timing: each way captured
@@ -74,8 +74,8 @@ class Kernels:
         self.keep: list[Any] = []
         try:
             from gpud_protocol.ops import KERNELS
-            from gpud_protocol.ops.attention import FLASH_BLOCK
-            from gpud_protocol.ops.attention import flash_grid as grid
+            from gpud_protocol.ops.attention_flash import FLASH_BLOCK
+            from gpud_protocol.ops.attention_flash import flash_grid as grid
 
             assert FLASH_BLOCK == 128 and grid(3, 65, 5) == flash_grid(3, 65, 5)
             self.specs: dict[str, Any] | None = KERNELS
@@ -115,7 +115,7 @@ class Kernels:
 
 
 def flash_grid(batch: int, steps: int, heads: int) -> tuple[int, int, int]:
-    """gpud_protocol.ops.attention.flash_grid, here too in case the protocol cannot be imported."""
+    """gpud_protocol.ops.attention_flash.flash_grid, here too in case the protocol cannot be imported."""
     return (-(-steps // 64), heads, batch)
 
 

@@ -38,9 +38,9 @@ import numpy as np
 import gpud_client
 from benchmarks.daemon_inproc import Clock, InProcessDaemon, Loopback
 from gpud.session.session import Session
-from gpud.testing import bert, transformer, workloads
+from gpud.testing import bert, transformer, transformer_weights, workloads
 
-DECODE = transformer.Config(24, 64, 4, 2, 16, 128, 256, 256)  # Qwen2.5-0.5B's 24 layers, tiny sizes
+DECODE = transformer_weights.Config(24, 64, 4, 2, 16, 128, 256, 256)  # Qwen2.5-0.5B's 24 layers, tiny sizes
 MINILM = bert.BertConfig(6, 384, 12, 1536, 1000, max_positions=64)  # all-MiniLM-L6-v2 but its vocabulary
 MINILM_BATCH = (4, 16)  # sentences, tokens
 CHAIN = 1000  # dispatches per step of the chain (`gpud bench cuda --quick`)
@@ -98,7 +98,7 @@ async def run(
     steps: int,
     reps: int,
     profile: bool,
-    decode: transformer.Config = DECODE,
+    decode: transformer_weights.Config = DECODE,
     minilm: bert.BertConfig = MINILM,
     batch: tuple[int, int] = MINILM_BATCH,
     chain: int = CHAIN,
@@ -110,7 +110,7 @@ async def run(
     gpu = gpud_client.Client(Loopback(daemon))  # type: ignore[arg-type]  # a duck-typed connection
     session = daemon.session
 
-    weights = await transformer.Weights.publish(gpu, decode, seed=0, prefix="bench/")
+    weights = await transformer_weights.Weights.publish(gpu, decode, seed=0, prefix="bench/")
     decoder = transformer.Decoder(gpu, decode, weights)
     ids, position = np.zeros(1, np.int32), [0]
 

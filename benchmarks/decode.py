@@ -24,7 +24,8 @@ from benchmarks import write_json
 from gpud.backends import resolve
 from gpud.testing.decoding import PROMPT, new_prefix, prompt, publish, reference_mismatch, run_clients, unpublish
 from gpud.testing.spawn import daemon
-from gpud.testing.transformer import CONFIGS, MODES, Config, weights
+from gpud.testing.transformer import MODES
+from gpud.testing.transformer_weights import CONFIGS, Config, weights
 
 # ------------------------------------------------------------------------------- PyTorch in process
 

@@ -37,7 +37,8 @@ from gpud.backends import resolve
 from gpud.service import admin
 from gpud.testing.decoding import PROMPT, new_prefix, prompt, publish, reference_mismatch, unpublish
 from gpud.testing.spawn import daemon
-from gpud.testing.transformer import CONFIGS, MODES, Decoder, Weights, generate
+from gpud.testing.transformer import MODES, Decoder, generate
+from gpud.testing.transformer_weights import CONFIGS, Weights
 
 DEFAULT_CLIENTS = 4
 PROMPTS = 3  # distinct prompts the clients decode; their tokens come from the baseline

@@ -22,7 +22,8 @@ import numpy as np
 
 import gpud_client
 from gpud.testing.decoding import prompt
-from gpud.testing.transformer import CONFIGS, MODES, Decoder, Weights, generate
+from gpud.testing.transformer import MODES, Decoder, generate
+from gpud.testing.transformer_weights import CONFIGS, Weights
 
 ACTIVITIES = ("decode", "ops", "replay", "publish", "open")
 RESIDENT_FLOATS = (256, 4096, 65536)  # the sizes of the published residents (several size classes)

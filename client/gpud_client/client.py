@@ -23,9 +23,9 @@ import gpud_protocol as proto
 from gpud_client import residents as resident_calls
 from gpud_client.batch import frame_budget
 from gpud_client.client_base import ClientBase
+from gpud_client.client_graphs import GraphCalls
 from gpud_client.dtypes import bfloat16, exact_bits, host_dtype, is_bfloat16, name_of, to_bits
 from gpud_client.errors import InvalidArgument
-from gpud_client.graphs import Graph, Step
 from gpud_client.liveness import Connection, open_connection
 from gpud_client.loaders import load as loader
 from gpud_client.ops import Ops
@@ -39,7 +39,7 @@ from gpud_client.views import dense_range
 from gpud_protocol import KernelOptions
 
 
-class Client(ClientBase):
+class Client(GraphCalls, ClientBase):
     def __init__(self, connection: Connection) -> None:
         super().__init__(connection)
         self._kernels: dict[tuple[str, str, KernelOptions], Kernel] = {}
@@ -255,37 +255,6 @@ class Client(ClientBase):
         as the daemon reports it (`stats()`) and against its quota, up to 1 GiB (`set_pool_limits`).
         `trim()` frees it; the client trims by itself before raising an OutOfMemory."""
         return Scope(self)
-
-    # ------------------------------------------------------------------ replay graphs
-
-    def graph(self, name: str) -> Graph:
-        """A recorder of a step to build once and replay in one message (see gpud_client.graphs)."""
-        return Graph(self, name)
-
-    def publish_graph(self, step: Step, name: str) -> None:
-        """Let every session open `step`'s graph (all its instances) by `name`."""
-        self._queue(proto.PublishGraph(self._next_seq(), step.handle, name))
-
-    async def open_graph(self, name: str) -> Step:
-        """A published graph, to replay with this session's own inputs and bound tensors."""
-        handle = next(self._handles)
-        seq = self._next_seq()
-        self._queue(proto.OpenGraph(seq, handle, name), request=seq)
-        header, _ = await self._connection.request(seq)
-        kinds = {1: "f32", 2: "i32", 3: "u32"}
-        return Step(
-            self,
-            handle,
-            name,
-            int(header["device"]),
-            [(n, d) for n, d in header["inputs"]],
-            [(n, kinds[k]) for n, k in header["scalars"]],
-            [(n, d) for n, d in header["binds"]],
-            list(header["outputs"]),
-        )
-
-    def unpublish_graph(self, name: str) -> None:
-        self._queue(proto.UnpublishGraph(self._next_seq(), name))
 
 
 @contextlib.asynccontextmanager

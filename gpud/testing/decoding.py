@@ -20,7 +20,8 @@ import numpy as np
 import gpud_client
 from gpud.testing.processes import gather
 from gpud.testing.reference import greedy_mismatch, reference_logits
-from gpud.testing.transformer import CONFIGS, Config, Decoder, Weights, generate, weights
+from gpud.testing.transformer import Decoder, generate
+from gpud.testing.transformer_weights import CONFIGS, Config, Weights, weights
 
 PROMPT = 4  # prompt tokens fed before the greedy ones
 WARMUP_S = 5.0  # the time every client has to open the weights and warm up before the common start

@@ -20,7 +20,8 @@ from typing import Any
 import gpud_client
 from gpud.testing.decoding import PROMPT, memory_in_use, new_prefix, publish, reference_mismatch, run_clients, unpublish
 from gpud.testing.spawn import answers, daemon
-from gpud.testing.transformer import CONFIGS, MODES
+from gpud.testing.transformer import MODES
+from gpud.testing.transformer_weights import CONFIGS
 from gpud_client import default_address
 
 

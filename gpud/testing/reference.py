@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gpud.testing.transformer import Config
+from gpud.testing.transformer_weights import Config
 
 
 class Reference:

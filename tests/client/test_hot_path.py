@@ -90,7 +90,7 @@ async def test_ops_are_packed_as_the_generic_encoder_packs_them(gpu: gpud_client
         if gpu.backend == "webgpu":  # four floats a thread (gpud_protocol.ops.elementwise4)
             name, grid = "ew_unary4", grid_1d(16 // 4)
         kinds = [kind for _name, kind in KERNELS[name].scalars]
-        scalars = tuple(tuple(base.SCALAR_KINDS[kind](v)) for kind, v in zip(kinds, values, strict=True))
+        scalars = tuple(tuple(base.scalar_of(kind, v)) for kind, v in zip(kinds, values, strict=True))
         kernel = gpu.ops._kernels[name].handle
         dispatch = proto.DispatchEncoder().encode(gpu._last_seq, kernel, grid, (view._wire, y._wire, *scalars), None)
         assert packed == (alloc if i == 0 else b"") + dispatch

@@ -242,7 +242,7 @@ async def test_attention_reuses_its_scratch_per_shape_and_keeps_a_bounded_number
     for splits in range(1, 13):  # a scratch shape per split count: the oldest scratch is freed past the bound
         gpu.ops.attention_decode(qt, k, v, p, splits=splits, out=out)
         close(await out.numpy(), ref, TOL["float32"])
-    from gpud_client.ops.attention import SCRATCH_KEPT
+    from gpud_client.ops.attention_split import SCRATCH_KEPT
 
     assert (await gpu.stats())["session"]["handles"] == handles - 1 + SCRATCH_KEPT  # 5 tensors + the scratches
 

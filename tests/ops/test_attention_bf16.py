@@ -18,7 +18,7 @@ import pytest
 import gpud_client
 from gpud_client import InvalidArgument, u32
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.attention import FLASH_HEAD_DIMS, flash_applies
+from gpud_protocol.ops.attention_flash import FLASH_HEAD_DIMS, flash_applies
 from gpud_protocol.ops.attention_tiled import TILED_HEAD_DIMS, tiled_applies
 from ops.test_attention import TOL, attention_ref, close, decode_visible, rotary_ref
 from ops.test_attention_tiled import longest, tiled

@@ -15,7 +15,7 @@ import pytest
 import gpud_client
 from gpud_client import InvalidArgument
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.attention import FLASH_HEAD_DIMS
+from gpud_protocol.ops.attention_flash import FLASH_HEAD_DIMS
 from ops.test_attention import TOL, attention_ref, close, decode_visible, poisoned
 from ops.test_attention_mask import FLASH_TOL
 

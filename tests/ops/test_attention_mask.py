@@ -17,7 +17,8 @@ import pytest
 import gpud_client
 from gpud_client import InvalidArgument, u32
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.attention import FLASH_HEAD_DIMS, KEY_MASK_MODES
+from gpud_protocol.ops.attention import KEY_MASK_MODES
+from gpud_protocol.ops.attention_flash import FLASH_HEAD_DIMS
 from ops.test_attention import TOL, attention_ref, close, poisoned
 
 FLASH_TOL = 2e-3

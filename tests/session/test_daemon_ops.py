@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from gpud.testing import bert, transformer
+from gpud.testing import bert, transformer, transformer_weights
 
 
 def daemon_ops() -> ModuleType:
@@ -21,7 +21,7 @@ def daemon_ops() -> ModuleType:
 
 
 async def test_a_steady_decode_step_misses_nothing_and_the_other_workloads_run() -> None:
-    decode = transformer.Config(2, 32, 2, 1, 16, 64, 64, 32)
+    decode = transformer_weights.Config(2, 32, 2, 1, 16, 64, 64, 32)
     minilm = bert.BertConfig(1, 64, 2, 128, 100, max_positions=16)
     results = await daemon_ops().run(
         steps=2, reps=1, profile=False, decode=decode, minilm=minilm, batch=(2, 8), chain=300

@@ -14,7 +14,8 @@ import pytest
 
 import gpud_client
 from gpud.testing.reference import LOGIT_TOL, greedy_mismatch, reference_logits
-from gpud.testing.transformer import CONFIGS, MODES, Decoder, Weights, generate, weights
+from gpud.testing.transformer import MODES, Decoder, generate
+from gpud.testing.transformer_weights import CONFIGS, Weights, weights
 
 CONFIG = CONFIGS["tiny"]
 SEED = 7

@@ -15,9 +15,10 @@ from gpud_client.ops.elementwise import ElementwiseOps
 from gpud_client.ops.layout import LayoutOps
 from gpud_client.ops.matmul import MatmulOps
 from gpud_client.ops.reduce import ReduceOps
+from gpud_client.ops.tokens import TokenOps
 
 
-class Ops(ElementwiseOps, MatmulOps, ReduceOps, AttentionOps, LayoutOps, OpsBase):
+class Ops(ElementwiseOps, MatmulOps, ReduceOps, TokenOps, AttentionOps, LayoutOps, OpsBase):
     """`gpu.ops`: one method per op, grouped by family."""
 
 

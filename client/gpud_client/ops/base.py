@@ -19,7 +19,7 @@ from gpud_client import packing
 from gpud_client.dtypes import name_of
 from gpud_client.errors import InvalidArgument, PermissionDenied
 from gpud_client.memo import Memo
-from gpud_client.values import Kernel, Scalar, f32, i32, u32
+from gpud_client.values import F32, Kernel, Scalar
 from gpud_protocol.ops import KERNELS, KernelSpec, OpError, TensorInfo
 from gpud_protocol.views import is_contiguous
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from gpud_client.tensor import Tensor
 
 PLANS_KEPT = 4096  # checked calls kept per client (a model has a few hundred distinct ones)
-SCALAR_KINDS = {"f32": f32, "i32": i32, "u32": u32}
 
 
 class Launch(NamedTuple):
@@ -129,7 +128,7 @@ class OpsBase:
             spec.verify(infos, values)
         except OpError as exc:
             raise InvalidArgument(f"{exc} ({name})", op=op) from None
-        args = tuple(_scalar(kind, v) for (_, kind), v in zip(spec.scalars, scalars, strict=True))
+        args = tuple(scalar_of(kind, v) for (_, kind), v in zip(spec.scalars, scalars, strict=True))
         recorded = any(type(a) is not Scalar for a in args)
         tail = b"" if recorded else packing.dispatch_tail(args)
         return Launch(name, grid, op, args, packing.dispatch_head(grid, len(tensors) + len(args)), tail)
@@ -222,10 +221,13 @@ def signed(value: Any) -> Any:
         return value
 
 
-def _scalar(kind: str, value: Any) -> Any:
-    if hasattr(value, "kind") and hasattr(value, "graph"):  # a graph scalar: its kind is declared
+def scalar_of(kind: str, value: Any) -> Any:
+    """`value` as a kernel's scalar of `kind` ("f32", "i32", "u32"); a graph scalar as it is (its kind is
+    declared)."""
+    if hasattr(value, "kind") and hasattr(value, "graph"):
         return value
-    return SCALAR_KINDS[kind](value)
+    code = int(proto.SCALAR_KINDS[kind])
+    return Scalar(code, float(value) if code == F32 else int(value))
 
 
 def same_memory(a: Any, b: Any) -> bool:

@@ -1,8 +1,7 @@
-"""CUDA device: memory, pinned staging, programs, the pending command list, peers.
+"""CUDA device: memory, pinned staging, programs, peers (its pending commands: `commands`).
 
-The pending command buffer is a list of commands (see `stream.Commands`); consecutive launches
-form one run, which `graph` may capture. A context is current per thread, and the loop thread
-serves every device: each call into the driver makes this device's context current first.
+A context is current per thread, and the loop thread serves every device: each call into the driver
+makes this device's context current first.
 A program's module is unloaded once nobody holds the program and the next submission completed.
 """
 
@@ -13,28 +12,25 @@ import contextlib
 import ctypes
 import itertools
 import logging
-import struct
 import weakref
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpud.backends.base import Arg, Device, Done, GraphStep, Program, program_key
+from gpud.backends.base import Arg, Device, Program, program_key
 from gpud.backends.cuda import compiler
+from gpud.backends.cuda.commands import CudaCommands
 from gpud.backends.cuda.driver import E, address, check, cu, error, host_alloc, host_free, nvrtc
-from gpud.backends.cuda.graph import ReplayRun
 from gpud.backends.cuda.launch import make_launch, pack
-from gpud.backends.cuda.stream import Commands, Stream, Submitted
-from gpud_protocol import SCALAR_FORMATS, KernelOptions
+from gpud.backends.cuda.stream import Stream
+from gpud_protocol import KernelOptions
 from gpud_protocol.errors import DeviceLost, InvalidArgument
 
 log = logging.getLogger(__name__)
 
-_SCALAR_FORMAT = {int(kind): "<" + fmt for kind, fmt in SCALAR_FORMATS.items()}  # at the start of its 8-byte slot
 
-
-class CudaDevice(Device):
+class CudaDevice(CudaCommands):
     kind = "cuda"
     zero_on_alloc = False
 
@@ -212,57 +208,7 @@ class CudaDevice(Device):
             if status:
                 log.debug("cuModuleUnload: %s", error(status))
 
-    # ------------------------------------------------------------------ commands
-
-    def instantiate(self, steps: Sequence[GraphStep]) -> Any:
-        """Consecutive dispatches become one `ReplayRun` (one CUDA graph, found by identity)."""
-        segments: list[tuple[Any, ...]] = []
-        for is_dispatch, item, variables in super().instantiate(steps):
-            if not is_dispatch:
-                segments.append(("copy", item))
-                continue
-            if not segments or segments[-1][0] != "run":
-                segments.append(("run", ReplayRun([]), []))
-            run, patched = segments[-1][1], segments[-1][2]
-            if variables:
-                patched.append((len(run.launches), variables))
-            run.launches.append(item)
-        return segments
-
-    def encode_replay(self, native: Any, values: Sequence[int | float]) -> None:
-        for segment in native:
-            if segment[0] == "copy":
-                self.encode_copy(*segment[1])
-                continue
-            _, run, patched = segment
-            patches = [(i, self.with_scalars(run.launches[i], v, values)[-1]) for i, v in patched]
-            self._add(("graph", run, patches))
-
-    def with_scalars(
-        self, packed: Any, variables: Sequence[tuple[int, int, int, int]], values: Sequence[int | float]
-    ) -> Any:
-        params = bytearray(packed[-1])
-        for position, _slot, index, kind in variables:
-            struct.pack_into(_SCALAR_FORMAT[kind], params, 8 * position, values[index])
-        return (*packed[:-1], bytes(params))
-
-    def encode_dispatch(self, packed: Any) -> None:
-        self._run.append(packed)
-
-    def _add(self, command: tuple[Any, ...]) -> None:
-        if self._run:
-            self._commands.append(("run", self._run))
-            self._run = []
-        self._commands.append(command)
-
-    def encode_copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int) -> None:
-        self._add(("copy", dst + dst_offset, src + src_offset, nbytes))
-
-    def encode_upload(self, staging: Any, dst: Any, offset: int, nbytes: int) -> None:
-        self._add(("htod", dst + offset, staging, nbytes))
-
-    def encode_download(self, src: Any, offset: int, staging: Any, nbytes: int) -> None:
-        self._add(("dtoh", staging, src + offset, nbytes))
+    # ------------------------------------------------------------------ peers
 
     def peer_copy(self, other: Device) -> bool:
         if not isinstance(other, CudaDevice) or other is self:
@@ -274,24 +220,6 @@ class CudaDevice(Device):
     def encode_peer_copy(self, src: Any, other: Device, dst: Any, nbytes: int) -> None:
         assert isinstance(other, CudaDevice)
         self._add(("peer", dst, other._context, src, self._context, nbytes))
-
-    def take_commands(self) -> Commands:
-        if self._run:
-            self._commands.append(("run", self._run))
-            self._run = []
-        commands, self._commands = self._commands, []
-        count = len(self._dead_modules)  # finalizers may append meanwhile
-        dead = self._dead_modules[:count]
-        del self._dead_modules[:count]
-        return Commands(commands, dead)
-
-    def submit(self, commands: Commands) -> Submitted:
-        return self._stream.submit(commands)
-
-    def watch(self, submitted: Any, done: Done, awaited: bool) -> None:
-        self._stream.watch(submitted, done, awaited)
-
-    # ------------------------------------------------------------------ peers
 
     def can_access_peer(self, other: CudaDevice) -> bool:
         """Whether kernels and copies on this device can reach `other`'s memory (once `enable_peer`)."""

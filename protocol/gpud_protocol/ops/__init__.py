@@ -148,6 +148,7 @@ def _registry() -> dict[str, KernelSpec]:
 from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers above)
     attention,
     attention_cpu,
+    attention_flash,
     attention_tiled,
     elementwise,
     elementwise4,
@@ -168,6 +169,7 @@ FAMILIES = [
     matmul_wg,
     reduce,
     attention,
+    attention_flash,
     attention_tiled,
     attention_cpu,
     layout,

@@ -27,15 +27,8 @@ attention_<q>_<kv>(q, k, v, pos, mask, part; b, t, s, hq, hkv, d, splits, causal
     nonzero where a key takes part (Hugging Face's attention_mask).
 attention_combine_<out>(part, out; n, d, splits): out[..., c] = the splits merged and normalised, in
     float32, float16 or bfloat16 (OUT_DTYPES); a row that sees no key gives zeros.
-attention_flash_d<D>_<out> and attention_flash_d<D>_bf16_<out> (`flash_name`) (q, k, v, key_mask, out; b, t,
-    s, hq, hkv, d, causal, mask_mode, scale): full attention in one pass on CUDA's tensor cores (no WGSL
-    twin): q (B, T, Hq, D), k and v (B, S, Hkv, D), all float16 (the first form) or all bfloat16 (the
-    second), D in FLASH_HEAD_DIMS; out (B, T, Hq, D) float32 or q's dtype (<out>; FLASH_DTYPES). causal and
-    the key mask (mask_mode 0, or 3 to 6 with key_mask (B, S); at most FLASH_MASKED_KEYS keys) as above; a
-    query that sees no key gives zeros. P is rounded to q's dtype before P V, as flash attention does:
-    results within about 1e-3 of float64 for float16, 2^-8 of the weighted mean of |v| for bfloat16. Grid
-    `flash_grid` (one block of FLASH_BLOCK threads per 64 query rows of a (batch, head)); tensors 16-byte
-    aligned (gpud's allocations and graph arenas are).
+attention_flash_d<D>_<out>: CUDA's one-pass full attention on the tensor cores, in
+    gpud_protocol.ops.attention_flash.
 attention_tiled_d<W>_<q>_<kv>_<out>: WebGPU's one-pass full attention, in gpud_protocol.ops.attention_tiled.
 
 Float16 and bfloat16 are read into float32 and rounded once when stored (bfloat16 to nearest even);
@@ -75,11 +68,6 @@ MAX_ROTARY_DIM = 8192
 HIDDEN = -1e30  # a mask value at or below this hides its key
 KEY_MASK_MODES = {"uint8": 3, "int32": 4, "float32": 5, "int64": 6}  # mask_mode of a key mask (B, S), by dtype
 ID_MODES = {"int32": 0, "uint32": 1, "int64": 2, "uint64": 3}  # embedding's ids_mode, by the ids' dtype
-FLASH_HEAD_DIMS = (32, 64, 128)
-FLASH_DTYPES = {"float16": ("float32", "float16"), "bfloat16": ("float32", "bfloat16")}  # q, k, v -> outs
-FLASH_ROWS = 64  # query rows per block of the flash kernel
-FLASH_BLOCK = 128  # its threads per block
-FLASH_MASKED_KEYS = 16_384  # the most keys of a flash attention with a key mask (one bit each in shared memory)
 MAX_LOOP = 65_535  # iterations of one shader loop (lavapipe cuts longer loops there)
 
 
@@ -100,7 +88,7 @@ def rotary_freq(base: float, head_dim: int) -> tuple[float, float]:
     return hi, float(lo)
 
 
-def _u32s(*names: str) -> tuple[tuple[str, str], ...]:
+def u32s(*names: str) -> tuple[tuple[str, str], ...]:
     return tuple((n, "u32") for n in names)
 
 
@@ -125,7 +113,7 @@ def _embedding(table_dtype: str, out_dtype: str) -> KernelSpec:
         need((n, d, v) == (out.size, dim, rows), "the sizes passed do not match the tensors")
 
     name = f"embedding_{SHORT[table_dtype]}_{SHORT[out_dtype]}"
-    scalars = _u32s("n", "d", "v", "ids_mode")
+    scalars = u32s("n", "d", "v", "ids_mode")
     return KernelSpec(name, FAMILY, "embedding", ("ids", "table", "out"), (2,), scalars, check)
 
 
@@ -141,7 +129,7 @@ def _rotary_shapes(x: TensorInfo, pos: TensorInfo, s: Sequence[int | float], dty
     need(math.isfinite(freq_hi) and math.isfinite(freq_lo), "the frequency is not finite")
 
 
-ROTARY_SCALARS = (*_u32s("n", "t", "h", "d", "style"), ("freq_hi", "f32"), ("freq_lo", "f32"))
+ROTARY_SCALARS = (*u32s("n", "t", "h", "d", "style"), ("freq_hi", "f32"), ("freq_lo", "f32"))
 
 
 def _rotary(dtype: str) -> KernelSpec:
@@ -182,7 +170,7 @@ def _kv_append(cache_dtype: str, x_dtype: str) -> KernelSpec:
         )
 
     name = f"kv_append_{SHORT[cache_dtype]}_{SHORT[x_dtype]}"
-    return KernelSpec(name, FAMILY, "kv_append", ("x", "pos", "cache"), (2,), _u32s("n", "t", "l", "hd"), check)
+    return KernelSpec(name, FAMILY, "kv_append", ("x", "pos", "cache"), (2,), u32s("n", "t", "l", "hd"), check)
 
 
 def mask_mode(mask: TensorInfo, batch: int, steps: int, keys: int) -> int:
@@ -208,7 +196,7 @@ def key_mask_mode(mask: TensorInfo, batch: int, keys: int) -> int:
     return KEY_MASK_MODES[mask.dtype]
 
 
-def _any_mask(mask: TensorInfo, mode: int, batch: int, steps: int, keys: int) -> None:
+def any_mask(mask: TensorInfo, mode: int, batch: int, steps: int, keys: int) -> None:
     if mode in KEY_MASK_MODES.values():
         need(key_mask_mode(mask, batch, keys) == mode, "the mask mode passed does not match the key mask")
     elif mode:
@@ -216,7 +204,7 @@ def _any_mask(mask: TensorInfo, mode: int, batch: int, steps: int, keys: int) ->
 
 
 ATTENTION_SCALARS = (
-    *_u32s("b", "t", "s", "hq", "hkv", "d", "splits", "causal", "mask_mode", "use_pos"),
+    *u32s("b", "t", "s", "hq", "hkv", "d", "splits", "causal", "mask_mode", "use_pos"),
     ("scale", "f32"),
 )
 
@@ -254,7 +242,7 @@ def _attention(q_dtype: str, kv_dtype: str) -> KernelSpec:
         if use_pos:
             _positions(pos, batch)
         need(mode in (0, 1, 2, *KEY_MASK_MODES.values()), f"unknown mask mode {mode}")
-        _any_mask(mask, int(mode), batch, steps, k.shape[1])
+        any_mask(mask, int(mode), batch, steps, k.shape[1])
         need(math.isfinite(scale), "the scale is not finite")
 
     name = f"attention_{SHORT[q_dtype]}_{SHORT[kv_dtype]}"
@@ -276,67 +264,7 @@ def _combine(out_dtype: str) -> KernelSpec:
         need((n, d, splits) == (out.size, dim, part.shape[-2]), "the sizes passed do not match the tensors")
 
     name = f"attention_combine_{SHORT[out_dtype]}"
-    return KernelSpec(name, FAMILY, "attention", ("part", "out"), (1,), _u32s("n", "d", "splits"), check)
-
-
-def flash_grid(batch: int, steps: int, heads: int) -> tuple[int, int, int]:
-    """The flash kernel's grid: (64-row tiles of the queries, Hq, B)."""
-    return (-(-steps // FLASH_ROWS), heads, batch)
-
-
-def flash_name(dim: int, dtype: str, out_dtype: str) -> str:
-    """The flash kernel for head dim `dim`, q, k and v of `dtype`, out of `out_dtype`."""
-    inputs = "" if dtype == "float16" else f"_{SHORT[dtype]}"
-    return f"attention_flash_d{dim}{inputs}_{SHORT[out_dtype]}"
-
-
-def flash_applies(
-    q: TensorInfo, k: TensorInfo, v_dtype: str, key_mask: TensorInfo | None, out_dtype: str | None = None
-) -> bool:
-    """Whether attention_flash computes attention of these (CUDA only; no additive mask, no pos), into
-    out of `out_dtype` (None: q's dtype)."""
-    return (
-        q.dtype == k.dtype == v_dtype
-        and (out_dtype or q.dtype) in FLASH_DTYPES.get(q.dtype, ())
-        and len(q.shape) == len(k.shape) == 4
-        and q.shape[-1] in FLASH_HEAD_DIMS
-        and (key_mask is None or k.shape[1] <= FLASH_MASKED_KEYS)
-    )
-
-
-def _flash(dim: int, dtype: str, out_dtype: str) -> KernelSpec:
-    def check(tensors: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
-        q, k, v, key_mask, out = tensors
-        b, t, keys, hq, hkv, d, causal, mode, scale = s
-        need(q.dtype == k.dtype == v.dtype == dtype, f"q, k and v are {q.dtype}, {k.dtype}, {v.dtype}: not {dtype}")
-        need(len(q.shape) == 4 and len(k.shape) == 4, f"q {list(q.shape)} and k {list(k.shape)} are not 4-D")
-        need(k.shape == v.shape, f"k {list(k.shape)} and v {list(v.shape)} differ")
-        batch, steps, heads, qdim = q.shape
-        need(min(*q.shape, *k.shape) >= 1, "an empty dimension")
-        need(
-            (k.shape[0], k.shape[3]) == (batch, dim) and qdim == dim,
-            f"q {list(q.shape)}, k {list(k.shape)}: D != {dim}",
-        )
-        need(heads % k.shape[2] == 0, f"{heads} query heads do not divide into {k.shape[2]} KV heads")
-        need(
-            (b, t, keys, hq, hkv, d) == (batch, steps, k.shape[1], heads, k.shape[2], dim),
-            "the sizes passed do not match the tensors",
-        )
-        need(
-            out.dtype == out_dtype and out.shape == q.shape,
-            f"out is {out.dtype}{list(out.shape)}, not {out_dtype}{list(q.shape)}",
-        )
-        need(causal in (0, 1), "causal is 0 or 1")
-        need(mode in (0, *KEY_MASK_MODES.values()), f"mask mode {mode}: the flash kernel takes a key mask only")
-        if mode:
-            need(keys <= FLASH_MASKED_KEYS, f"{keys} keys with a key mask: past {FLASH_MASKED_KEYS}")
-        _any_mask(key_mask, int(mode), batch, steps, k.shape[1])
-        need(math.isfinite(scale), "the scale is not finite")
-
-    name = flash_name(dim, dtype, out_dtype)
-    scalars = (*_u32s("b", "t", "s", "hq", "hkv", "d", "causal", "mask_mode"), ("scale", "f32"))
-    tensors = ("q", "k", "v", "key_mask", "out")
-    return KernelSpec(name, FAMILY, "attention", tensors, (4,), scalars, check, block=FLASH_BLOCK)
+    return KernelSpec(name, FAMILY, "attention", ("part", "out"), (1,), u32s("n", "d", "splits"), check)
 
 
 SPECS = [
@@ -346,5 +274,4 @@ SPECS = [
     *(_kv_append(a, b) for a in STORED for b in STORED),
     *(_attention(a, b) for a, b in PAIRS),
     *(_combine(o) for o in OUT_DTYPES),
-    *(_flash(d, i, o) for i, outs in FLASH_DTYPES.items() for d in FLASH_HEAD_DIMS for o in outs),
 ]

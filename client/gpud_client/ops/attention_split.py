@@ -1,0 +1,134 @@
+"""Attention with the keys split over workgroups (attention_<q>_<kv> then attention_combine): every
+backend's kernel for a decode step against a KV cache, and for what no one-pass kernel takes."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from gpud_client.errors import InvalidArgument
+from gpud_client.ops.base import OpsBase, dtype_name
+from gpud_client.scope import disown
+from gpud_protocol import LruCache
+from gpud_protocol.ops import OpError, TensorInfo, grid_1d
+from gpud_protocol.ops.attention import (
+    DTYPES,
+    MAX_LOOP,
+    MAX_SPLITS,
+    OUT_DTYPES,
+    SHORT,
+    TILE,
+    attention_rows,
+    key_mask_mode,
+    mask_mode,
+    mixes_halves,
+)
+
+if TYPE_CHECKING:
+    from gpud_client.client import Client
+    from gpud_client.tensor import Tensor
+
+SPLIT_TARGET = 1024  # workgroups an attention aims for when it splits the keys: enough for a big GPU
+MAX_AUTO_SPLITS = 64
+SCRATCH_KEPT = 8  # attention scratch tensors kept (one per shape and device); past it the least recent is freed
+
+ScratchKey = tuple[tuple[int, ...], str, int]
+
+
+class SplitAttentionOps(OpsBase):
+    def __init__(self, client: Client) -> None:
+        super().__init__(client)
+        # Reused across calls: the daemon runs one client's ops on a device in order, so the next call's
+        # writes come after this call's reads. A fresh tensor per call would be a new handle every step.
+        self._scratches: LruCache[ScratchKey, Tensor] = LruCache(SCRATCH_KEPT, lambda _key, t: t.free())
+
+    def _scratch(self, shape: tuple[int, ...], dtype: str, device: int) -> Tensor:
+        key = (shape, dtype, device)
+        tensor = self._scratches.get(key)
+        if tensor is None or tensor.freed:
+            tensor = self._client.empty(shape, dtype, device=device)
+            disown(self._client, tensor)  # kept across calls: a scope freeing it would make one per call
+            self._scratches.put(key, tensor)
+        return tensor
+
+    def _attention(
+        self,
+        op: str,
+        q: Any,
+        k: Any,
+        v: Any,
+        pos: Any,
+        mask: Any,
+        causal: bool,
+        scale: float | None,
+        splits: int | None,
+        out: Any,
+        graph: Any,
+        key_mask: Any = None,
+    ) -> Any:
+        qd, kd = dtype_name(q), dtype_name(k)
+        if qd not in DTYPES or kd not in DTYPES:
+            raise InvalidArgument(f"{op}: float32, float16 or bfloat16 q, k and v, not {qd} and {kd}")
+        if mixes_halves(qd, kd):
+            raise InvalidArgument(
+                f"{op}: q is {qd} and k, v {kd}, which no kernel mixes (nor torch); cast one to the other's "
+                f"dtype first, e.g. gpu.ops.cast(q, '{kd}')",
+                op=op,
+            )
+        if (op == "attention" and len(q.shape) != 4) or len(k.shape) != 4:
+            raise InvalidArgument(f"{op}: q is {list(q.shape)} and k {list(k.shape)}: see the shapes in the docs")
+        try:
+            batch, steps, heads, dim = attention_rows(TensorInfo(qd, tuple(q.shape)))
+            mode = (
+                0
+                if mask is None
+                else mask_mode(TensorInfo(dtype_name(mask), tuple(mask.shape)), batch, steps, k.shape[1])
+            )
+            if key_mask is not None:
+                mode, mask = key_mask_mode(tensor_info(key_mask), batch, k.shape[1]), key_mask
+        except OpError as exc:
+            raise InvalidArgument(f"{op}: {exc}") from None
+        keys, kv_heads = k.shape[1], k.shape[2]
+        shape = tuple(q.shape)
+        if min(*shape, *k.shape) < 1:
+            raise InvalidArgument(f"{op}: an empty dimension in q {list(shape)} or k {list(k.shape)}")
+        rows = batch * steps * heads
+        if splits is None:
+            tiles = -(-keys // TILE)
+            splits = max(1, min(tiles, MAX_AUTO_SPLITS, -(-SPLIT_TARGET // rows)), -(-tiles // MAX_LOOP))
+        elif not 1 <= splits <= MAX_SPLITS:
+            raise InvalidArgument(f"{op}: splits {splits} is not in 1 .. {MAX_SPLITS}")
+        if scale is None:
+            scale = 1.0 / math.sqrt(dim)
+        part_shape = (*shape[:-1], splits, dim + 2)  # per row and split: max, sum, D weighted sums
+        if graph is not None:
+            part = graph.empty(part_shape, "float32")
+        else:
+            part = self._scratch(part_shape, "float32", int(q.device))
+        result = self._result(op, q, shape, out, graph)
+        sizes = [batch, steps, keys, heads, kv_heads, dim, splits, int(causal), mode, int(pos is not None)]
+        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]  # q stands in: not read
+        self._run(f"attention_{SHORT[qd]}_{SHORT[kd]}", grid_1d(rows * splits, 1), tensors, [*sizes, scale], graph)
+        n = math.prod(shape)
+        combine = f"attention_combine_{SHORT[dtype_name(result)]}"
+        self._run(combine, grid_1d(n), [part, result], [n, dim, splits], graph)
+        return result
+
+    def _result(self, op: str, q: Any, shape: tuple[int, ...], out: Any, graph: Any) -> Any:
+        """attention's output: `out` (checked), else a new tensor of q's dtype."""
+        dtype = out_dtype(op, q, out)
+        if out is not None and tuple(out.shape) != shape:
+            raise InvalidArgument(f"{op}: out is {dtype}{list(out.shape)}, not {dtype}{list(shape)}", op=op)
+        return self._out(out, shape, dtype, q, graph)
+
+
+def out_dtype(op: str, q: Any, out: Any) -> str:
+    """The dtype attention writes: out's, else q's (as torch's SDPA). InvalidArgument past OUT_DTYPES."""
+    dtype = dtype_name(q if out is None else out)
+    if dtype not in OUT_DTYPES:
+        raise InvalidArgument(f"{op}: out is {dtype}; attention writes float32, float16 or bfloat16", op=op)
+    return dtype
+
+
+def tensor_info(t: Any) -> TensorInfo:
+    return TensorInfo(dtype_name(t), tuple(int(n) for n in t.shape))
