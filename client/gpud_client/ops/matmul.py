@@ -1,10 +1,11 @@
 """Matrix products: matmul (x @ w, batched or not, w as (K, N) or PyTorch Linear's (N, K), an
-optional bias), accumulated in float32; rows of x up to 8 per weight matrix (decode) go to a
-matrix-vector kernel that reads each weight once; past that (from 2 rows for float16 or bfloat16 x and
-w of one dtype on CUDA, where its 16-row tiles match cuBLAS), those go to the tensor cores (a matmul_tc kernel with a tile sized to the product; on Hopper, wide
-products with w as (N, K) to a matmul_wg kernel: its warpgroup instructions); on a WebGPU adapter that
-runs on the CPU (lavapipe), products with w as (N, K) and K a multiple of 8 to matmul_nk_<x>_<w>;
-anything else to matmul_<x>_<w>."""
+optional bias), accumulated in float32. One row of x per weight matrix (decode) goes to a
+matrix-vector kernel that reads each weight once, and so do up to 8 rows but for float16 or bfloat16
+x and w of one dtype on CUDA: those go from 2 rows to the tensor cores (a matmul_tc kernel with a tile
+sized to the product, whose 16-row tiles match cuBLAS there; on Hopper, wide products with w as (N, K)
+to a matmul_wg kernel: its warpgroup instructions). On a WebGPU adapter that runs on the CPU
+(lavapipe), products with w as (N, K) and K a multiple of 8 go to matmul_nk_<x>_<w>; anything else to
+matmul_<x>_<w>."""
 
 from __future__ import annotations
 
