@@ -252,8 +252,8 @@ class Client(GraphCalls, ClientBase):
 
         The op library's outputs it frees go to the client's pool, to serve the next outputs of their
         device, dtype and shape without an allocation: that memory still counts in the session's memory
-        as the daemon reports it (`stats()`) and against its quota, up to 1 GiB (`set_pool_limits`).
-        `trim()` frees it; the client trims by itself before raising an OutOfMemory."""
+        as the daemon reports it (`stats()`) and against its quota, up to a quarter of the quota (at
+        least 1 GiB; `set_pool_limits`). `trim()` frees it; the client trims by itself before raising an OutOfMemory."""
         return Scope(self)
 
 

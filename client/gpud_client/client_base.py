@@ -15,7 +15,7 @@ from gpud_client import packing
 from gpud_client.dtypes import HostDType, host_dtype
 from gpud_client.errors import GpudError, InvalidArgument, OutOfMemory
 from gpud_client.liveness import Connection
-from gpud_client.pool import Origin, Pool
+from gpud_client.pool import Origin, Pool, default_bytes
 from gpud_client.rpc import Trace
 from gpud_client.scope import Scope
 from gpud_client.tensor import Tensor
@@ -33,7 +33,7 @@ class ClientBase:
         self._handles = itertools.count(1)
         self._dispatches = proto.DispatchEncoder()
         self._scopes: dict[Any, list[Scope]] = {}  # the open scopes of each task, innermost last
-        self._pool = Pool()  # freed op-library outputs (gpud_client.pool)
+        self._pool = Pool(default_bytes(connection.welcome.get("memory_quota")))  # freed op outputs (gpud_client.pool)
         self._allocs = 0  # Alloc messages sent
         self._frees = 0  # Free messages sent
         connection.on_failure = self._on_failure
@@ -214,8 +214,9 @@ class ClientBase:
         return released
 
     def set_pool_limits(self, max_bytes: int, max_entries: int) -> None:
-        """Bound the pool of freed op outputs (default 1 GiB and 1,024 tensors; 0 turns pooling off),
-        freeing what no longer fits, the least recently pooled first."""
+        """Bound the pool of freed op outputs (default a quarter of the session's memory quota, at
+        least 1 GiB, and 1,024 tensors; 0 turns pooling off), freeing what no longer fits, the least
+        recently pooled first."""
         if max_bytes < 0 or max_entries < 0:
             raise InvalidArgument(f"pool limits are not negative: {max_bytes} bytes, {max_entries} entries")
         for handle in self._pool.limit(int(max_bytes), int(max_entries)):

@@ -29,6 +29,13 @@ from typing import NamedTuple
 
 POOL_BYTES = 1 << 30  # MiniLM eager at 64 x 60 tokens (fp16) frees ~330 MB a forward: at 256 MiB, 21 of 84 missed
 POOL_ENTRIES = 1024
+
+
+def default_bytes(quota: object) -> int:
+    """The pool's bound for a session with this memory quota (the welcome's `memory_quota`, per
+    device): a quarter of it, at least POOL_BYTES (an 8 GiB quota pools 2 GiB: MiniLM eager at 256 x 60
+    tokens frees 1.3 GB a forward)."""
+    return max(POOL_BYTES, quota // 4) if isinstance(quota, int) and quota > 0 else POOL_BYTES
 FAILED_KEPT = 1024  # refused allocations remembered (their tensors may be freed later)
 
 Key = tuple[int, str, tuple[int, ...]]  # (device, dtype name, shape)

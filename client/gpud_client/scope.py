@@ -10,7 +10,8 @@ started inside the block) and by other clients are not the scope's.
 Freeing an op-library call's output does not give its memory back to the daemon: the client pools it
 for the next output of its device, dtype and shape (gpud_client.pool), so a loop of scopes allocates
 once. Pooled memory is still the session's as the daemon counts it (`gpu.stats()`, the quota):
-at most 1 GiB and 1,024 tensors (`gpu.set_pool_limits`); `gpu.trim()` frees all of it, and the
+at most a quarter of the session's memory quota (at least 1 GiB) and 1,024 tensors
+(`gpu.set_pool_limits`); `gpu.trim()` frees all of it, and the
 client does that by itself before it raises an OutOfMemory, so that a retry finds that memory free.
 """
 

@@ -97,6 +97,7 @@ class Registry:
             "devices": [rt.info() for rt in runtimes],
             "device": device,
             "limits": config.limits.as_dict(),
+            "memory_quota": config.session_memory_bytes,  # per device; 0: none
             "lease_s": config.lease_s,
             "max_requests": config.session_max_requests,
             "window": config.session_window,

@@ -312,3 +312,21 @@ async def test_an_eager_forward_allocates_on_its_first_run_only(gpu: gpud_client
     for got in [*unpooled[1:], *pooled]:
         np.testing.assert_array_equal(got, unpooled[0])
     encoder.free()
+
+
+def test_the_pool_takes_a_quarter_of_the_memory_quota() -> None:
+    """The welcome says the session's quota; the pool holds a quarter of it, never under 1 GiB (and
+    1 GiB where the daemon says none: 0 or absent)."""
+    from gpud_client.pool import POOL_BYTES, default_bytes
+
+    assert default_bytes(8 << 30) == 2 << 30
+    assert default_bytes(1 << 30) == POOL_BYTES == 1 << 30
+    assert default_bytes(0) == default_bytes(None) == default_bytes("8") == POOL_BYTES
+
+
+async def test_the_daemon_tells_the_quota(gpu: gpud_client.Client) -> None:
+    from gpud_client.pool import default_bytes
+
+    quota = gpu.welcome["memory_quota"]
+    assert isinstance(quota, int) and quota > 0
+    assert gpu._pool.max_bytes == default_bytes(quota)
