@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +21,6 @@ from gpud_client.scope import Scope
 from gpud_client.tensor import Tensor
 from gpud_client.values import F32, I32, TENSOR, U32, Scalar
 from gpud_protocol.wire import pack
-
-if TYPE_CHECKING:
-    from gpud_client.client import Client
 
 
 class ClientBase:
@@ -100,6 +97,10 @@ class ClientBase:
         header, _ = await self._connection.request(seq)
         return header
 
+    def upload(self, tensor: Tensor, array: Any) -> None:
+        """Queue a host-to-device copy of `array` into `tensor` (gpud_client.client.Client's)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ plumbing
 
     def _next_seq(self) -> int:
@@ -153,8 +154,7 @@ class ClientBase:
         seq = self._seq_last = next(self._seqs)
         self._queue_packed(packing.alloc(seq, handle, dtype, shape, where))
         self._allocs += 1
-        client = cast("Client", self)  # what a ClientBase always is
-        return Tensor(client, handle, host_dtype(dtype) if host is None else host, shape, where, dtype_name=dtype)
+        return Tensor(self, handle, host_dtype(dtype) if host is None else host, shape, where, dtype_name=dtype)
 
     # ------------------------------------------------------------------ the pool of op outputs
 
@@ -172,7 +172,7 @@ class ClientBase:
             origin = Origin(key, self._seq_last, math.prod(shape) * proto.DTYPE_SIZES[dtype])
         else:
             handle, origin = got
-            tensor = Tensor(cast("Client", self), handle, host_dtype(dtype), shape, where, dtype_name=dtype)
+            tensor = Tensor(self, handle, host_dtype(dtype), shape, where, dtype_name=dtype)
         tensor._origin = origin
         return tensor
 

@@ -13,7 +13,7 @@ from gpud_client.errors import InvalidArgument
 from gpud_client.tensor import Tensor
 
 if TYPE_CHECKING:
-    from gpud_client.client import Client
+    from gpud_client.client_base import ClientBase
 
 PER_REPLY = proto.RESIDENTS_PER_REPLY  # names one open_prefix opens, or one residents() lists, at most
 _NAME = re.compile(r"[A-Za-z0-9_.:/-]*")
@@ -39,7 +39,7 @@ def check_name(name: str, limit: int, op: str, what: str = "name", *, empty: boo
         )
 
 
-async def open_prefix(client: Client, prefix: str) -> dict[str, Tensor]:
+async def open_prefix(client: ClientBase, prefix: str) -> dict[str, Tensor]:
     check_name(prefix, client.limits.max_name_len, "open_prefix", "prefix", empty=True)
     first = next(client._handles)
     client._handles = itertools.count(first + PER_REPLY)  # the daemon numbers the handles from `first`
@@ -53,7 +53,7 @@ async def open_prefix(client: Client, prefix: str) -> dict[str, Tensor]:
     return opened
 
 
-async def residents(client: Client, prefix: str = "", after: str = "") -> list[Resident]:
+async def residents(client: ClientBase, prefix: str = "", after: str = "") -> list[Resident]:
     check_name(prefix, client.limits.max_name_len, "residents", "prefix", empty=True)
     check_name(after, client.limits.max_name_len, "residents", "after", empty=True)
     seq = client._next_seq()

@@ -19,14 +19,27 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from gpud_client.client import Client
-    from gpud_client.tensor import Tensor
-
-T = TypeVar("T", bound="Tensor")
 Task = Any  # asyncio.Task, or None outside a task
+
+
+class Owned(Protocol):
+    """What a scope does with a tensor (gpud_client.tensor.Tensor): free it, keep its base."""
+
+    @property
+    def base(self) -> Owned: ...
+
+    def free(self) -> None: ...
+
+
+class Scoped(Protocol):
+    """What a scope needs of its client (gpud_client.client_base.ClientBase): the open scopes of each task."""
+
+    _scopes: dict[Any, list[Scope]]
+
+
+T = TypeVar("T", bound=Owned)
 
 
 def current_task() -> Task:
@@ -37,10 +50,10 @@ def current_task() -> Task:
 
 
 class Scope:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Scoped) -> None:
         self._client = client
         self._task: Task = None
-        self._made: dict[int, Tensor] = {}  # id -> tensor, in the order made
+        self._made: dict[int, Owned] = {}  # id -> tensor, in the order made
         self._open = False
 
     async def __aenter__(self) -> Scope:
@@ -72,7 +85,7 @@ class Scope:
                 parent.add(t)
         return tensor
 
-    def add(self, tensor: Tensor) -> None:
+    def add(self, tensor: Owned) -> None:
         self._made[id(tensor)] = tensor
 
     def _parent(self) -> Scope | None:
@@ -81,14 +94,14 @@ class Scope:
         return stack[index - 1] if index > 0 else None
 
 
-def disown(client: Client, tensor: Tensor) -> None:
+def disown(client: Scoped, tensor: Owned) -> None:
     """`tensor` is the client's own (an op's scratch kept across calls), not the scope's it was made in."""
     stack = client._scopes.get(current_task())
     if stack:
         stack[-1]._made.pop(id(tensor), None)
 
 
-def made(client: Client, tensor: Tensor) -> None:
+def made(client: Scoped, tensor: Owned) -> None:
     """`tensor` was just made: it belongs to the innermost scope open in this task, if any."""
     try:
         task = asyncio.current_task()

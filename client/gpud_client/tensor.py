@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 import gpud_protocol as proto
 from gpud_client.dtypes import HostDType, from_storage, name_of, values_dtype
 from gpud_client.memo import Memo
-from gpud_client.pool import Origin
+from gpud_client.pool import Origin, Pool
+from gpud_client.scope import Scoped
 from gpud_client.scope import made as scope_made
 from gpud_client.values import TENSOR
 from gpud_client.views import TensorViews, picked
@@ -20,7 +21,24 @@ from gpud_protocol.wire import pack
 _dense_strides: Memo[tuple[int, ...], tuple[int, ...]] = Memo(4096)  # by shape
 
 if TYPE_CHECKING:
-    from gpud_client.client import Client
+    from gpud_client.liveness import Connection
+
+
+class Owner(Scoped, Protocol):
+    """What a tensor needs of the client it belongs to (gpud_client.client_base.ClientBase)."""
+
+    _connection: Connection
+    _pool: Pool
+
+    def _next_seq(self) -> int: ...
+
+    def _queue(self, op: proto.Op, request: int | None = None) -> None: ...
+
+    def _ref_of(self, tensor: Tensor) -> int | proto.TensorView: ...
+
+    def _release(self, handle: int, origin: Origin | None) -> None: ...
+
+    def upload(self, tensor: Tensor, array: Any) -> None: ...
 
 
 class Tensor(TensorViews):
@@ -37,7 +55,7 @@ class Tensor(TensorViews):
 
     def __init__(
         self,
-        client: Client,
+        client: Owner,
         handle: int,
         dtype: HostDType,
         shape: tuple[int, ...],

@@ -4,15 +4,27 @@ message, and the checkpoint loader, which streams a file chunk by chunk)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gpud_protocol as proto
 from gpud_client.batch import frame_budget
 from gpud_client.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from gpud_client.client import Client
+    from gpud_client.liveness import Connection
     from gpud_client.tensor import Tensor
+
+
+class PartSender(Protocol):
+    """What an upload in parts needs of the client (gpud_client.client_base.ClientBase)."""
+
+    _connection: Connection
+
+    def _handle_of(self, tensor: Tensor) -> int: ...
+
+    def _next_seq(self) -> int: ...
+
+    def _queue(self, op: proto.Op, request: int | None = None) -> None: ...
 
 
 def part_bytes(limits: proto.Limits, wanted: int | None = None) -> int:
@@ -26,7 +38,7 @@ def part_bytes(limits: proto.Limits, wanted: int | None = None) -> int:
     return size
 
 
-def queue_part(client: Client, tensor: Tensor, offset: int, data: Any) -> int:
+def queue_part(client: PartSender, tensor: Tensor, offset: int, data: Any) -> int:
     """Queue the copy of `data` (bytes-like) into `tensor`'s bytes from `offset` on; its seq."""
     if tensor.base is not tensor:
         raise InvalidArgument(f"{tensor!r}: an upload in parts goes into a tensor, not a view of it")
@@ -42,7 +54,7 @@ def queue_part(client: Client, tensor: Tensor, offset: int, data: Any) -> int:
     return seq
 
 
-def upload_in_parts(client: Client, tensor: Tensor, payload: bytes, size: int) -> None:
+def upload_in_parts(client: PartSender, tensor: Tensor, payload: bytes, size: int) -> None:
     """`payload` (all of `tensor`'s bytes) in parts of `size` bytes (a multiple of 4)."""
     view = memoryview(payload)
     for offset in range(0, len(payload), size):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -26,11 +26,23 @@ from gpud_client.values import reshaped
 from gpud_protocol import views as geometry
 
 if TYPE_CHECKING:
-    from gpud_client.tensor import Tensor
+    from gpud_client.dtypes import HostDType
 
 
 # (shape, strides, the dimensions asked for) -> (shape, strides) of the view: reshapes repeat every step
 _reshapes: Memo[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = Memo(4096)
+
+
+class Strided(Protocol):
+    """What a view's geometry is read from (gpud_client.tensor.Tensor)."""
+
+    dtype: HostDType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    offset: int  # in elements, into the base's memory
+
+    @property
+    def base(self) -> Strided: ...
 
 
 class TensorViews:
@@ -40,7 +52,7 @@ class TensorViews:
     strides: tuple[int, ...]  # in elements
     offset: int  # in elements, into the base's memory
 
-    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
+    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Self:
         raise NotImplementedError
 
     @property
@@ -48,7 +60,7 @@ class TensorViews:
         """Row-major without gaps (it may still start at an offset of its base: a narrow of the first axis)."""
         return geometry.is_contiguous(self.shape, self.strides)
 
-    def reshape(self, *shape: int | Sequence[int]) -> Tensor:
+    def reshape(self, *shape: int | Sequence[int]) -> Self:
         """This memory with another shape (one dimension may be -1): a view, no copy, no message.
 
         A non-contiguous view reshapes only where its strides allow it without a copy (torch's rule
@@ -75,12 +87,12 @@ class TensorViews:
             )
         return dims, strides
 
-    def transpose(self, dim0: int, dim1: int) -> Tensor:
+    def transpose(self, dim0: int, dim1: int) -> Self:
         """Dimensions `dim0` and `dim1` swapped (negative: from the end): a view, as torch.transpose."""
         shape, strides = _geometry("transpose", geometry.transposed, self.shape, self.strides, dim0, dim1)
         return self._view(shape, strides, self.offset)
 
-    def permute(self, *dims: int | Sequence[int]) -> Tensor:
+    def permute(self, *dims: int | Sequence[int]) -> Self:
         """The dimensions in the order `dims` (a permutation): a view, as torch.permute."""
         order: list[int] = []
         for d in dims:  # permute(1, 0) or permute((1, 0))
@@ -88,7 +100,7 @@ class TensorViews:
         shape, strides = _geometry("permute", geometry.permuted, self.shape, self.strides, order)
         return self._view(shape, strides, self.offset)
 
-    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+    def narrow(self, dim: int, start: int, length: int) -> Self:
         """Elements [start, start + length) of dimension `dim`: a view, as torch.narrow. Along the first
         axis of a contiguous tensor it stays contiguous (only its offset moves)."""
         try:
@@ -108,7 +120,7 @@ def _geometry(op: str, fn: Any, *args: Any) -> tuple[tuple[int, ...], tuple[int,
     return result
 
 
-def picked(data: bytes | memoryview | np.ndarray[Any, Any], tensor: Tensor) -> np.ndarray[Any, Any]:
+def picked(data: bytes | memoryview | np.ndarray[Any, Any], tensor: Strided) -> np.ndarray[Any, Any]:
     """A view's elements, out of the bytes its readback sent (`gpud_protocol.views.span`), as a new array."""
     itemsize = tensor.dtype.itemsize
     first, _nbytes = geometry.span(tensor.offset, tensor.shape, tensor.strides, itemsize)
@@ -122,7 +134,7 @@ def picked(data: bytes | memoryview | np.ndarray[Any, Any], tensor: Tensor) -> n
     return from_storage(np.array(as_strided(elements, tensor.shape, byte_strides, writeable=False)), tensor.dtype)
 
 
-def dense_range(tensor: Tensor, op: str) -> None:
+def dense_range(tensor: Strided, op: str) -> None:
     """Refuse (here, as the daemon would) a view that a copy or an upload cannot move exactly."""
     base = tensor.base
     if base is tensor:

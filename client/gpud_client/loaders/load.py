@@ -12,18 +12,20 @@ from __future__ import annotations
 import asyncio
 import bisect
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from gpud_client.errors import DaemonLost, GpudError, InvalidArgument, SessionLost
 from gpud_client.loaders.safetensors import FLOAT_TARGETS, Entry, FormatError, chunks, read_header
 from gpud_client.residents import check_name
-from gpud_client.uploads import part_bytes, queue_part
+from gpud_client.uploads import PartSender, part_bytes, queue_part
 from gpud_protocol.schema import RESIDENT_MODES
 
 if TYPE_CHECKING:
-    from gpud_client.client import Client
+    from collections.abc import Sequence
+
+    import gpud_protocol as proto
     from gpud_client.tensor import Tensor
 
 OP = "load_safetensors"
@@ -31,8 +33,26 @@ CHUNK_BYTES = 16 << 20
 FLUSH_BYTES = 128 << 20
 
 
+class LoadingClient(PartSender, Protocol):
+    """What the loader needs of the client (gpud_client.client.Client)."""
+
+    @property
+    def limits(self) -> proto.Limits: ...
+
+    @property
+    def _last_seq(self) -> int: ...
+
+    async def flush(self) -> None: ...
+
+    def empty(self, shape: int | Sequence[int], dtype: Any = "float32", *, device: int | None = None) -> Tensor: ...
+
+    def publish(self, tensor: Tensor, name: str, mode: str = "ro") -> None: ...
+
+    def unpublish(self, name: str) -> None: ...
+
+
 async def load_safetensors(
-    client: Client,
+    client: LoadingClient,
     path: str | os.PathLike[str],
     prefix: str = "",
     dtype: Any = None,
@@ -89,7 +109,7 @@ def _target(dtype: Any) -> str | None:
 
 
 class _Loader:
-    def __init__(self, client: Client, path: str | os.PathLike[str], entries: list[Entry]) -> None:
+    def __init__(self, client: LoadingClient, path: str | os.PathLike[str], entries: list[Entry]) -> None:
         self.client = client
         self.path = path
         self.entries = entries
@@ -159,7 +179,7 @@ class _Loader:
         return type(exc)(message, seq=exc.seq, op=OP)
 
 
-async def _drain(client: Client, bound: int = 1 << 20) -> list[GpudError]:
+async def _drain(client: LoadingClient, bound: int = 1 << 20) -> list[GpudError]:
     """Await flushes until one succeeds: each failure not yet reported comes back once, in order."""
     errors: list[GpudError] = []
     for _ in range(bound):

@@ -25,7 +25,7 @@ from gpud_protocol.ops.attention import (
 )
 
 if TYPE_CHECKING:
-    from gpud_client.client import Client
+    from gpud_client.client_base import ClientBase
     from gpud_client.tensor import Tensor
 
 SPLIT_TARGET = 1024  # workgroups an attention aims for when it splits the keys: enough for a big GPU
@@ -36,7 +36,7 @@ ScratchKey = tuple[tuple[int, ...], str, int]
 
 
 class SplitAttentionOps(OpsBase):
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClientBase) -> None:
         super().__init__(client)
         # Reused across calls: the daemon runs one client's ops on a device in order, so the next call's
         # writes come after this call's reads. A fresh tensor per call would be a new handle every step.
@@ -46,7 +46,7 @@ class SplitAttentionOps(OpsBase):
         key = (shape, dtype, device)
         tensor = self._scratches.get(key)
         if tensor is None or tensor.freed:
-            tensor = self._client.empty(shape, dtype, device=device)
+            tensor = self._client._new(tuple(int(d) for d in shape), dtype, device)  # `gpu.empty`, unchecked
             disown(self._client, tensor)  # kept across calls: a scope freeing it would make one per call
             self._scratches.put(key, tensor)
         return tensor

@@ -24,7 +24,7 @@ from gpud_protocol.ops import KERNELS, KernelSpec, OpError, TensorInfo
 from gpud_protocol.views import is_contiguous
 
 if TYPE_CHECKING:
-    from gpud_client.client import Client
+    from gpud_client.client_base import ClientBase
     from gpud_client.graphs import Graph
     from gpud_client.tensor import Tensor
 
@@ -52,7 +52,7 @@ class Planned(NamedTuple):
 
 
 class OpsBase:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClientBase) -> None:
         self._client = client
         self._kernels: dict[str, Kernel] = {}
         self._plans: Memo[tuple[Any, ...], Any] = Memo(PLANS_KEPT)  # Planned, or Launch (`_run`), by call
