@@ -19,7 +19,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "gpud" / "ops" / "matmul_tc.cu"
-PRELUDE = ROOT / "gpud" / "ops" / "cp_async.cu"  # put before the family's source, as gpud.ops.source does
+# put before the family's source, as gpud.ops.source does (its _PRELUDES of matmul_tc and matmul_wg)
+PRELUDES = [ROOT / "gpud" / "ops" / name for name in ("cp_async.cu", "products.cu")]
+
+
+def with_preludes(path: Path) -> str:
+    return "".join(p.read_text() for p in PRELUDES) + path.read_text()
 PROTOCOL = ROOT / "protocol" / "gpud_protocol" / "ops" / "matmul.py"
 MAX_GROUPS = 65535
 
@@ -155,7 +160,7 @@ def compile_cubin(source: str, arch: str) -> bytes:
 
 def build_images(arch: str, sweep: list[tuple[int, ...]]) -> list[bytes]:
     """The library's source, then one program per sweep variant (it appended), compiled in parallel."""
-    base = PRELUDE.read_text() + SOURCE.read_text()
+    base = with_preludes(SOURCE)
     sources = [base] + [sweep_source(base, config) for config in sweep]
     context = multiprocessing.get_context("spawn")  # the workers run NVRTC only, never CUDA
     with ProcessPoolExecutor(max_workers=min(16, len(sources)), mp_context=context) as pool:

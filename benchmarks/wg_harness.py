@@ -54,8 +54,7 @@ def sweep_entries() -> tuple[str, list[tuple[str, int, int, int, int]]]:
 
 def build_wg(dev: Any, wg: Any) -> list[Any]:
     extra, sweep = sweep_entries()
-    source = gd.PRELUDE.read_text() + (gd.ROOT / "gpud" / "ops" / "matmul_wg.cu").read_text()
-    image = gd.compile_cubin(source + extra, "sm_90a")
+    image = gd.compile_cubin(gd.with_preludes(gd.ROOT / "gpud" / "ops" / "matmul_wg.cu") + extra, "sm_90a")
     module = gd._check(dev.cu.cuModuleLoadData(image))
     dev.modules.append(module)
     attr = dev.cu.CUfunction_attribute

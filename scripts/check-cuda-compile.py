@@ -51,6 +51,9 @@ class Usage(NamedTuple):
     ldl_stl: int = 0
 
 
+PRELUDES = ("cp_async", "products")  # gpud/ops/*.cu that are put before families, not families
+
+
 def family_source(family: str) -> str:
     """The family's source as the daemon compiles it (gpud.ops.source, with its preludes) where gpud
     imports, else the .cu file as it is."""
@@ -62,10 +65,10 @@ def family_source(family: str) -> str:
 
         text: str = source(family, "cuda")
         return text
-    except ImportError:  # without gpud's dependencies: the cp.async helpers put first, as its _PRELUDES do
+    except ImportError:  # without gpud's dependencies: the matrix families' preludes first, as _PRELUDES puts them
         text = (OPS / f"{family}.cu").read_text()
-        uses = "cp_async16(" in text and "void cp_async16" not in text
-        return ((OPS / "cp_async.cu").read_text() if uses else "") + text
+        preludes = PRELUDES if family in ("matmul_tc", "matmul_wg") else ()
+        return "".join((OPS / f"{name}.cu").read_text() for name in preludes) + text
 
 
 def expected_entries(family: str) -> set[str] | None:
@@ -237,7 +240,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="write the CUBINs here")
     parser.add_argument("--strict", action="store_true", help="exit 1 if anything is flagged")
     args = parser.parse_args()
-    families = args.families or sorted(p.stem for p in OPS.glob("*.cu"))
+    families = args.families or sorted(p.stem for p in OPS.glob("*.cu") if p.stem not in PRELUDES)
     tool = find_cuobjdump()
     if tool is None:
         print("cuobjdump not found (set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump): no SASS counts")

@@ -17,8 +17,10 @@ _SUFFIX = {"cuda": ".cu", "webgpu": ".wgsl"}
 # Shared helpers added to a family's source (the daemon allows no includes): after it in WGSL (its
 # `enable` directives come first, and module-scope declarations may be used before they appear),
 # before it in CUDA C (declared before use).
-_PRELUDES = {(family, "webgpu"): ("bf16",) for family in ("attention", "matmul", "reduce", "reduce_axis")}
-_PRELUDES.update({(family, "cuda"): ("cp_async",) for family in ("matmul_tc", "matmul_wg")})
+_PRELUDES: dict[tuple[str, str], tuple[str, ...]] = {
+    (family, "webgpu"): ("bf16",) for family in ("attention", "matmul", "reduce", "reduce_axis")
+}
+_PRELUDES.update({(family, "cuda"): ("cp_async", "products") for family in ("matmul_tc", "matmul_wg")})
 
 
 @functools.cache

@@ -9,29 +9,8 @@
 // last tile return at once.
 
 typedef unsigned short half_t;
-typedef unsigned long long u64;
 
-__device__ __forceinline__ float h2f(half_t h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ half_t f2h(float f) { half_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15u) == 0; }
-__device__ __forceinline__ float bf2f(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
-__device__ __forceinline__ unsigned short f2bf(float f) {
-    const unsigned int x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u);
-    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-// out's element from a float32: float16 (BF false) or bfloat16 bits
-template <bool BF>
-__device__ __forceinline__ unsigned short to_out(float f) { return BF ? f2bf(f) : f2h(f); }
-
-__device__ __forceinline__ float bias_at(const void* bias, unsigned int kind, unsigned int j) {
-    if (kind == 1) return static_cast<const float*>(bias)[j];
-    if (kind >= 2) {  // 16 bits: float16 (2) or bfloat16 (3)
-        const unsigned short h = static_cast<const unsigned short*>(bias)[j];
-        return kind == 2 ? h2f(h) : bf2f(h);
-    }
-    return 0.0f;
-}
 
 
 // mma.sync m16n8k16 (float16 or bfloat16 in, float32 accumulators), fragments through ldmatrix, tiles through a

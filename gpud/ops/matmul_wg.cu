@@ -13,23 +13,9 @@
 // of w and x in L2. Every index is bounded by the scalars, which the daemon checked against the tensors.
 
 typedef unsigned short u16;
-typedef unsigned long long u64;
 
 #define WG_GROUP_M 8
 #define WG_BK 64  // elements of K per stage: one 128-byte swizzled row
-
-__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ u16 f2bf(float f) { u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float((unsigned int)h << 16); }
-
-// bias_kind: 0 none, 1 float32, 2 float16, 3 bfloat16
-__device__ __forceinline__ float bias_at(const void* bias, unsigned int kind, unsigned int j) {
-    if (kind == 1) return static_cast<const float*>(bias)[j];
-    if (kind == 2) return h2f(static_cast<const u16*>(bias)[j]);
-    if (kind == 3) return bf2f(static_cast<const u16*>(bias)[j]);
-    return 0.0f;
-}
 
 // shared memory written by cp.async is read next by wgmma (the async proxy)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -252,8 +238,7 @@ __device__ __forceinline__ void matmul_wg(const u16* __restrict__ x, const u16* 
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
-            const unsigned int pair = BF ? (unsigned int)f2bf(v0) | ((unsigned int)f2bf(v1) << 16)
-                                         : (unsigned int)f2h(v0) | ((unsigned int)f2h(v1) << 16);
+            const unsigned int pair = (unsigned int)to_out<BF>(v0) | ((unsigned int)to_out<BF>(v1) << 16);
             asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + ((r0 + h * 8) * LD + c) * 2), "r"(pair) : "memory");
         }
     }

@@ -130,9 +130,13 @@ def test_the_source_matches_its_generator_and_interface() -> None:
         assert (64 * int(wg), int(bn), int(stages)) == (tile.bm, tile.bn, tile.stages)
 
 
-def test_the_cp_async_helpers_are_defined_once_before_the_families_that_use_them() -> None:
+def test_the_shared_helpers_are_defined_once_before_the_families_that_use_them() -> None:
+    """cp_async.cu and products.cu: the copies, the 16-bit conversions and the bias reader of both
+    matrix families, one definition each (matmul_wg had its own bfloat16 rounding)."""
     from gpud.ops import source
 
     for family in ("matmul_tc", "matmul_wg"):
         text = source(family, "cuda")
         assert text.count("void cp_async16(") == 1 and text.index("void cp_async16(") < text.index("cp_async16(sa")
+        for helper in ("short f2bf(float", "short f2h(float", "float bias_at("):
+            assert text.count(helper) == 1 and text.index(helper) < text.index("__global__"), (family, helper)

@@ -110,7 +110,8 @@ def threads_per_row(k: int) -> int:
     return t
 
 
-def _fold(groups: int, batch: int) -> tuple[int, int, int]:
+def fold(groups: int, batch: int) -> tuple[int, int, int]:
+    """A grid of `groups` workgroups (folded into y past 65,535) for each of `batch` batches."""
     if groups <= MAX_GROUPS:
         return (groups, 1, batch)
     return (MAX_GROUPS, -(-groups // MAX_GROUPS), batch)
@@ -118,7 +119,7 @@ def _fold(groups: int, batch: int) -> tuple[int, int, int]:
 
 def matvec_grid(batch: int, n: int, k: int, wt: bool) -> tuple[int, int, int]:
     per_group = BLOCK // threads_per_row(k) if wt else MATVEC_COLS
-    return _fold(-(-n // per_group), batch)
+    return fold(-(-n // per_group), batch)
 
 
 def matmul_grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
@@ -179,7 +180,7 @@ def tc_kernel(m: int, n: int, k: int, dtype: str = "float16") -> str:
 
 def tc_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
     """One block per tile, folded into y past 65,535; z the batch."""
-    return _fold(_tiles(name, m, n), batch)
+    return fold(_tiles(name, m, n), batch)
 
 
 def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK, family: str = "matmul") -> KernelSpec:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
 from gpud_protocol.ops.matmul import SPECS as MATMUL_SPECS
+from gpud_protocol.ops.matmul import fold
 
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
@@ -76,10 +77,8 @@ def wg_kernel(m: int, n: int, k: int, dtype: str) -> str | None:
 
 
 def wg_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
-    from gpud_protocol.ops import MAX_GROUPS
-
-    tiles = _tiles(WG_TILES[name], m, n)
-    return (tiles, 1, batch) if tiles <= MAX_GROUPS else (MAX_GROUPS, -(-tiles // MAX_GROUPS), batch)
+    """One block per tile, folded into y past 65,535; z the batch."""
+    return fold(_tiles(WG_TILES[name], m, n), batch)
 
 
 def _spec(name: str, tile: WgTile, dtype: str) -> KernelSpec:
