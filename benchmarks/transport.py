@@ -4,7 +4,9 @@ Side by side in one run, all over ipc:// with an 80-byte payload:
 1. raw ZeroMQ echo, blocking client and blocking server (the floor);
 2. raw ZeroMQ echo, asyncio client and asyncio server (pyzmq's zmq.asyncio);
 3. the same on uvloop, when installed;
-4. gpud requests that touch no GPU (`flush`), and `sync`, through a real daemon;
+4. gpud requests that touch no GPU (`flush`), `sync`, and a dispatch + 4-byte readback, through a
+   real daemon, over ZeroMQ alone and over the session's shared-memory ring (`connect(ring=True)`,
+   the client and the daemon each polling for up to 1 ms);
 so a gpud readback's latency can be split into transport, daemon and GPU.
 """
 
@@ -20,12 +22,15 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
 import gpud_client
 from benchmarks import percentiles_us, write_json
+from gpud.testing import workloads as kernels
 from gpud.testing.spawn import daemon
+from gpud_client import u32
 
 PAYLOAD = b"x" * 80
 
@@ -118,16 +123,26 @@ def _echo_round_trips(kind: str, samples: int) -> list[float]:
         return result[samples // 10 :]  # drop the warm-up
 
 
-async def _gpud_round_trips(address: str, samples: int) -> dict[str, list[float]]:
-    async with gpud_client.connect(address) as gpu:
-        out: dict[str, list[float]] = {"flush": [], "sync": []}
-        for name in out:
-            request = gpu.flush if name == "flush" else gpu.sync
+async def _gpud_round_trips(address: str, samples: int, ring: bool) -> dict[str, list[float]]:
+    async with gpud_client.connect(address, ring=ring) as gpu:
+        if gpu.ring != ring:
+            raise RuntimeError("the daemon offered no ring")
+        source, options = kernels.axpb_source(gpu.backend)
+        k = await gpu.kernel(source, "axpb", writes=[1], **options)  # type: ignore[arg-type]
+        x, y = gpu.tensor(np.ones(1, np.float32)), gpu.empty((1,), "float32")
+
+        async def readback() -> None:
+            gpu.dispatch(k, (1, 1, 1), [x, y, 2.0, 1.0, u32(1)])
+            await y.numpy()
+
+        out: dict[str, list[float]] = {}
+        for name, request in (("flush", gpu.flush), ("sync", gpu.sync), ("readback", readback)):
+            times = out[name] = []
             for _ in range(samples):
                 t0 = time.perf_counter()
                 await request()
-                out[name].append(time.perf_counter() - t0)
-            out[name] = out[name][samples // 10 :]
+                times.append(time.perf_counter() - t0)
+            del times[: samples // 10]
         return out
 
 
@@ -146,12 +161,13 @@ def main(args: argparse.Namespace) -> int:
         rows[f"zmq_echo_{kind}"] = percentiles_us(_echo_round_trips(kind, samples))
     for loop in ["asyncio", *(["uvloop"] if "uvloop" in kinds else [])]:
         with daemon(args.backend, extra_args=("--event-loop", loop)) as (address, _proc):
-            measured = _run(loop, partial(_gpud_round_trips, address, samples))
-        for name, values in measured.items():
-            rows[f"gpud_{name}_{loop}"] = percentiles_us(values)
+            for way, ring in (("zmq", False), ("ring", True)):
+                measured = _run(loop, partial(_gpud_round_trips, address, samples, ring))
+                for name, values in measured.items():
+                    rows[f"gpud_{name}_{way}_{loop}"] = percentiles_us(values)
     print(f"\nround trips over ipc (us), {samples} samples each")
     for name, p in rows.items():
-        print(f"  {name:<24} p50 {p['p50']:8.1f}   p99 {p['p99']:8.1f}")
+        print(f"  {name:<30} p50 {p['p50']:8.1f}   p99 {p['p99']:8.1f}")
     results["round_trip_us"] = rows
     write_json(args.json, results)
     return 0

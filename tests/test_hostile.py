@@ -61,6 +61,7 @@ from typing import Any
 
 import hostile_library
 import hostile_messages
+import hostile_rings
 import msgpack
 import numpy as np
 import pytest
@@ -82,6 +83,7 @@ SCALE = float(os.environ.get("GPUD_HOSTILE_SCALE", "1"))
 LEASE_S = 1.0
 TENANTS = 4
 LIVES = 4  # sessions per tenant, each ended another way
+RING_LIVES = len(hostile_rings.DAMAGES)  # ring sessions per ring abuser, each ring broken another way
 WINDOWS_PER_LIFE = max(1, round(64 * SCALE))
 STRANGERS = 2
 STRANGER_MESSAGES = max(16, round(2500 * SCALE))
@@ -2318,11 +2320,13 @@ class Beater(threading.Thread):
             ctx.term()
 
 
-async def good_client(run: Run, rounds: list[int]) -> None:
+async def good_client(run: Run, rounds: list[int], ring: bool = False) -> None:
     """Round trips checked against numpy, from first to last, and a tensor of its own that nobody else
-    may touch, read back now and then; any error is a finding."""
+    may touch, read back now and then; any error is a finding. `ring`: through a shared-memory ring."""
     try:
-        async with gpud_client.connect(run.address) as gpu:
+        async with gpud_client.connect(run.address, ring=ring) as gpu:
+            if gpu.ring != ring:
+                run.findings.add(Kind.GOOD, "the good ring client got no ring")
             k = await axpb(gpu)
             mine = np.random.default_rng(SEED).standard_normal(4096).astype(np.float32)
             kept = gpu.tensor(mine)
@@ -2432,6 +2436,11 @@ async def test_hostile_input(hostile_daemon: Daemon) -> None:
     beater = Beater(run)
     beater.start()
     good_rounds: list[int] = []
+    ring_rounds: list[int] = []
+
+    def report(kind: str, text: str) -> None:
+        run.findings.add(getattr(Kind, kind), text)
+
     tenants = [Tenant(ctx, run, i) for i in range(TENANTS)]
     strangers = [Stranger(ctx, run, i) for i in range(STRANGERS)]
 
@@ -2442,13 +2451,14 @@ async def test_hostile_input(hostile_daemon: Daemon) -> None:
                 *[s.main(STRANGER_MESSAGES) for s in strangers],
                 status_flood(run),
                 garbage_burst(run, ctx),
+                *[hostile_rings.abuser(run.address, i, RING_LIVES, SEED, report, run.counts) for i in range(2)],
             )
         finally:
             run.hostile_done.set()
 
     try:
         async with asyncio.timeout(100):
-            await asyncio.gather(hostile(), good_client(run, good_rounds))
+            await asyncio.gather(hostile(), good_client(run, good_rounds), good_client(run, ring_rounds, ring=True))
     except TimeoutError:
         run.findings.add(Kind.MISSING, "the hostile run did not finish within 100 s (a hang?)")
     finally:
@@ -2475,7 +2485,9 @@ async def test_hostile_input(hostile_daemon: Daemon) -> None:
         f"{counts['hostile messages']} hostile messages ({counts['hostile ops']} ops in their batches), "
         f"{counts['control messages']} control messages ({counts['control ops']} ops), "
         f"{counts['flood messages']} flooded and {counts['burst messages']} burst messages without a session, "
-        f"{len(good_rounds)} good round trips, {beater.refused} late beats refused; "
+        f"{len(good_rounds)} good round trips ({len(ring_rounds)} through a ring), {beater.refused} late beats "
+        f"refused; {counts['ring damages']} rings broken, {counts['ring sessions ended']} of their sessions ended, "
+        f"{counts['ring socket strangers']} strangers at the ring socket; "
         f"sessions ended: {', '.join(f'{k[16:]} {v}' for k, v in sorted(counts.items()) if k[:9] == 'sessions ')}; "
         f"hostile phase {hostile_s:.1f} s, total {time.monotonic() - started:.1f} s; "
         f"daemon before: {baseline}; after (fd slack {FD_SLACK}): {after}"
@@ -2485,7 +2497,7 @@ async def test_hostile_input(hostile_daemon: Daemon) -> None:
         problems = daemon_log_problems(daemon.address)
         raise AssertionError(f"{summary}\n{run.findings.report()}" + (f"\ndaemon log:\n{problems}" if problems else ""))
     assert counts["hostile messages"] >= MIN_HOSTILE_MESSAGES or SCALE < 1, summary
-    assert len(good_rounds) >= 3, summary
+    assert len(good_rounds) >= 3 and len(ring_rounds) >= 3, summary
 
 
 async def session_alive(address: str, session: str, key: str) -> bool:

@@ -265,19 +265,27 @@ async def connect(
     server_public_key: bytes | None = None,
     spin_us: float = 0.0,
     device: int | None = None,
+    ring: bool | None = None,
 ) -> AsyncIterator[Client]:
     """Open a session with the daemon at `address` (default: GPUD_ADDRESS or the system socket).
 
     `device`: the session's default device (default: the daemon picks the least loaded one).
     `spin_us`: after sending a request, poll the socket this long before yielding to the event
     loop (lower round-trip latency, at the cost of CPU and of blocking the loop meanwhile).
+    `ring`: the same-host fast path (default: GPUD_RING=1 in the environment): batches and small
+    replies travel through a shared-memory ring beside the socket, and each request polls for its
+    reply for `spin_us` (1,000 by default) before it sleeps. ipc:// on x86-64 only; elsewhere, or
+    with a daemon that offers none, the session goes on over ZeroMQ alone (`gpu.ring` says which).
     For tcp:// with CURVE, pass the daemon's public key (z85); the client makes a key pair of its own.
     """
+    if ring is None:
+        ring = os.environ.get("GPUD_RING", "") == "1"
     async with open_connection(
         address or default_address(),
         timeout=timeout,
         server_public_key=server_public_key,
         spin_us=spin_us,
         device=device,
+        ring=ring,
     ) as connection:
         yield Client(connection)

@@ -68,6 +68,11 @@ class ClientBase:
         return int(self.welcome.get("device", 0))
 
     @property
+    def ring(self) -> bool:
+        """This session uses the shared-memory fast path (`connect(ring=True)`)."""
+        return self._connection.ring is not None
+
+    @property
     def last_trace(self) -> Trace | None:
         return self._connection.last_trace
 

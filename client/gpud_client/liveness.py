@@ -15,14 +15,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 import gpud_protocol as proto
 from gpud_client.errors import DaemonLost, SessionLost
+from gpud_client.ring import attach as attach_ring
+from gpud_client.ring import supported as ring_supported
 from gpud_client.rpc import Rpc
 from gpud_client.transport import HANDSHAKE_TIMEOUT_S, SEND_QUEUE_MESSAGES, check_listening
 from gpud_protocol.reader import SocketReader
+
+RING_SPIN_US = 1000.0  # with a ring, how long a request polls for its reply by default
 
 
 class Connection(Rpc):
@@ -56,6 +61,14 @@ class Connection(Rpc):
             if unanswered_since is None:
                 unanswered_since = now
 
+    async def attach_ring(self, spin_us: float) -> None:
+        """Take the session's shared-memory ring if the daemon offers one (else stay on ZeroMQ alone);
+        with it, spin `spin_us` (default `RING_SPIN_US`) for each reply."""
+        session, key = str(self.welcome.get("session", "")), str(self.welcome.get("key", ""))
+        self.ring = await anyio.to_thread.run_sync(attach_ring, self.address, session, key)
+        if self.ring is not None:
+            self._spin_s = (spin_us or RING_SPIN_US) / 1e6
+
     def start_beats(self, context: zmq.Context[Any]) -> None:
         session, key = str(self.welcome.get("session", "")), str(self.welcome.get("key", ""))
         interval = float(self.welcome.get("lease_s", 5.0)) / 4
@@ -82,6 +95,8 @@ class Connection(Rpc):
             self.send_batch()
             with anyio.move_on_after(5):
                 await self.send_held()
+                if self.ring is not None:  # the bye goes by ZeroMQ: it must not overtake the ring
+                    await self._all_confirmed()
             self._send_control(proto.BYE)
         self.mark_lost(DaemonLost("the connection is closed"))
 
@@ -137,6 +152,7 @@ async def open_connection(
     server_public_key: bytes | None = None,
     spin_us: float = 0.0,
     device: int | None = None,
+    ring: bool = False,
 ) -> AsyncIterator[Connection]:
     check_listening(address)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -157,6 +173,8 @@ async def open_connection(
             tg.start_soon(connection.reader)
             tg.start_soon(connection.watch_disconnect, monitor)
             await connection.handshake(timeout, device)
+            if ring and ring_supported(address):
+                await connection.attach_ring(spin_us)
             connection.start_beats(ctx)
             tg.start_soon(connection.heartbeat)
             try:
@@ -172,6 +190,9 @@ async def open_connection(
         error = group.exceptions[0]
     finally:
         connection.close_socket()
+        if connection.ring is not None:
+            connection.ring.close()
+            connection.ring = None
         if connection._beats is not None:
             connection._beats.stop()
         sock.disable_monitor()

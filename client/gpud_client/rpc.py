@@ -24,7 +24,9 @@ import zmq
 import gpud_protocol as proto
 from gpud_client.errors import DaemonLost, GpudError, ProtocolError, SessionLost, from_code
 from gpud_client.transport import Transport
+from gpud_protocol.ring import RingCorrupt
 
+RING_CHECK_S = 0.005  # with a ring, the reader looks at it this often besides waking for ZeroMQ
 NAMED_OPS = 65536  # op-library calls whose name a failure reported later can still be given
 
 Reply = tuple[dict[str, Any], Any]  # (header, data: a frame's buffer, an assembled array, or None)
@@ -139,17 +141,47 @@ class Rpc(Transport):
             names.popitem(last=False)
 
     def _spin_until(self, future: asyncio.Future[Any]) -> None:
-        """Poll the socket for up to `spin_us` before yielding to the loop (lower latency, more CPU)."""
+        """Poll the socket (and the ring, telling the daemon so) for up to `spin_us` before yielding
+        to the loop (lower latency, more CPU)."""
         deadline = time.perf_counter() + self._spin_s
-        while not future.done() and time.perf_counter() < deadline:
-            if (frames := self._incoming.try_recv()) is not None:
-                self._on_message(frames)
+        ring = self.ring
+        if ring is not None:
+            ring.listen(time.monotonic_ns() + int(self._spin_s * 1e9))
+        try:
+            while not future.done() and time.perf_counter() < deadline:
+                if ring is not None and self._drain_ring():
+                    continue
+                if (frames := self._incoming.try_recv()) is not None:
+                    self._on_message(frames)
+        finally:
+            if ring is not None:
+                ring.listen(0)  # from now on the daemon replies by ZeroMQ, which wakes the reader
+                self._drain_ring()
 
     # ------------------------------------------------------------------ receiving
 
     async def reader(self) -> None:
         while True:
-            self._on_message(await self._incoming.recv())
+            if self.ring is None:
+                self._on_message(await self._incoming.recv())
+                continue
+            self._drain_ring()  # a reply the daemon put in the ring just as the spin ended
+            if (frames := await self._incoming.recv_within(RING_CHECK_S)) is not None:
+                self._on_message(frames)
+
+    def _drain_ring(self) -> bool:
+        """Handle what the ring holds; True if it held anything."""
+        ring, got = self.ring, False
+        if ring is None:
+            return False
+        try:
+            while (frames := ring.poll()) is not None:
+                got = True
+                self._on_message(frames)
+        except RingCorrupt as exc:
+            self.ring = None  # the daemon's replies come by ZeroMQ once it has ended the session
+            self._fail_all(ProtocolError(f"the daemon's ring is broken: {exc}"))
+        return got
 
     def _on_message(self, frames: list[Any]) -> None:
         self._last_heard = time.monotonic()

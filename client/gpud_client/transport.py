@@ -18,6 +18,7 @@ import zmq
 import gpud_protocol as proto
 from gpud_client.batch import OpQueue
 from gpud_client.errors import DaemonLost, GpudError
+from gpud_client.ring import ClientRing
 from gpud_protocol.reader import SocketReader
 
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -76,6 +77,7 @@ class Transport:
         self._send_lock = anyio.Lock()
         self._window_moved = anyio.Event()
         self.lost: GpudError | None = None
+        self.ring: ClientRing | None = None  # the session's shared-memory ring, when it has one
 
     def send_batch(self) -> None:
         """Make a batch of what is queued and send it (or hold it while the window is full)."""
@@ -86,6 +88,8 @@ class Transport:
     def _send(self, frames: list[Any]) -> None:
         queue = self.queue
         if not queue.held and queue.window_open:
+            if self._send_by_ring(frames):
+                return
             try:
                 self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
                 self._incoming.poke()
@@ -107,12 +111,34 @@ class Transport:
                         await self._window_moved.wait()
                     continue
                 try:
-                    self._sock.send_multipart(queue.held[0], flags=zmq.NOBLOCK, copy=False)
+                    if not self._send_by_ring(queue.held[0]):
+                        self._sock.send_multipart(queue.held[0], flags=zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     await anyio.sleep(0.001)  # rare: wait for the daemon to catch up
                     continue
                 self._incoming.poke()
                 queue.held.popleft()
+
+    async def _all_confirmed(self) -> None:
+        """Wait until the daemon has executed every batch sent (each asks a receipt or holds a request)."""
+        queue = self.queue
+        while queue.confirmed < queue.number and self.lost is None:
+            self._window_moved = anyio.Event()
+            with anyio.move_on_after(0.05):
+                await self._window_moved.wait()
+
+    def _send_by_ring(self, frames: list[Any]) -> bool:
+        """Send through the ring if there is one and the message fits (ringing the doorbell if the
+        daemon sleeps); False: it goes by ZeroMQ."""
+        ring = self.ring
+        if ring is None:
+            return False
+        polled = ring.send(frames)
+        if polled is None:
+            return False
+        if not polled:
+            self._send_control(proto.DOORBELL)
+        return True
 
     def _send_control(self, message: bytes) -> None:
         with contextlib.suppress(zmq.ZMQError):

@@ -67,6 +67,12 @@ def _devices(value: Any) -> str | list[int]:
     return list(value)
 
 
+def _ring_bytes(value: int) -> int:
+    if (value and not 4 * KiB <= value <= 2 * MiB) or value % 8:
+        raise ValueError("0 (off), or 4 KiB to 2 MiB in multiples of 8 (a message past half of it goes by ZeroMQ)")
+    return value
+
+
 def _address(value: str) -> str:
     if not value.startswith(("ipc://", "tcp://")) or len(value) <= len("ipc://"):
         raise ValueError(f"expected an ipc:// or tcp:// endpoint, got {describe(value)}")
@@ -105,6 +111,16 @@ class Config:
     curve_secret_key: str = _service("", "CURVE certificate file (zmq.auth) for tcp://; empty: none", metavar="FILE")
     event_loop: str = _service("auto", "auto: uvloop when installed", choices=("auto", "asyncio", "uvloop"))
     busy_poll_us: float = _service(0.0, "after a message, poll for the next before sleeping", min=0, max=1e6, unit=US)
+    ring_bytes: int = _service(
+        MiB, "each way of a session's shared-memory ring (ipc:// fast path; 0: off)", check=_ring_bytes, unit=B
+    )
+    ring_spin_us: float = _service(
+        1000.0,
+        "while ring sessions exist, poll their rings this long after a message before sleeping",
+        min=0,
+        max=1e6,
+        unit=US,
+    )
     trace: bool = _service(False, "stamp readback replies with daemon-side times (performance work)")
     max_sessions: int = _service(1024, "client sessions at once; more are refused", min=1)
 

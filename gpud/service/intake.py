@@ -5,6 +5,12 @@ next slice begins, the receive loop yields to the event loop first: otherwise a 
 faster than the daemon reads would keep the socket from ever being empty, and completions, lease
 expiry, health, outbox retries and other sessions' replies would wait for as long as it sent.
 
+Ring sessions' messages (rings.py) come in the same slices: each slice takes what the rings hold
+first, then the socket. While any ring session exists, the daemon polls rings and socket for
+`ring_spin_us` after the last message before it sleeps, and tells the clients until when (so a client
+rings the doorbell only when the daemon sleeps); asleep, it still looks at the rings every
+`RING_CHECK_S`, in case a client's doorbell was not needed by a hair.
+
 Leases are judged by `caught_up()`: the last time every peer's waiting messages had been read up
 to that point, so that a heartbeat still unread in the socket proves nothing either way. That is
 when the socket was read empty, or when one slice read a peer twice: ZeroMQ's ROUTER reads its
@@ -17,17 +23,20 @@ import asyncio
 import time
 from typing import Any
 
+from gpud.service.rings import Rings
 from gpud_protocol.reader import SocketReader
 
 MAX_DRAIN = 256  # messages taken per slice before the devices and the rest of the loop get a say
+RING_CHECK_S = 0.005
 
 Message = tuple[bytes, list[Any]]  # (the peer's identity, the message's frames)
 
 
 class Intake:
-    def __init__(self, reader: SocketReader, busy_poll_us: float = 0.0) -> None:
+    def __init__(self, reader: SocketReader, busy_poll_us: float = 0.0, rings: Rings | None = None) -> None:
         self._reader = reader
         self._busy_poll_s = busy_poll_us / 1e6
+        self._rings = rings if rings is not None else Rings(0.0, lambda _identity, _reason: None)
         self._waiting = False  # waiting on an empty socket
         self._caught_up_at = time.monotonic()
 
@@ -37,16 +46,19 @@ class Intake:
 
     async def next_slice(self) -> list[Message]:
         """The next messages: waits for one, then takes what is ready, at most `MAX_DRAIN`."""
-        reader = self._reader
+        reader, rings = self._reader, self._rings
+        messages: list[Message] = rings.poll(MAX_DRAIN // 2) if rings else []
         frames = reader.try_recv()
-        if frames is None:
-            frames = await self._next_message()
+        if frames is None and not messages:
+            messages, frames = await self._next_message()
         else:
             await asyncio.sleep(0)  # the socket never ran dry: let the rest of the loop run first
-        identity = frames[0].bytes
-        messages: list[Message] = [(identity, frames[1:])]
-        seen = {identity}
-        caught_up = False
+        seen = {identity for identity, _ in messages}
+        caught_up = frames is None
+        if frames is not None:
+            identity = frames[0].bytes
+            seen.add(identity)
+            messages.append((identity, frames[1:]))
         while len(messages) < MAX_DRAIN:
             if (frames := reader.try_recv()) is None:
                 caught_up = True
@@ -61,19 +73,35 @@ class Intake:
             self._caught_up_at = time.monotonic()
         return messages
 
-    async def _next_message(self) -> list[Any]:
-        """Wait for a message; with `busy_poll_us`, poll for it first (lower latency, one busy core)."""
-        reader = self._reader
+    async def _next_message(self) -> tuple[list[Message], list[Any] | None]:
+        """Wait for a message (ring messages, or a socket message's frames); with `busy_poll_us`, or
+        `ring_spin_us` while rings exist, poll for it first (lower latency, one busy core)."""
+        reader, rings = self._reader, self._rings
         frames: list[Any] | None = None
-        if self._busy_poll_s > 0:
-            deadline = time.perf_counter() + self._busy_poll_s
-            while frames is None and time.perf_counter() < deadline:
+        messages: list[Message] = []
+        spin_s = max(self._busy_poll_s, rings.spin_s if rings else 0.0)
+        if spin_s > 0:
+            start = time.perf_counter()
+            deadline = start + spin_s
+            if rings:
+                rings.awake_until(time.monotonic_ns() + int(spin_s * 1e9))
+            while time.perf_counter() < deadline:
                 await asyncio.sleep(0)  # replies and completions run in between
-                frames = reader.try_recv()
-        if frames is None:
-            self._waiting = True  # the socket is empty for as long as this waits
-            try:
-                frames = await reader.recv()
-            finally:
-                self._waiting = False
-        return frames
+                if rings and (messages := rings.poll(MAX_DRAIN // 2)):
+                    return messages, reader.try_recv()
+                if (frames := reader.try_recv()) is not None:
+                    return messages, frames
+        self._waiting = True  # the socket is empty for as long as this waits
+        try:
+            while True:
+                if rings:
+                    rings.awake_until(0)  # asleep: a client rings the doorbell
+                    if messages := rings.poll(MAX_DRAIN // 2):
+                        return messages, reader.try_recv()
+                    frames = await reader.recv_within(RING_CHECK_S)
+                else:
+                    frames = await reader.recv()
+                if frames is not None:  # a doorbell, perhaps: what it rang for is in a ring by now
+                    return (rings.poll(MAX_DRAIN // 2) if rings else []), frames
+        finally:
+            self._waiting = False

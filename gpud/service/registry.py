@@ -80,6 +80,7 @@ class Registry:
             self.send(identity, frames)
 
         session = Session(session_id, f"{hello.name}[{hello.pid}]", send, self._daemon, config, device)
+        session.send_in_order = lambda frames: self._transport.send(identity, frames, False, ring=False)
         session.beat_key = secrets.token_hex(16)
         self.sessions[identity] = session
         self._by_id[session_id] = session
@@ -107,6 +108,13 @@ class Registry:
     def _least_loaded(self) -> int:
         return min(self._daemon.runtimes, key=lambda rt: (rt.sessions, rt.memory_in_use, rt.index)).index
 
+    def authenticate(self, session_id: str, key: str) -> bytes | None:
+        """The peer identity of session `session_id` if `key` is its secret (the ring socket's check)."""
+        session = self._by_id.get(session_id)
+        if session is None or not hmac.compare_digest(session.beat_key.encode(), key.encode()):
+            return None
+        return next((identity for identity, s in self.sessions.items() if s is session), None)
+
     def beat(self, identity: bytes, beat: proto.Beat) -> None:
         session = self._by_id.get(beat.session)
         if session is None or not hmac.compare_digest(session.beat_key.encode(), beat.key.encode()):
@@ -116,6 +124,7 @@ class Registry:
 
     def end(self, identity: bytes, reason: str) -> None:
         session = self.sessions.pop(identity, None)
+        self._transport.drop_ring(identity)
         if reason != "reconnected":
             self._transport.drop(identity)
         if session is None:

@@ -21,6 +21,7 @@ from gpud.service.config import Config
 from gpud.service.intake import Intake
 from gpud.service.lifecycle import STOPPING, Lifecycle
 from gpud.service.registry import Registry
+from gpud.service.rings import OutOfOrder, Rings
 from gpud_protocol import ErrorCode, ProtocolViolation
 from gpud_protocol.errors import Busy
 from gpud_protocol.schema import Status
@@ -38,6 +39,7 @@ class Router:
         counters: defaultdict[str, int],
         status: Callable[[], dict[str, Any]],
         after_work: Callable[[], None],
+        rings: Rings,
     ) -> None:
         self.config = config
         self._registry = registry
@@ -46,6 +48,7 @@ class Router:
         self._counters = counters
         self._status = status  # the snapshot a status request is answered with
         self._after_work = after_work  # every device decides whether to flush
+        self._rings = rings  # ring sessions' batches run in number order, whichever way they came
 
     async def receive_loop(self, intake: Intake) -> None:
         budget, registry, counters = self._budget, self._registry, self._counters
@@ -86,6 +89,8 @@ class Router:
                     send(identity, [proto.PONG])  # answered before any work of this drain
                 elif type(message) is proto.Beat:
                     registry.beat(identity, message)
+                elif type(message) is proto.Doorbell:
+                    pass  # the rings are read at every slice
                 elif type(message) is Status:  # not an op: a session's status requests have that budget too
                     if session is None or budget.peer(identity, now):
                         counters["status_requests"] += 1
@@ -112,8 +117,14 @@ class Router:
                     counters["refused_stopping"] += 1
                     session.failures.acknowledge(message.ack)
                     session._refuse(message, Busy(STOPPING))  # every op fails; each request is answered
-                else:
+                elif (ring := self._rings.get(identity)) is None:
                     session.receive(message, received_at)
+                else:
+                    try:
+                        for batch in ring.order(message):
+                            session.receive(batch, received_at)
+                    except OutOfOrder as exc:
+                        registry.end(identity, f"its batches came out of order: {exc}")
             case proto.Hello() if stopping:
                 counters["refused_stopping"] += 1
                 registry.send(identity, [proto.encode_error(ErrorCode.BUSY, f"{STOPPING}: connect to it again later")])

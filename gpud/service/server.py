@@ -63,8 +63,16 @@ class Server:
             config, self.runtimes, self.registry, self.transport, self.notifier, self.status_line
         )
         self.router = Router(
-            config, self.registry, self.budget, self.lifecycle, self.counters, self.status, self.after_work
+            config,
+            self.registry,
+            self.budget,
+            self.lifecycle,
+            self.counters,
+            self.status,
+            self.after_work,
+            self.transport.rings,
         )
+        self.transport.authenticate = self.registry.authenticate
         self._tasks: anyio.abc.TaskGroup | None = None
         self._metrics: MetricsServer | None = None
 

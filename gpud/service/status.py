@@ -105,6 +105,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
             "sessionless_replies_dropped": transport.sessionless_dropped,
         },
         "outboxes": transport.stats(),
+        "rings": transport.rings.stats(),
         "sessionless_peers": len(budget),  # peers without a session whose budget is remembered
     }
 

@@ -1,8 +1,10 @@
 """The daemon's socket: a ZeroMQ ROUTER on ipc:// (beside a lock file) or tcp:// (CURVE), and its two ends.
 
 In: the socket read in slices (intake.py). Out: per-peer outboxes that never block (peers.py), retried
-by `retry_loop`. The ROUTER's per-peer send queue is small and ROUTER_MANDATORY is on, so a peer that
-does not read makes its own outbox grow, never the daemon wait.
+by `retry_loop`. Beside the socket, sessions on this host may take a shared-memory ring (rings.py,
+handed out by ring_server.py): small messages then travel through it both ways. The ROUTER's
+per-peer send queue is small and ROUTER_MANDATORY is on, so a peer that does not read makes its own
+outbox grow, never the daemon wait.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import zmq.auth
 from gpud.service.config import Config
 from gpud.service.intake import Intake
 from gpud.service.peers import Outboxes
+from gpud.service.ring_server import Authenticate, RingServer
+from gpud.service.rings import Rings
 from gpud_protocol.reader import SocketReader
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,8 @@ class Transport:
         self._ctx = zmq.Context()
         self._intake: Intake | None = None
         self._outboxes: Outboxes | None = None
+        self.rings = Rings(config.ring_spin_us, on_stuck)
+        self.authenticate: Authenticate = lambda _session, _key: None  # the registry's, once wired
         self.linger_ms = 0  # on close: how long ZeroMQ may still send the last replies
 
     @contextlib.contextmanager
@@ -63,8 +69,19 @@ class Transport:
             sock.bind(address)
             if address.startswith("ipc://"):
                 os.chmod(address[len("ipc://") :], 0o660)
+            if address.startswith("ipc://") and config.ring_bytes:
+                ring_server = RingServer(
+                    Path(address[len("ipc://") :] + ".ring"),
+                    self.rings,
+                    lambda session, key: self.authenticate(session, key),
+                    config.ring_bytes,
+                    min(config.ring_bytes // 2, config.limits.reply_part_bytes - 1),
+                    config.session_window,
+                )
+                stack.callback(ring_server.close)
+            stack.callback(self._close_rings)
             reader = SocketReader(sock)
-            self._intake = Intake(reader, config.busy_poll_us)
+            self._intake = Intake(reader, config.busy_poll_us, self.rings)
             self._outboxes = Outboxes(
                 sock,
                 reader.poke,
@@ -99,8 +116,11 @@ class Transport:
         assert self._intake is not None, "the socket is not bound"
         return self._intake
 
-    def send(self, identity: bytes, frames: list[Any], sessionless: bool) -> None:
-        """Send now, or queue in the peer's outbox; a peer without a session has the smaller outbox."""
+    def send(self, identity: bytes, frames: list[Any], sessionless: bool, ring: bool = True) -> None:
+        """Send now, or queue in the peer's outbox; a peer without a session has the smaller outbox.
+        `ring`: the session's ring may carry it (not for messages that must stay in order with others)."""
+        if ring and self.rings and not sessionless and self.rings.send(identity, frames):
+            return
         assert self._outboxes is not None
         self._outboxes.send(identity, frames, sessionless)
 
@@ -108,6 +128,13 @@ class Transport:
         """Forget what waits for a peer (its session ended)."""
         if self._outboxes is not None:
             self._outboxes.drop(identity)
+
+    def drop_ring(self, identity: bytes) -> None:
+        self.rings.drop(identity)
+
+    def _close_rings(self) -> None:
+        for identity in list(self.rings.identities()):
+            self.rings.drop(identity)
 
     def waiting(self) -> bool:
         """Replies still wait in some peer's outbox."""

@@ -136,6 +136,7 @@ class ReadbackReply:
             fields: dict[str, Any] = {"n": self.nbytes, "parts": self._parts, **self._extra}
             if self._stamp is not None:
                 fields["tr"] = [*self._stamp, self._rt.policy.flushed_at, time.perf_counter()]
-            session._send([proto.encode_reply(self.seq, **fields), data])
+            send = session._send if self._parts == 1 else session.send_in_order
+            send([proto.encode_reply(self.seq, **fields), data])
         else:
-            session._send([proto.encode_part(self.seq, part), data])
+            session.send_in_order([proto.encode_part(self.seq, part), data])

@@ -50,6 +50,7 @@ class Session(Holdings, Transfers, Dispatching, Requests):
         self.id = session_id
         self.client = client
         self._send = send
+        self.send_in_order: Send = send  # what must reach the client in order with each other (readback parts)
         self._daemon = daemon
         self.runtimes = daemon.runtimes
         self._residents = daemon.residents

@@ -86,6 +86,7 @@ class SessionState:
     id: str
     client: str
     _send: Send
+    send_in_order: Send
     _daemon: Daemon
     runtimes: list[DeviceRuntime]
     _residents: ResidentStore

@@ -17,6 +17,7 @@ from gpud_protocol.arg_kinds import (
 )
 from gpud_protocol.client_encode import (
     BYE,
+    DOORBELL,
     PING,
     DispatchEncoder,
     encode_batch,
@@ -78,7 +79,7 @@ from gpud_protocol.replies import (
     encode_receipt,
     encode_reply,
 )
-from gpud_protocol.schema import PROTOCOL_VERSION, Batch, Beat, Bye, ClientMessage, Hello, OpError, Ping
+from gpud_protocol.schema import PROTOCOL_VERSION, Batch, Beat, Bye, ClientMessage, Doorbell, Hello, OpError, Ping
 from gpud_protocol.views import TensorRef, TensorView, contiguous_strides, extent, is_contiguous, view_of_shape
 from gpud_protocol.wire import describe, f32_fits, pack
 
@@ -106,6 +107,7 @@ __all__ = [
     "GraphUpload",
     "GraphOutput",
     "BYE",
+    "DOORBELL",
     "DEFAULT_LIMITS",
     "DTYPE_SIZES",
     "OPS",
@@ -125,6 +127,7 @@ __all__ = [
     "Beat",
     "Bye",
     "ClientMessage",
+    "Doorbell",
     "Copy",
     "Dispatch",
     "DispatchEncoder",

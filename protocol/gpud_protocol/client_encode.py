@@ -97,3 +97,4 @@ def encode_beat(session: str, key: str) -> bytes:
 
 PING = pack({"t": "ping"})
 BYE = pack({"t": "bye"})
+DOORBELL = pack({"t": "ring"})

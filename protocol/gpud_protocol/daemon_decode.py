@@ -39,7 +39,7 @@ from gpud_protocol.limits import Limits
 from gpud_protocol.memo import DispatchEntry, DispatchMemo, Memoized
 from gpud_protocol.op_table import OPS, Opcode, op_name
 from gpud_protocol.op_types import Alloc, BuildGraph, Dispatch, Launch, Op, Replay, Upload, UploadPart
-from gpud_protocol.schema import Batch, Beat, Bye, ClientMessage, Hello, OpError, Ping, Status
+from gpud_protocol.schema import Batch, Beat, Bye, ClientMessage, Doorbell, Hello, OpError, Ping, Status
 from gpud_protocol.wire import bad, describe, is_int, unpack_header
 
 _VALIDATORS: dict[Field, Validator] = {
@@ -117,6 +117,8 @@ def decode_client_message(
         return Beat(session, key)
     if kind == "bye":
         return Bye()
+    if kind == "ring":
+        return Doorbell()
     if kind == "status":
         return Status()
     if kind == "hello":

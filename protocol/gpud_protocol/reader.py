@@ -42,6 +42,19 @@ class SocketReader:
                 continue  # arrived between the read and the clear
             await self._ready.wait()
 
+    async def recv_within(self, timeout: float) -> list[zmq.Frame] | None:
+        """A message, or None when none came within `timeout` seconds."""
+        if (frames := self.try_recv()) is not None:
+            return frames
+        self._ready.clear()
+        if int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            return self.try_recv()
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            return None
+        return self.try_recv()
+
     def poke(self) -> None:
         """Call after sending on the socket: wake the receiver if a message is waiting."""
         if int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:

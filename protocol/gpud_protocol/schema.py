@@ -11,6 +11,7 @@ Client -> daemon headers:
     {"t": "batch", "ops": [op, ...], "nf": payload frames, "ack": [failed seq, ...] | None,
      "b": batch number (1, 2, 3...), "rc": True if the client wants a receipt}
     {"t": "ping"}
+    {"t": "ring"}                                  a doorbell: look at this session's ring (no reply)
     {"t": "beat", "session": id, "key": beat key}   from any socket: keeps that session's lease
     {"t": "bye"}
     {"t": "status"}                                no session needed: answered with the daemon's state
@@ -85,8 +86,12 @@ class Bye(NamedTuple):
     pass
 
 
+class Doorbell(NamedTuple):
+    """The client wrote into its ring while the daemon slept (`gpud_protocol.ring`)."""
+
+
 class Status(NamedTuple):
     """A daemon-level request (`gpud status`, `gpud stats`): needs no session."""
 
 
-ClientMessage = Hello | Batch | Ping | Beat | Bye | Status
+ClientMessage = Hello | Batch | Ping | Beat | Bye | Doorbell | Status

@@ -1,0 +1,190 @@
+"""The shared-memory fast path end to end (gpud.service.rings, ring_server; gpud_client.ring): results
+equal ZeroMQ's whichever way each message goes, and whatever a client does to its own ring or the
+ring socket ends at most its own session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import msgpack
+import numpy as np
+import pytest
+import support
+from support import Daemon
+
+import gpud_client
+import gpud_protocol as proto
+from gpud.service import admin
+from gpud.testing import spawn
+from gpud_client.errors import DaemonLost, SessionLost
+from gpud_protocol import ring as R
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[Daemon]:
+    """A daemon of this module's own on the fake backend (its ring sessions spin it: not the shared one)."""
+    with spawn.daemon("fake", extra_args=("--lease", "2")) as (address, proc):
+        yield Daemon(address, proc, "fake")
+        assert proc.poll() is None
+
+
+async def _status(address: str) -> dict[str, Any]:
+    return await anyio.to_thread.run_sync(admin.query, address)
+
+
+async def test_a_ring_session_gets_the_same_results_as_zeromq(daemon: Daemon) -> None:
+    """On the session-wide daemon (webgpu here, cuda on a GPU): dispatch + readback, repeated."""
+    async with gpud_client.connect(daemon.address, ring=True) as gpu:
+        assert gpu.ring
+        k = await support.axpb(gpu)
+        x = gpu.tensor(np.arange(1000, dtype=np.float32))
+        y = gpu.empty((1000,), "float32")
+        for i in range(50):
+            support.run_axpb(gpu, k, x, y, float(i), 1.0)
+            support.assert_close(await y.numpy(), support.ref_axpb(np.arange(1000, dtype=np.float32), i, 1.0))
+        x.free()
+        y.free()
+    daemon.assert_alive()
+
+
+async def test_large_messages_go_by_zeromq_in_order_with_the_ring(fake: Daemon) -> None:
+    """Uploads past the ring's largest message go by ZeroMQ; the daemon runs batches in number order."""
+    async with gpud_client.connect(fake.address, ring=True) as gpu:
+        assert gpu.ring
+        k = await gpu.kernel("fake:scale", "scale")
+        rng = np.random.default_rng(0)
+        for i in range(20):
+            big = rng.random(200_000 + 64 * i, dtype=np.float32)  # 800 KB: by ZeroMQ
+            t = gpu.tensor(big)
+            y = gpu.empty(t.shape, "float32")
+            gpu.dispatch(k, (big.size // 64, 1, 1), [t, y, 2.0])  # by the ring, after the upload it reads
+            small = gpu.tensor(np.full(8, i, np.float32))
+            np.testing.assert_array_equal(await y.numpy(), big * 2)
+            np.testing.assert_array_equal(await small.numpy(), np.full(8, i, np.float32))
+            t.free()
+            y.free()
+            small.free()
+        huge = rng.random(3 << 20, dtype=np.float32)  # 12 MB: a readback in several parts
+        t = gpu.tensor(huge)
+        np.testing.assert_array_equal(await t.numpy(), huge)
+    stats = await _status(fake.address)
+    assert stats["rings"]["rings_attached"] >= 1
+
+
+async def test_what_a_ring_session_queued_before_closing_is_done(fake: Daemon) -> None:
+    """The bye goes by ZeroMQ after the daemon confirmed every batch: it never overtakes the ring."""
+    async with gpud_client.connect(fake.address, ring=True) as gpu:
+        t = gpu.tensor(np.arange(16, dtype=np.float32))
+        gpu.publish(t, "ring-published", mode="ro")
+    async with gpud_client.connect(fake.address) as other:
+        opened = await other.open("ring-published")
+        np.testing.assert_array_equal(await opened.numpy(), np.arange(16, dtype=np.float32))
+        opened.free()
+        other.unpublish("ring-published")
+        await other.sync()
+
+
+async def test_a_daemon_without_rings_serves_a_client_that_asks_for_one() -> None:
+    with spawn.daemon("fake", extra_args=("--ring-bytes", "0")) as (address, _proc):
+        assert not Path(address[len("ipc://") :] + ".ring").exists()
+        async with gpud_client.connect(address, ring=True) as gpu:
+            assert not gpu.ring
+            t = gpu.tensor(np.ones(4, np.float32))
+            np.testing.assert_array_equal(await t.numpy(), np.ones(4, np.float32))
+
+
+# --------------------------------------------------------------------------- hostile clients
+
+
+async def _bystanders_work(address: str) -> None:
+    for ring in (False, True):
+        async with gpud_client.connect(address, ring=ring) as gpu:
+            assert gpu.ring == ring
+            t = gpu.tensor(np.arange(8, dtype=np.float32))
+            np.testing.assert_array_equal(await t.numpy(), np.arange(8, dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["written_far_ahead", "record_head_lies", "lengths_lie", "reply_read_ahead", "batch_numbers_skip_back"],
+)
+async def test_a_client_that_breaks_its_own_ring_loses_only_its_session(fake: Daemon, damage: str) -> None:
+    with pytest.raises((SessionLost, DaemonLost, gpud_client.GpudError)):
+        async with gpud_client.connect(fake.address, ring=True) as gpu:
+            t = gpu.tensor(np.arange(8, dtype=np.float32))
+            await t.numpy()
+            connection = gpu._connection
+            ring = connection.ring
+            assert ring is not None
+            connection.ring = None  # from here on this client speaks ZeroMQ alone; the damage stays
+            requests = ring.requests
+            words, own, capacity = requests._words, requests._own, requests.capacity
+            if damage == "written_far_ahead":
+                words[R.REQUEST_WRITTEN] = own + (1 << 40)
+            elif damage == "record_head_lies":
+                struct.pack_into("<II", requests._data, own % capacity, 1 << 30, 1)
+                words[R.REQUEST_WRITTEN] = own + 64
+            elif damage == "lengths_lie":
+                requests.produce([proto.PING])
+                struct.pack_into("<I", requests._data, (own % capacity) + 8, 999)
+            elif damage == "reply_read_ahead":
+                words[R.REPLY_READ] = 1 << 50
+                ring.replies.set_slot(R.CLIENT_POLLS_UNTIL, 1 << 62)  # asks for its replies in the ring
+            else:  # a batch whose number was used already
+                requests.produce([proto.encode_ops([proto.FlushOp(10**6)], 0, number=1)])
+            connection._send_control(proto.DOORBELL)
+            for _ in range(100):
+                await gpu.stats()  # ends in SessionLost once the daemon has ended the session
+    fake.assert_alive()
+    await _bystanders_work(fake.address)
+    stats = await _status(fake.address)
+    assert stats["rings"]["ring_sessions"] == 0
+
+
+def _ask(path: str, request: bytes) -> tuple[dict[str, object] | None, list[int]]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        conn.connect(path)
+        if request:
+            conn.sendall(request)
+        data, fds, _, _ = socket.recv_fds(conn, 512, 4)
+    answer = msgpack.unpackb(data, raw=False) if data else None
+    return answer, fds
+
+
+async def test_the_ring_socket_gives_a_ring_to_the_session_alone(fake: Daemon) -> None:
+    path = fake.address[len("ipc://") :] + ".ring"
+    async with gpud_client.connect(fake.address) as gpu:
+        session, key = gpu.session_id, str(gpu.welcome["key"])
+        for request in (
+            msgpack.packb({"session": session, "key": "0" * len(key)}),  # a wrong key
+            msgpack.packb({"session": "nobody", "key": key}),
+            msgpack.packb(["not", "a", "map"]),
+            b"\xc1garbage",
+            msgpack.packb({"session": session, "key": 7}),
+        ):
+            answer, fds = _ask(path, request)
+            assert answer is not None and answer["ok"] is False and fds == []
+        # a connection that says nothing is closed after a while, and costs nobody anything meanwhile
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        silent.connect(path)
+        t = gpu.tensor(np.ones(4, np.float32))
+        np.testing.assert_array_equal(await t.numpy(), np.ones(4, np.float32))
+        silent.settimeout(5)
+        assert silent.recv(16) == b""
+        silent.close()
+        answer, fds = _ask(path, msgpack.packb({"session": session, "key": key}))
+        assert answer is not None and answer["ok"] is True and len(fds) == 1
+        # the segment is sealed: the client cannot shrink it under the daemon
+        with pytest.raises(PermissionError):
+            os.ftruncate(fds[0], 4096)
+        for fd in fds:
+            os.close(fd)
+    fake.assert_alive()
