@@ -241,8 +241,8 @@ class Client(GraphCalls, ClientBase):
         """Load a safetensors file into resident tensors named `prefix + name`, published in `mode`:
         {name: Tensor} (this session's handles). The file is memory-mapped and streamed in chunks of
         about `chunk_bytes`; it is checked as hostile input first. `dtype` ("float16", "float32",
-        "float64") converts the floating-point tensors; integer tensors keep their dtype. BF16 tensors
-        load as float32 (exactly), or as `dtype`: gpud has no bfloat16 dtype yet. On any failure
+        "float64", "bfloat16") converts the floating-point tensors; integer tensors keep their dtype.
+        BF16 tensors load as bfloat16 (their bits unchanged), or as `dtype`. On any failure
         nothing stays published or allocated, and the error names the tensor."""
         return await loader.load_safetensors(self, path, prefix, dtype, mode, device=device, chunk_bytes=chunk_bytes)
 

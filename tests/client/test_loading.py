@@ -1,7 +1,7 @@
 """Integration tests of loading weights: `load_safetensors`, `open_prefix`, `residents`, and uploads
 in parts, against a real daemon on every backend.
 
-What is checked: every dtype loads exactly (BF16 as float32 or converted), a tensor larger than one
+What is checked: every dtype loads exactly (BF16 as bfloat16, or converted), a tensor larger than one
 chunk arrives whole; a hostile file is refused before anything is allocated, and a load that fails
 half-way (a name taken) leaves nothing published or allocated; `open_prefix` and `residents` see
 exactly what `open` would (published names only, in their publisher's mode), all or nothing, in one
@@ -22,6 +22,7 @@ import gpud_client
 import gpud_protocol as proto
 from gpud.testing import spawn
 from gpud_client import AlreadyExists, Client, InvalidArgument, PermissionDenied
+from gpud_client.dtypes import bits_to_float32, to_bits
 from gpud_client.uploads import queue_part
 
 
@@ -69,9 +70,9 @@ async def test_load_every_dtype_in_chunks_and_open_it_elsewhere(gpu: Client, add
         assert [r.name for r in listed] == sorted(prefix + name for name in expected)
         by_name = {r.name[len(prefix) :]: r for r in listed}
         for name, want in expected.items():
-            assert by_name[name] == gpud_client.Resident(
-                prefix + name, want.dtype.name, want.shape, "ro", want.nbytes, gpu.device
-            )
+            dtype, nbytes = ("bfloat16", want.size * 2) if name == "b.bf16" else (want.dtype.name, want.nbytes)
+            assert by_name[name] == gpud_client.Resident(prefix + name, dtype, want.shape, "ro", nbytes, gpu.device)
+        assert tensors["b.bf16"].dtype == "bfloat16"  # BF16 loads as bfloat16; numpy() gives its float32 values
     for name in expected:
         gpu.unpublish(prefix + name)
         tensors[name].free()
@@ -91,6 +92,23 @@ async def test_dtype_converts_floats_and_keeps_integers(gpu: Client, tmp_path: P
             assert got.dtype == want.dtype, name
             np.testing.assert_array_equal(got, want)
     assert {r.mode for r in await gpu.residents(prefix)} == {"rw"}
+    for name in expected:
+        gpu.unpublish(prefix + name)
+        tensors[name].free()
+
+
+async def test_dtype_bfloat16_loads_floats_rounded_to_nearest_even(gpu: Client, tmp_path: Path) -> None:
+    path, expected = checkpoint(tmp_path)
+    prefix = _prefix("bf16")
+    tensors = await gpu.load_safetensors(path, prefix, dtype="bfloat16", chunk_bytes=64)
+    for name, want in expected.items():
+        got = await tensors[name].numpy()
+        if want.dtype.kind == "f":
+            assert tensors[name].dtype == "bfloat16", name
+            np.testing.assert_array_equal(got, bits_to_float32(to_bits(want, name)))
+        else:
+            assert got.dtype == want.dtype, name
+            np.testing.assert_array_equal(got, want)
     for name in expected:
         gpu.unpublish(prefix + name)
         tensors[name].free()

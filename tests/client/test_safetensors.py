@@ -1,7 +1,7 @@
 """The safetensors reader (gpud_client.loaders.safetensors) on generated files: no daemon.
 
-Well-formed files read back exactly (BF16 as float32, converted chunk by chunk with every chunk but
-the last a multiple of 4 bytes); a hostile header is refused with a message that says what is wrong,
+Well-formed files read back exactly (BF16 as its bfloat16 bits, or converted; chunk by chunk with
+every chunk but the last a multiple of 4 bytes); a hostile header is refused with a message that says what is wrong,
 before any data is read.
 """
 
@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 from safetensors_writer import bf16_bits, header_of, write, write_raw
 
+from gpud_client.dtypes import float32_to_bits, to_bits
 from gpud_client.loaders.safetensors import MAX_HEADER_BYTES, STORED, FormatError, chunks, read_header
+
+
+def host(dtype: str) -> np.dtype[Any]:
+    """How a loaded dtype's bytes read on the host (bfloat16: its bits, uint16)."""
+    return np.dtype(np.uint16) if dtype == "bfloat16" else np.dtype(dtype)
 
 
 def load_all(path: Path, dtype: str | None = None, size: int = 1 << 20) -> dict[str, np.ndarray[Any, Any]]:
@@ -22,9 +28,9 @@ def load_all(path: Path, dtype: str | None = None, size: int = 1 << 20) -> dict[
     data = np.memmap(path, np.uint8, mode="r")
     out = {}
     for entry in read_header(path, 8):
-        loaded = entry.loads_as(dtype)
-        buffer = bytearray(entry.elements * np.dtype(loaded).itemsize)
-        for offset, chunk in chunks(data, entry, loaded, size):
+        loaded = host(entry.loads_as(dtype))
+        buffer = bytearray(entry.elements * loaded.itemsize)
+        for offset, chunk in chunks(data, entry, entry.loads_as(dtype), size):
             buffer[offset : offset + len(chunk)] = chunk
         out[entry.name] = np.frombuffer(bytes(buffer), loaded).reshape(entry.shape)
     return out
@@ -55,18 +61,20 @@ def test_reads_every_dtype_back(tmp_path: Path) -> None:
         np.testing.assert_array_equal(loaded[name], array)
 
 
-def test_bf16_loads_as_exact_float32(tmp_path: Path) -> None:
+def test_bf16_loads_as_its_bits_and_converts_exactly(tmp_path: Path) -> None:
     values = np.array(
         [0.0, -0.0, 1.0, -2.5, 3.140625, 2.0**-126, 2.0**-133, 65280.0, np.inf, -np.inf, 2.0**100], np.float32
     )
-    path = write(
-        tmp_path / "bf16.safetensors", {"w": ("BF16", bf16_bits(values)), "b": ("BOOL", np.array([0, 1], np.uint8))}
-    )
+    bits = bf16_bits(values)
+    path = write(tmp_path / "bf16.safetensors", {"w": ("BF16", bits), "b": ("BOOL", np.array([0, 1], np.uint8))})
+    assert next(e for e in read_header(path, 8) if e.name == "w").loads_as(None) == "bfloat16"
     loaded = load_all(path)
-    assert loaded["w"].dtype == np.float32
-    np.testing.assert_array_equal(loaded["w"], values)  # each value is a bfloat16: exact
-    nan = load_all(write(tmp_path / "nan.safetensors", {"w": ("BF16", np.array([0x7FC0], np.uint16))}))["w"]
-    assert np.isnan(nan).all()
+    np.testing.assert_array_equal(loaded["w"], bits)  # the bits as the file holds them
+    as_f32 = load_all(path, "float32")["w"]
+    assert as_f32.dtype == np.float32
+    np.testing.assert_array_equal(as_f32, values)  # each value is a bfloat16: exact
+    nan = load_all(write(tmp_path / "nan.safetensors", {"w": ("BF16", np.array([0x7FC0], np.uint16))}), "float32")
+    assert np.isnan(nan["w"]).all()
     assert loaded["b"].dtype == np.uint8 and loaded["b"].tolist() == [0, 1]  # no gpud bool
 
 
@@ -83,6 +91,18 @@ def test_dtype_converts_floating_tensors_only(tmp_path: Path) -> None:
     assert loaded["i"].dtype == np.int32  # integer tensors keep their dtype
 
 
+def test_dtype_bfloat16_rounds_each_float_once_to_nearest_even(tmp_path: Path) -> None:
+    f64 = np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-9, 1.0 + 2.0**-9 + 2.0**-40, -7.3, 1e-30], np.float64)
+    f32 = f64.astype(np.float32)
+    f16 = np.array([1.0009765625, -3.5, 65504.0], np.float16)
+    path = write(tmp_path / "to-bf16.safetensors", {"d": f64, "s": f32, "h": f16, "i": np.arange(3, dtype=np.int8)})
+    loaded = load_all(path, "bfloat16")
+    np.testing.assert_array_equal(loaded["d"], to_bits(f64, "d"))  # float64 rounded once, not through float32
+    np.testing.assert_array_equal(loaded["s"], float32_to_bits(f32))  # nearest even (bf16_bits truncates)
+    np.testing.assert_array_equal(loaded["h"], float32_to_bits(f16.astype(np.float32)))
+    assert loaded["i"].dtype == np.int8
+
+
 @pytest.mark.parametrize("size", [1, 4, 6, 8, 12, 64, 1000])
 @pytest.mark.parametrize(
     ("array", "dtype"),
@@ -92,6 +112,7 @@ def test_dtype_converts_floating_tensors_only(tmp_path: Path) -> None:
         (np.arange(37, dtype=np.uint8), None),
         (np.arange(37, dtype=np.float16), "float32"),
         (np.arange(37, dtype=np.float64), "float16"),
+        (np.arange(37, dtype=np.float32) / 7, "bfloat16"),
     ],
 )
 def test_chunks_cover_the_tensor_in_aligned_parts(tmp_path: Path, size: int, array: Any, dtype: str | None) -> None:
@@ -99,13 +120,14 @@ def test_chunks_cover_the_tensor_in_aligned_parts(tmp_path: Path, size: int, arr
     entry = next(e for e in read_header(path, 8) if e.name == "x")
     loaded = entry.loads_as(dtype)
     parts = list(chunks(np.memmap(path, np.uint8, mode="r"), entry, loaded, size))
-    total = entry.elements * np.dtype(loaded).itemsize
+    total = entry.elements * host(loaded).itemsize
     assert [offset for offset, _ in parts] == sorted({offset for offset, _ in parts})
     assert sum(len(chunk) for _, chunk in parts) == total
     for offset, chunk in parts[:-1]:
         assert offset % 4 == 0 and len(chunk) % 4 == 0
-    joined = np.frombuffer(b"".join(bytes(c) for _, c in parts), loaded)
-    np.testing.assert_array_equal(joined, array.astype(loaded))
+    joined = np.frombuffer(b"".join(bytes(c) for _, c in parts), host(loaded))
+    want = to_bits(array, "x") if loaded == "bfloat16" else array.astype(loaded)
+    np.testing.assert_array_equal(joined, want)
 
 
 def test_entries_come_in_data_order(tmp_path: Path) -> None:
@@ -179,6 +201,4 @@ def test_every_loaded_dtype_is_a_gpud_dtype() -> None:
 
     for code, stored in STORED.items():
         assert stored.loads_as in gpud_protocol.DTYPE_SIZES, code
-        storage = np.dtype(stored.storage)
-        if stored.decode is None:
-            assert storage.itemsize == np.dtype(stored.loads_as).itemsize, code
+        assert np.dtype(stored.storage).itemsize == gpud_protocol.DTYPE_SIZES[stored.loads_as], code

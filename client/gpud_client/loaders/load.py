@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from gpud_client.dtypes import is_bfloat16
 from gpud_client.errors import DaemonLost, GpudError, InvalidArgument, SessionLost
 from gpud_client.loaders.safetensors import FLOAT_TARGETS, Entry, FormatError, chunks, read_header
 from gpud_client.residents import check_name
 from gpud_client.uploads import PartSender, part_bytes, queue_part
+from gpud_protocol.limits import DTYPE_SIZES
 from gpud_protocol.schema import RESIDENT_MODES
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ async def load_safetensors(
         data = np.memmap(file, np.uint8, mode="r") if any(e.nbytes for e in entries) else None
     for entry in entries:
         check_name(prefix + entry.name, client.limits.max_name_len, OP, f"{path}: tensor {entry.name[:80]!r}")
-        nbytes = entry.elements * np.dtype(entry.loads_as(target)).itemsize
+        nbytes = entry.elements * DTYPE_SIZES[entry.loads_as(target)]
         if nbytes > client.limits.max_tensor_bytes:
             raise InvalidArgument(
                 f"{path}: tensor {entry.name!r} loads as {nbytes} bytes, more than the daemon's "
@@ -100,7 +102,7 @@ def _target(dtype: Any) -> str | None:
     if dtype is None:
         return None
     try:
-        name = str(np.dtype(dtype).name)
+        name = "bfloat16" if is_bfloat16(dtype) else str(np.dtype(dtype).name)
     except TypeError:
         name = str(dtype)
     if name not in FLOAT_TARGETS:

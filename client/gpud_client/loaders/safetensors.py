@@ -5,9 +5,9 @@ each tensor's name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets 
 starts after the header); "__metadata__" is ignored. Everything is checked before a byte of data is
 read: a bounded header, offsets inside the file, shape x itemsize == the byte span, known dtypes.
 
-`STORED` says how each dtype is stored and what gpud dtype it loads as. BF16 has no gpud dtype yet:
-it loads converted to float32 (exactly: a bfloat16 is the top half of a float32). When gpud gains a
-bfloat16 dtype, its entry becomes `Stored("<u2", "bfloat16", True)` and BF16 loads without conversion.
+`STORED` says how each dtype is stored and what gpud dtype it loads as: BF16 as bfloat16, its bits
+unchanged. `dtype=` converts the floating-point tensors to float16, float32, float64 or bfloat16 (to
+bfloat16 rounded once, to nearest even; from bfloat16 exactly to float32 and float64).
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
+
+from gpud_client.dtypes import bits_to_float32, to_bits
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own bound on the JSON header
 
@@ -27,22 +29,17 @@ class FormatError(ValueError):
     """The file is not a safetensors file gpud can load; the message says what is wrong."""
 
 
-def _bf16_to_f32(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
 class Stored(NamedTuple):
     storage: str  # numpy's name for the elements as the file holds them (little-endian)
     loads_as: str  # the gpud dtype of the tensor when no dtype= is given
     floating: bool  # converted by dtype=; integer tensors keep their dtype
-    decode: Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]] | None = None  # storage -> loads_as values
 
 
 STORED: dict[str, Stored] = {
     "F64": Stored("<f8", "float64", True),
     "F32": Stored("<f4", "float32", True),
     "F16": Stored("<f2", "float16", True),
-    "BF16": Stored("<u2", "float32", True, _bf16_to_f32),  # no gpud bfloat16 yet: exact float32 values
+    "BF16": Stored("<u2", "bfloat16", True),  # bfloat16 bits
     "I64": Stored("<i8", "int64", False),
     "I32": Stored("<i4", "int32", False),
     "I16": Stored("<i2", "int16", False),
@@ -53,7 +50,7 @@ STORED: dict[str, Stored] = {
     "U8": Stored("|u1", "uint8", False),
     "BOOL": Stored("|u1", "uint8", False),  # no gpud bool: 0 and 1 as uint8
 }
-FLOAT_TARGETS = ("float16", "float32", "float64")  # what dtype= may ask for
+FLOAT_TARGETS = ("float16", "float32", "float64", "bfloat16")  # what dtype= may ask for
 
 
 class Entry(NamedTuple):
@@ -73,7 +70,7 @@ class Entry(NamedTuple):
         return self.nbytes // np.dtype(self.stored.storage).itemsize
 
     def loads_as(self, dtype: str | None) -> str:
-        """The gpud dtype this tensor gets with `dtype=` (None: its own, BF16 as float32)."""
+        """The gpud dtype this tensor gets with `dtype=` (None: its own)."""
         stored = self.stored
         return dtype if dtype is not None and stored.floating else stored.loads_as
 
@@ -142,8 +139,9 @@ def _entry(name: str, info: Any, data_start: int, data_size: int, max_ndim: int)
 def chunks(data: np.ndarray[Any, Any], entry: Entry, dtype: str, size: int) -> Iterator[tuple[int, memoryview]]:
     """(byte offset in the loaded tensor, bytes) of `entry` converted to `dtype`, about `size` bytes
     at a time: every chunk but the last is a multiple of 4 bytes. `data` is the file as uint8 (a map)."""
-    stored = entry.stored
-    storage, out = np.dtype(stored.storage), np.dtype(dtype)
+    storage = np.dtype(entry.stored.storage)
+    from_bf16, to_bf16 = entry.dtype == "BF16", dtype == "bfloat16"
+    out = np.dtype(np.uint16) if to_bf16 else np.dtype(dtype)  # bfloat16 travels as its bits
     count = entry.elements
     step = max(4, size // out.itemsize // 4 * 4)  # elements per chunk, a multiple of 4
     for first in range(0, count, step):
@@ -152,8 +150,10 @@ def chunks(data: np.ndarray[Any, Any], entry: Entry, dtype: str, size: int) -> I
         values = data[at : at + n * storage.itemsize].view(storage)
         if values.size != n:
             raise FormatError(f"tensor {entry.name[:80]!r}: the file ends inside its data (did it change?)")
-        if stored.decode is not None:
-            values = stored.decode(values)
+        if from_bf16 and not to_bf16:
+            values = bits_to_float32(values)  # exact
+        elif to_bf16 and not from_bf16:
+            values = to_bits(values, f"tensor {entry.name[:80]!r}")  # rounded once, to nearest even
         # astype copies even when nothing converts: the bytes sent are ours, whatever happens to the file
         yield first * out.itemsize, values.astype(out).data.cast("B")
 
