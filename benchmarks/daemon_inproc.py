@@ -18,6 +18,7 @@ from gpud.backends.fake import FAKE_KERNELS, FakeDevice, FakeKernel
 from gpud.runtime.runtime import DeviceRuntime
 from gpud.service.config import Config
 from gpud.session.graphs import GraphStore
+from gpud.session.merging import Merger
 from gpud.session.residents import ResidentStore
 from gpud.session.session import Session
 from gpud_client.batch import OpQueue
@@ -102,6 +103,7 @@ class InProcessDaemon:
         self.runtimes = [rt]
         self.residents = ResidentStore(lambda tensor: rt.release(tensor.buffer))
         self.graph_store = GraphStore(lambda _session: True)
+        self.merger = Merger()
         self.tasks: set[asyncio.Future[None]] = set()
         self.ops = 0
         self.dispatches = 0

@@ -11,9 +11,10 @@ from gpud_protocol import ArgKind
 
 
 class GraphCalls(ClientBase):
-    def graph(self, name: str) -> Graph:
-        """A recorder of a step to build once and replay in one message (see gpud_client.graphs)."""
-        return Graph(self, name)
+    def graph(self, name: str, *, rows: bool = False) -> Graph:
+        """A recorder of a step to build once and replay in one message (see gpud_client.graphs).
+        `rows=True`: a row-independent step, whose concurrent replays the daemon may merge."""
+        return Graph(self, name, rows=rows)
 
     def publish_graph(self, step: Step, name: str) -> None:
         """Let every session open `step`'s graph (all its instances) by `name`."""

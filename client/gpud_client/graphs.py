@@ -13,6 +13,12 @@
 
 Building the same name again with inputs of other shapes adds an instance (one per shape, e.g.
 per batch size); a replay picks the instance by the shapes of its inputs.
+
+A row-independent step (`gpu.graph(name, rows=True)`): every input and output has the same leading
+axis, the rows, and each output row depends on its own input rows alone (and on tensors every row
+shares, such as weights); no bound tensors. Build it for several row counts (1, 2, 4, 8...), publish
+it, and the daemon merges replays that sessions send at the same time into one launch of the
+smallest instance that holds all their rows, each session getting back exactly its rows.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ if TYPE_CHECKING:
 class Graph:
     """A recorder: nothing reaches the daemon until `build()`."""
 
-    def __init__(self, client: ClientBase, name: str) -> None:
+    def __init__(self, client: ClientBase, name: str, *, rows: bool = False) -> None:
         self._client = client
         self.name = name
+        self.rows = rows
         self._inputs: list[tuple[str, str, tuple[int, ...]]] = []
         self._scalars: list[tuple[str, int]] = []
         self._binds: list[tuple[str, str, tuple[int, ...]]] = []
@@ -155,6 +162,7 @@ class Graph:
             tuple(self._steps),
             tuple(proto.GraphOutput(*o) for o in self._outputs),
             tuple(self._views),
+            self.rows,
         )
         client = self._client
         frames = list(self._uploads)

@@ -85,6 +85,10 @@ def to_json(status: dict[str, Any]) -> str:
     return json.dumps(status, indent=2, sort_keys=True)
 
 
+def _per(total: int, count: int) -> str:
+    return f"{total / count:.1f}" if count else "-"
+
+
 def _bytes(n: Any) -> str:
     if n is None:
         return "?"
@@ -184,6 +188,9 @@ def format_stats(status: dict[str, Any]) -> str:
             f"{c.get('compiles', 0)} (errors {c.get('compile_errors', 0)})",
             f"  graph replays {c.get('graph_replays', 0)}, graphs instantiated {c.get('graphs_instantiated', 0)}; "
             f"uploaded {_bytes(c.get('upload_bytes', 0))}, read back {_bytes(c.get('download_bytes', 0))}",
+            f"  row-independent replays: {c.get('merged_launches', 0)} merged launches of "
+            f"{c.get('merged_rows', 0)} rows ({_per(c.get('merged_rows', 0), c.get('merged_launches', 0))} rows "
+            f"per launch), {c.get('row_launches', 0)} launched alone",
             f"  readback latency (copy encoded to completed, latest 1,024): {lat}",
         ]
         extra = {k: v for k, v in c.items() if k not in _SHOWN}
@@ -205,6 +212,9 @@ _SHOWN = frozenset(
         "compile_errors",
         "graph_replays",
         "graphs_instantiated",
+        "merged_launches",
+        "merged_rows",
+        "row_launches",
         "upload_bytes",
         "download_bytes",
         "upload_staging_hits",

@@ -177,6 +177,9 @@ class Config:
     session_max_failures: int = _sessions(64, "unacknowledged failed ops kept per session", min=1)
     session_max_graphs: int = _sessions(64, "replay graphs a session builds or opens", min=1)
     graph_instances: int = _sessions(8, "instances (input shapes) of one replay graph", min=1, max=1024)
+    merge_replays: bool = _coalescing(
+        True, "launch concurrent replays of a row-independent graph together (its rows=True instances)"
+    )
     session_window: int = _sessions(64, "batches a client may send before the daemon confirms them", min=1)
     session_reply_bytes: int = _sessions(2 * GiB, "reply bytes a session may have waiting to be sent", min=MiB, unit=B)
     sessionless_rate: float = _sessions(

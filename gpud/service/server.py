@@ -39,6 +39,7 @@ from gpud.service.registry import Registry
 from gpud.service.router import Router
 from gpud.service.transport import Transport
 from gpud.session.graphs import GraphStore
+from gpud.session.merging import Merger
 from gpud.session.residents import ResidentStore
 from gpud.session.tensors import Tensor
 
@@ -59,6 +60,7 @@ class Server:
         connected = self.registry.is_connected
         self.residents = ResidentStore(self._release, connected, config.resident_max_count, config.resident_max_bytes)
         self.graph_store = GraphStore(connected)
+        self.merger = Merger()
         self.lifecycle = Lifecycle(
             config, self.runtimes, self.registry, self.transport, self.notifier, self.status_line
         )
@@ -160,6 +162,8 @@ class Server:
         self._tasks.start_soon(run)
 
     def after_work(self) -> None:
+        if self.merger:  # replays of row-independent graphs read in this slice, merged where they can be
+            self.merger.run()
         for rt in self.runtimes:
             rt.after_drain()
 

@@ -17,7 +17,7 @@ import gpud_protocol as proto
 from gpud.backends.base import Buffer, Program
 from gpud.runtime.runtime import DeviceRuntime, Wait
 from gpud.session.graph_record import Recording, record
-from gpud.session.graphs import Family, Signature
+from gpud.session.graphs import Family, Instance, Signature
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import InvalidArgument, NotFound, OutOfMemory, PermissionDenied
@@ -63,8 +63,12 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
     )
     if family is not None and family.signature != signature:
         raise InvalidArgument(f"graph {op.name!r}: another instance has other input, scalar, bind or output names")
+    if family is not None and family.rows != graph.rows:
+        raise InvalidArgument(f"graph {op.name!r}: its other instances were built with rows={family.rows}")
     recording = record(session, graph, programs, fixed, rt, batch)
     instance = recording.instance
+    if graph.rows:
+        instance.rows = _rows(op.name, graph, instance)
     slots: list[tuple[Any, int]] = [("in", instance.input_bytes), ("out", instance.output_bytes)]
     slots += [(index, part.nbytes) for index, part in enumerate(instance.temps)]
     current = family.slots if family is not None else {}
@@ -82,6 +86,7 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
         if family is None:
             family = Family(op.name, session.id, rt, signature, session)
             family.max_instances = session._settings.graph_instances
+            family.rows = graph.rows
         before = family.nbytes
         released = family.add(instance)  # raises with the family unchanged
         owned.hand_over()
@@ -115,6 +120,24 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
         return None
 
     return owned.guard(lambda: upload(0))
+
+
+def _rows(name: str, graph: proto.GraphDef, instance: Instance) -> int:
+    """The rows of a row-independent graph's instance: the leading axis every input and output shares."""
+    if graph.binds:
+        raise InvalidArgument(
+            f"graph {name!r} is row-independent (rows=True): it binds no tensors (a merged launch would "
+            "share one session's tensor among all)"
+        )
+    parts = [*instance.inputs, *instance.outputs]
+    leading = {part.shape[0] if part.shape else 0 for part in parts}
+    if not instance.inputs or not instance.outputs or len(leading) != 1 or 0 in leading:
+        shapes = ", ".join(f"{p.name} {list(p.shape)}" for p in parts) or "none"
+        raise InvalidArgument(
+            f"graph {name!r} is row-independent (rows=True): its inputs and outputs need one leading axis "
+            f"of at least one row, the same for all (got {shapes})"
+        )
+    return leading.pop()
 
 
 class _Owned:

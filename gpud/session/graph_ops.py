@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import gpud_protocol as proto
 from gpud.backends.base import Buffer
 from gpud.runtime.runtime import Wait
 from gpud.session.graph_build import build_graph
+from gpud.session.graph_run import execute
 from gpud.session.graphs import ALIGN, Family
+from gpud.session.merging import Pending
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import Busy, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
 
@@ -74,7 +76,7 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
             raise InvalidArgument(f"the packed inputs are {data.nbytes} bytes, graph {family.name!r} takes {want}")
     elif op.frame >= 0:
         raise InvalidArgument(f"graph {family.name!r} takes no inputs")
-    plan = family.plan(instance, tuple(binds))  # checked here: a refused step fails this replay alone
+    family.plan(instance, tuple(binds))  # checked here: a refused step fails this replay alone
     rt = family.runtime
     if rt.saturated:
         return Wait(rt.unsaturated(), lambda: replay(session, op, batch))
@@ -85,30 +87,11 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
         session.requests_in_flight += 1
         session.reply_bytes_reserved += instance.output_bytes
     session.touched.add(rt.index)
-    slots = family.slots
-
-    def run() -> Wait | None:
-        rt.replay(plan, values, session)
-        family.last_use = rt.ledger.pending_index
-        if not readback:
-            return None
-        layout = [[p.name, p.dtype, list(p.shape), p.offset] for p in instance.outputs]
-        reply = session._readback_reply(op.seq, instance.output_bytes, rt, {"outputs": layout})
-        if instance.output_bytes == 0:
-            reply.deliver(0, b"", None)
-            rt.want_flush()
-            return None
-        return rt.download(rt.view(slots["out"], 0, instance.output_bytes), reply.deliver, session)
-
-    if data is None:
-        return run()
-    return _then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), data, session), run)
-
-
-def _then(wait: Wait | None, next_step: Callable[[], Wait | None]) -> Wait | None:
-    if wait is None:
-        return next_step()
-    return Wait(wait.ready, lambda: _then(wait.resume(), next_step))
+    if family.rows and session._settings.merge_replays:  # runs at the end of this slice, perhaps merged
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        session._daemon.merger.add(family, Pending(session, op, instance, values, data, done))
+        return Wait(done, done.result)
+    return execute(session, op, family, instance, values, data, tuple(binds))
 
 
 def graph_of(session: Session, handle: int) -> Family:

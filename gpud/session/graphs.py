@@ -82,6 +82,7 @@ class Instance:
     constants: list[Buffer]  # recorded uploads, copied in at their place every replay
     # One plan per set of bound tensors (in a decode, per client): instantiated once, replayed after.
     plans: LruCache[tuple[Any, ...], Replayable] = dataclasses.field(default_factory=lambda: LruCache(32))
+    rows: int = 0  # a row-independent graph's: the leading axis of every input and output
 
     def name(self, ref: proto.Arg) -> str:
         """A (non-view) reference, for an error message."""
@@ -126,6 +127,7 @@ class Family:
     last_use: int = 0  # the last submission a replay of it went into
     charged: int = 0  # bytes counted in the builder's quota
     max_instances: int = 8
+    rows: bool = False  # row-independent: concurrent replays may be merged (`merging`)
 
     @property
     def device(self) -> int:
@@ -233,6 +235,7 @@ class GraphStore:
         self._by_name: dict[str, Family] = {}
         self._is_connected = is_connected
         self.max_count = max_count
+
 
     def __len__(self) -> int:
         return len(self._by_name)

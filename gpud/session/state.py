@@ -18,6 +18,7 @@ from gpud.runtime.runtime import DeviceRuntime
 from gpud.session.failures import Failure, Failures
 from gpud.session.graphs import Family, GraphStore
 from gpud.session.kernels import KernelTable
+from gpud.session.merging import Merger
 from gpud.session.prepared import PreparedDispatches
 from gpud.session.residents import ResidentStore
 from gpud.session.tensors import Handle, Tensor, view_of
@@ -59,6 +60,9 @@ class Settings(Protocol):
     def graph_instances(self) -> int: ...
 
     @property
+    def merge_replays(self) -> bool: ...
+
+    @property
     def trace(self) -> bool: ...
 
 
@@ -68,6 +72,7 @@ class Daemon(Protocol):
     runtimes: list[DeviceRuntime]
     residents: ResidentStore
     graph_store: GraphStore
+    merger: Merger  # replays of row-independent graphs, until the slice they came in ends
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 

@@ -26,6 +26,7 @@ def _wire(field: Any) -> Any:
             "steps": [_step(step) for step in field.steps],
             "outputs": [list(o) for o in field.outputs],
             "views": [[list(ref), list(shape)] for ref, shape in field.views],
+            **({"rows": True} if field.rows else {}),
         }
     return field
 

@@ -54,3 +54,6 @@ class GraphDef(NamedTuple):
     steps: tuple[GraphDispatch | GraphCopy | GraphUpload, ...]
     outputs: tuple[GraphOutput, ...]
     views: tuple[tuple[Arg, tuple[int, ...]], ...] = ()  # (tensor, shape): the same memory, another shape
+    # Row-independent: every input and output has the same leading (row) axis, each row computed from
+    # its own rows alone; the daemon may then merge concurrent replays into one launch.
+    rows: bool = False

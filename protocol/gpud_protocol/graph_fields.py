@@ -117,4 +117,7 @@ def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> GraphDef
         outputs.append(GraphOutput(check_name(item[0], limits, ()), check_graph_ref(item[1], counts, limits)))
     if len({o.name for o in outputs}) != len(outputs):
         raise bad("graph outputs need distinct names")
-    return GraphDef(inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs), tuple(views))
+    rows = value.get("rows", False)
+    if type(rows) is not bool:
+        raise bad(f"graph rows must be true or false, got {describe(rows)}")
+    return GraphDef(inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs), tuple(views), rows)

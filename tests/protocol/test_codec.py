@@ -179,6 +179,20 @@ def test_op_round_trip(raw: list[Any], expected: Any) -> None:
     assert one_op(raw) == expected
 
 
+def test_a_row_independent_graph_says_so_with_a_boolean() -> None:
+    graph = {"inputs": [["x", "float32", [2, 4]]], "outputs": [["y", [4, 0]]]}
+    rows = one_op([Opcode.GRAPH, 1, 30, "rows", {**graph, "rows": True}])
+    assert rows.graph.rows is True
+    assert one_op([Opcode.GRAPH, 1, 30, "rows", graph]).graph.rows is False
+    encoded = msgpack.unpackb(proto.encode_op(rows), raw=False)
+    assert encoded[4]["rows"] is True and "rows" not in msgpack.unpackb(
+        proto.encode_op(rows._replace(graph=rows.graph._replace(rows=False))), raw=False
+    )[4]
+    for bad in (1, "yes", None, [True]):
+        decoded = batch([[Opcode.GRAPH, 1, 30, "rows", {**graph, "rows": bad}]])
+        assert isinstance(decoded.ops[0], OpError) and "rows must be true or false" in decoded.ops[0].message
+
+
 def test_upload_round_trip_and_frames() -> None:
     payloads = [b"\x01\x02\x03\x04", b"", b"x" * 70_000]
     ops = [[Opcode.UPLOAD, 1, 5, 0, 4], [Opcode.UPLOAD, 2, 6, 1, 0], [Opcode.UPLOAD, 3, 7, 2, 70_000]]

@@ -19,6 +19,7 @@ from runtime.test_runtime import make
 import gpud_protocol as proto
 from gpud.runtime.runtime import DeviceRuntime
 from gpud.session.graphs import GraphStore
+from gpud.session.merging import Merger
 from gpud.session.residents import ResidentStore
 from gpud.session.session import Session
 from gpud_protocol import ArgKind
@@ -36,6 +37,7 @@ class Settings:
     session_reply_bytes: int = 64 << 20
     session_max_graphs: int = 8
     graph_instances: int = 8
+    merge_replays: bool = True
     trace: bool = False
 
 
@@ -44,6 +46,7 @@ class Daemon:
         self.runtimes = [rt]
         self.residents = ResidentStore(lambda tensor: rt.release(tensor.buffer))
         self.graph_store = GraphStore(lambda _session: False)
+        self.merger = Merger()
         self.tasks: list[asyncio.Task[None]] = []
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
