@@ -334,13 +334,15 @@ def field_may_pass(kind: str, value: Any, devices: int) -> bool:
             return type(value) is str and 0 < len(value) <= LIMITS.max_name_len and bool(NAME_RE.fullmatch(value))
         case "mode":
             return value in ("ro", "rw") and type(value) is str
+        case "steps":
+            return is_int(value) and 1 <= value <= LIMITS.max_replay_steps
     raise AssertionError(kind)
 
 
 # fmt: off
 KNOWN_KINDS = frozenset([
     "handle", "dtype", "shape", "device", "frame", "nbytes", "source", "entry", "options", "grid", "args", "writes",
-    "name", "mode",
+    "name", "mode", "steps",
 ])
 # fmt: on
 

@@ -35,6 +35,7 @@ class GraphCalls(ClientBase):
             [(n, proto.SCALAR_NAMES[ArgKind(k)]) for n, k in header["scalars"]],
             [(n, d) for n, d in header["binds"]],
             list(header["outputs"]),
+            {str(o): str(i) for o, i in header.get("feeds", ())},
         )
 
     def unpublish_graph(self, name: str) -> None:

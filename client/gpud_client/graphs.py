@@ -11,6 +11,10 @@
     out = await step.replay(x=arr, pos=7, kv=my_kv)   # one message; returns {"h": ndarray}
     step.launch(x=arr, pos=7, kv=my_kv)          # queued like a dispatch, no readback
 
+A step whose output feeds one of its inputs (`g.feed("next", into="ids")`) can run several times in
+one message: `await step.replay_steps(n, ids=first, pos=per_step)` runs n replays back to back, the
+output copied into the input on the device between them, and returns every step's outputs.
+
 Building the same name again with inputs of other shapes adds an instance (one per shape, e.g.
 per batch size); a replay picks the instance by the shapes of its inputs.
 
@@ -58,6 +62,7 @@ class Graph:
         self._session_views: dict[proto.TensorView, GraphTensor] = {}  # a session view, as a view of the graph's
         self._uploads: list[bytes] = []
         self._names: set[str] = set()
+        self._feeds: list[tuple[str, str]] = []
 
     def _named(self, name: str) -> str:
         if name in self._names:
@@ -123,6 +128,11 @@ class Graph:
         """Read `tensor` back in each replay's reply, as `name`."""
         self._outputs.append((name, self._ref(tensor)))
 
+    def feed(self, output: str, *, into: str) -> None:
+        """In a multi-step replay (`Step.replay_steps`), output `output` of each step becomes input
+        `into` of the next, copied on the device (one dtype, as many elements)."""
+        self._feeds.append((output, into))
+
     def _ref(self, value: Any) -> proto.Arg:
         if isinstance(value, GraphTensor):
             if value.graph is not self:
@@ -163,6 +173,7 @@ class Graph:
             tuple(proto.GraphOutput(*o) for o in self._outputs),
             tuple(self._views),
             self.rows,
+            tuple(self._feeds),
         )
         client = self._client
         frames = list(self._uploads)
@@ -189,6 +200,7 @@ class Graph:
             [(n, proto.SCALAR_NAMES[ArgKind(k)]) for n, k in self._scalars],
             [(n, d) for n, d, _ in self._binds],
             [n for n, _ in self._outputs],
+            dict(self._feeds),
         )
 
 

@@ -33,6 +33,7 @@ class Step:
         scalars: list[tuple[str, str]],
         binds: list[tuple[str, str]],
         outputs: list[str],
+        feeds: dict[str, str] | None = None,
     ) -> None:
         self._client = client
         self.handle = handle
@@ -42,6 +43,7 @@ class Step:
         self.scalars = scalars
         self.binds = binds
         self.outputs = outputs
+        self.feeds = feeds or {}  # output -> the input it feeds in `replay_steps`
         self.freed = False
 
     async def replay(self, **values: Any) -> dict[str, np.ndarray[Any, Any]]:
@@ -50,13 +52,40 @@ class Step:
         seq = client._next_seq()
         client._queue(self._op(proto.Replay, seq, values), request=seq)
         header, data = await client._connection.request(seq)
-        raw = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
-        out: dict[str, np.ndarray[Any, Any]] = {}
-        for name, dtype, shape, offset in header.get("outputs", ()):
-            stored = host_dtype(dtype)
-            count = math.prod(shape)
-            out[name] = from_storage(raw[offset : offset + count * stored.itemsize], stored, copy=True).reshape(shape)
-        return out
+        return _outputs(header, data, 1)[0]
+
+    async def replay_steps(self, steps: int, **values: Any) -> dict[str, np.ndarray[Any, Any]]:
+        """`steps` replays back to back in one message: each output that feeds an input (`Graph.feed`)
+        is copied into that input of the next step on the device. A fed input takes its first step's
+        value; every other input takes one value per step, stacked on a new leading axis of `steps`;
+        scalars and bound tensors are the same for every step. Resolves with each output stacked the
+        same way: (steps, *shape)."""
+        if type(steps) is not int or not 1 <= steps <= self._client.limits.max_replay_steps:
+            raise InvalidArgument(f"steps is an int from 1 to {self._client.limits.max_replay_steps}, not {steps!r}")
+        fed = set(self.feeds.values())
+        per_step = []
+        for k in range(steps):
+            step = dict(values)
+            for name, _ in self.inputs:
+                if name not in values:
+                    continue
+                if name in fed:
+                    step[name] = values[name] if k == 0 else _like(values[name])
+                else:
+                    stacked = values[name]
+                    if len(stacked) != steps:
+                        raise InvalidArgument(
+                            f"graph {self.name!r} input {name!r}: one value per step, stacked ({steps}, ...); "
+                            f"got {len(stacked)}"
+                        )
+                    step[name] = stacked[k]
+            per_step.append(step)
+        client = self._client
+        seq = client._next_seq()
+        client._queue(self._op(proto.ReplaySteps, seq, per_step[0], per_step, steps), request=seq)
+        header, data = await client._connection.request(seq)
+        outs = _outputs(header, data, steps)
+        return {name: np.stack([out[name] for out in outs]) for name in outs[0]} if outs else {}
 
     def launch(self, **values: Any) -> None:
         """Queued like a dispatch: no round trip, no readback (results stay in bound tensors)."""
@@ -66,7 +95,14 @@ class Step:
         client = self._client
         client._queue(self._op(proto.Launch, client._next_seq(), values))
 
-    def _op(self, kind: type[Any], seq: int, values: dict[str, Any]) -> Any:
+    def _op(
+        self,
+        kind: type[Any],
+        seq: int,
+        values: dict[str, Any],
+        per_step: list[dict[str, Any]] | None = None,
+        n: int = 1,
+    ) -> Any:
         if self.freed:
             raise InvalidArgument(f"graph {self.name!r} is freed")
         known = {n for n, _ in self.inputs} | {n for n, _ in self.scalars} | {n for n, _ in self.binds}
@@ -74,7 +110,11 @@ class Step:
             raise InvalidArgument(f"graph {self.name!r} has no input, scalar or bound tensor {sorted(unknown)}")
         if missing := known - set(values):
             raise InvalidArgument(f"graph {self.name!r} needs {sorted(missing)}")
+        steps = per_step or [values]
         arrays = [host_input(self.name, name, dtype, values[name]) for name, dtype in self.inputs]
+        each = [[host_input(self.name, name, dtype, step[name]) for name, dtype in self.inputs] for step in steps]
+        if any(tuple(a.shape) != tuple(b.shape) for step in each for a, b in zip(step, arrays, strict=True)):
+            raise InvalidArgument(f"graph {self.name!r}: every step's inputs need the shapes of the first step's")
         binds = tuple(self._client._ref_of(values[name]) for name, _ in self.binds)  # checked before a frame is queued
         for (name, _), ref in zip(self.binds, binds, strict=True):
             if isinstance(ref, proto.TensorView):
@@ -85,9 +125,10 @@ class Step:
             for array in arrays:
                 offsets.append(total)
                 total = (total + array.nbytes + ALIGN - 1) // ALIGN * ALIGN
-            packed = bytearray(total)
-            for array, offset in zip(arrays, offsets, strict=True):
-                packed[offset : offset + array.nbytes] = array.tobytes()
+            packed = bytearray(total * len(each))  # the steps' inputs one after another, each packed alike
+            for k, step_arrays in enumerate(each):
+                for array, offset in zip(step_arrays, offsets, strict=True):
+                    packed[k * total + offset : k * total + offset + array.nbytes] = array.tobytes()
             queue = self._client._connection.queue
             index = queue.add_frame(bytes(packed))
             if index is None:
@@ -96,6 +137,8 @@ class Step:
             frame = int(index or 0)
         scalars = tuple(float(values[name]) if kind == "f32" else int(values[name]) for name, kind in self.scalars)
         shapes = tuple(tuple(a.shape) for a in arrays)
+        if kind is proto.ReplaySteps:
+            return kind(seq, self.handle, frame, shapes, scalars, binds, n)
         return kind(seq, self.handle, frame, shapes, scalars, binds)
 
     def free(self) -> None:
@@ -106,6 +149,28 @@ class Step:
 
     def __repr__(self) -> str:
         return f"<gpud graph {self.name!r} #{self.handle} device {self.device}>"
+
+
+def _outputs(header: dict[str, Any], data: Any, steps: int) -> list[dict[str, np.ndarray[Any, Any]]]:
+    """Each step's outputs by name, from a reply's packed data (the steps one after another)."""
+    raw = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
+    layout = header.get("outputs", ())
+    size = len(raw) // steps if steps else 0
+    outs: list[dict[str, np.ndarray[Any, Any]]] = []
+    for k in range(steps):
+        out: dict[str, np.ndarray[Any, Any]] = {}
+        for name, dtype, shape, offset in layout:
+            stored = host_dtype(dtype)
+            at = k * size + offset
+            count = math.prod(shape)
+            out[name] = from_storage(raw[at : at + count * stored.itemsize], stored, copy=True).reshape(shape)
+        outs.append(out)
+    return outs
+
+
+def _like(first: Any) -> Any:
+    """A later step's value of a fed input: overwritten on the device, so zeros of the first's shape."""
+    return np.zeros_like(np.asarray(first))
 
 
 def host_input(graph: str, name: str, dtype: str, value: Any) -> np.ndarray[Any, Any]:

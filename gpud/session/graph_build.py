@@ -60,15 +60,19 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
         tuple((s.name, s.kind) for s in graph.scalars),
         tuple((b.name, b.dtype) for b in graph.binds),
         tuple(o.name for o in graph.outputs),
+        graph.feeds,
     )
     if family is not None and family.signature != signature:
-        raise InvalidArgument(f"graph {op.name!r}: another instance has other input, scalar, bind or output names")
+        raise InvalidArgument(
+            f"graph {op.name!r}: another instance has other input, scalar, bind or output names, or feeds"
+        )
     if family is not None and family.rows != graph.rows:
         raise InvalidArgument(f"graph {op.name!r}: its other instances were built with rows={family.rows}")
     recording = record(session, graph, programs, fixed, rt, batch)
     instance = recording.instance
     if graph.rows:
         instance.rows = _rows(op.name, graph, instance)
+    instance.feeds = _feeds(op.name, graph, instance)
     slots: list[tuple[Any, int]] = [("in", instance.input_bytes), ("out", instance.output_bytes)]
     slots += [(index, part.nbytes) for index, part in enumerate(instance.temps)]
     current = family.slots if family is not None else {}
@@ -138,6 +142,22 @@ def _rows(name: str, graph: proto.GraphDef, instance: Instance) -> int:
             f"of at least one row, the same for all (got {shapes})"
         )
     return leading.pop()
+
+
+def _feeds(name: str, graph: proto.GraphDef, instance: Instance) -> list[tuple[int, int]]:
+    """The positions of each (output, input) a multi-step replay feeds, checked to be of one dtype and size."""
+    outputs = {part.name: index for index, part in enumerate(instance.outputs)}
+    inputs = {part.name: index for index, part in enumerate(instance.inputs)}
+    feeds = []
+    for output, target in graph.feeds:
+        src, dst = instance.outputs[outputs[output]], instance.inputs[inputs[target]]
+        if (src.dtype, src.nbytes) != (dst.dtype, dst.nbytes):
+            raise InvalidArgument(
+                f"graph {name!r} feeds output {output!r} ({src.dtype}{list(src.shape)}) into input {target!r} "
+                f"({dst.dtype}{list(dst.shape)}): they need one dtype and as many elements"
+            )
+        feeds.append((outputs[output], inputs[target]))
+    return feeds
 
 
 class _Owned:

@@ -9,8 +9,8 @@ import gpud_protocol as proto
 from gpud.backends.base import Buffer
 from gpud.runtime.runtime import Wait
 from gpud.session.graph_build import build_graph
-from gpud.session.graph_run import execute
-from gpud.session.graphs import ALIGN, Family
+from gpud.session.graph_run import execute, execute_steps
+from gpud.session.graphs import ALIGN, Family, Instance
 from gpud.session.merging import Pending
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import Busy, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
@@ -31,10 +31,58 @@ def _check_value(value: int | float, kind: int, name: str) -> int | float:
     return value
 
 
+AnyReplay = proto.Replay | proto.Launch | proto.ReplaySteps
+
+
 def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch) -> Wait | None:
     readback = type(op) is proto.Replay
     if readback:
         session._admit()
+    family, instance, values, binds, data = _checked(session, op, batch, 1)
+    rt = family.runtime
+    if rt.saturated:
+        return Wait(rt.unsaturated(), lambda: replay(session, op, batch))
+    if readback:
+        _reserve(session, instance.output_bytes)
+    session.touched.add(rt.index)
+    if family.rows and session._settings.merge_replays:  # runs at the end of this slice, perhaps merged
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        session._daemon.merger.add(family, Pending(session, op, instance, values, data, done))
+        return Wait(done, done.result)
+    return execute(session, op, family, instance, values, data, binds)
+
+
+def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) -> Wait | None:
+    """`op.steps` replays back to back, each step's fed inputs copied on the device from the outputs
+    of the step before (`graph_run.execute_steps`)."""
+    session._admit()
+    family, instance, values, binds, data = _checked(session, op, batch, op.steps)
+    rt = family.runtime
+    if rt.saturated:
+        return Wait(rt.unsaturated(), lambda: replay_steps(session, op, batch))
+    scratch = op.steps * (instance.input_bytes + instance.output_bytes)
+    quota, used = session._settings.session_memory_bytes, session.private_bytes[rt.index]
+    if used + scratch > quota:
+        raise OutOfMemory(
+            f"{op.steps} steps need {scratch} bytes of device memory: the session quota has {quota - used}"
+        )
+    _reserve(session, op.steps * instance.output_bytes)
+    session.touched.add(rt.index)
+    return execute_steps(session, op, family, instance, values, data, binds)
+
+
+def _reserve(session: Session, nbytes: int) -> None:
+    limit = session._settings.session_reply_bytes
+    if session.reply_bytes_reserved + nbytes > limit:
+        raise Busy(f"replies of {session.reply_bytes_reserved + nbytes} bytes would wait unsent")
+    session.requests_in_flight += 1
+    session.reply_bytes_reserved += nbytes
+
+
+def _checked(
+    session: Session, op: AnyReplay, batch: proto.Batch, steps: int
+) -> tuple[Family, Instance, tuple[int | float, ...], tuple[Buffer, ...], memoryview | None]:
+    """A replay's graph, instance, scalar values, bound tensors and packed inputs (`steps` steps' worth), checked."""
     family = graph_of(session, op.graph)
     instance = family.instances.get(op.shapes)
     if instance is None:
@@ -71,27 +119,13 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
         frame = batch.frames[op.frame]
         data = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
         data = data.cast("B") if data.format != "B" else data
-        if data.nbytes != instance.input_bytes:
-            want = instance.input_bytes
+        if data.nbytes != instance.input_bytes * steps:
+            want = instance.input_bytes * steps
             raise InvalidArgument(f"the packed inputs are {data.nbytes} bytes, graph {family.name!r} takes {want}")
     elif op.frame >= 0:
         raise InvalidArgument(f"graph {family.name!r} takes no inputs")
     family.plan(instance, tuple(binds))  # checked here: a refused step fails this replay alone
-    rt = family.runtime
-    if rt.saturated:
-        return Wait(rt.unsaturated(), lambda: replay(session, op, batch))
-    if readback:
-        limit = session._settings.session_reply_bytes
-        if session.reply_bytes_reserved + instance.output_bytes > limit:
-            raise Busy(f"replies of {session.reply_bytes_reserved + instance.output_bytes} bytes would wait unsent")
-        session.requests_in_flight += 1
-        session.reply_bytes_reserved += instance.output_bytes
-    session.touched.add(rt.index)
-    if family.rows and session._settings.merge_replays:  # runs at the end of this slice, perhaps merged
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        session._daemon.merger.add(family, Pending(session, op, instance, values, data, done))
-        return Wait(done, done.result)
-    return execute(session, op, family, instance, values, data, tuple(binds))
+    return family, instance, values, tuple(binds), data
 
 
 def graph_of(session: Session, handle: int) -> Family:
@@ -164,5 +198,6 @@ __all__ = [
     "publish_graph",
     "release",
     "replay",
+    "replay_steps",
     "unpublish_graph",
 ]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import gpud_protocol as proto
 from gpud.backends.base import Buffer
 from gpud.runtime.runtime import DeviceRuntime, Wait
+from gpud.session.graphs import ALIGN
 
 if TYPE_CHECKING:
     from gpud.session.graphs import Family, Instance
@@ -80,6 +81,104 @@ def execute_rows(
         return rt.download(rt.view(slots["out"], 0, instance.output_bytes), scatter.deliver, owner)
 
     return _then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), merged, owner), run)
+
+
+def execute_steps(
+    session: Session,
+    op: proto.ReplaySteps,
+    family: Family,
+    instance: Instance,
+    values: tuple[int | float, ...],
+    data: memoryview | None,
+    binds: tuple[Buffer, ...],
+) -> Wait | None:
+    """Encode `op.steps` replays back to back: every step's inputs uploaded at once into scratch
+    memory, each step's copied in before it runs, the fed inputs (`instance.feeds`) then copied from
+    the step before's outputs on the device; each step's outputs copied into scratch, read back at
+    once. The scratch is charged to the session until the steps completed, and given back on every
+    way out (an error, or the session ending while the replay waits for staging)."""
+    rt, slots, steps = family.runtime, family.slots, op.steps
+    plan = family.plan(instance, binds)
+    size_in, size_out = instance.input_bytes, instance.output_bytes
+    scratch = _Scratch(session, rt, [max(ALIGN, steps * size_in), max(ALIGN, steps * size_out)])
+    inputs, outputs = scratch.buffers
+
+    def run() -> Wait | None:
+        for k in range(steps):
+            if size_in:
+                rt.copy(rt.view(inputs, k * size_in, size_in), rt.view(slots["in"], 0, size_in), session)
+            for out_index, in_index in instance.feeds if k else ():
+                src, dst = instance.outputs[out_index], instance.inputs[in_index]
+                rt.copy(
+                    rt.view(outputs, (k - 1) * size_out + src.offset, src.nbytes),
+                    rt.view(slots["in"], dst.offset, dst.nbytes),
+                    session,
+                )
+            rt.replay(plan, values, session)
+            if size_out:
+                rt.copy(rt.view(slots["out"], 0, size_out), rt.view(outputs, k * size_out, size_out), session)
+        family.last_use = rt.ledger.pending_index
+        reply = session._readback_reply(op.seq, steps * size_out, rt, {"outputs": layout(instance), "steps": steps})
+        if not size_out:
+            reply.deliver(0, b"", None)
+            rt.want_flush()
+            return None
+        return rt.download(rt.view(outputs, 0, steps * size_out), reply.deliver, session)
+
+    if data is None:
+        return scratch.guard(run)
+    return scratch.guard(lambda: _then(rt.upload(rt.view(inputs, 0, steps * size_in), data, session), run))
+
+
+class _Scratch:
+    """A multi-step replay's scratch buffers: charged to the session, given back (and uncharged once
+    the work that uses them completed) when the replay is encoded, fails, or its session ends."""
+
+    def __init__(self, session: Session, rt: DeviceRuntime, sizes: list[int]) -> None:
+        self.session, self.rt = session, rt
+        self.buffers: list[Buffer] = []
+        try:
+            for size in sizes:
+                self.buffers.append(rt.alloc(size))
+        except BaseException:
+            self.give_back()
+            raise
+        self.nbytes = sum(b.nbytes for b in self.buffers)
+        session.private_bytes[rt.index] += self.nbytes
+
+    def give_back(self) -> None:
+        buffers, self.buffers = self.buffers, []
+        if not buffers:
+            return
+        rt, session, nbytes = self.rt, self.session, getattr(self, "nbytes", 0)
+        for buffer in buffers:
+            rt.release(buffer)
+
+        def uncharge(_error: BaseException | None) -> None:
+            if not session.closed:
+                session.private_bytes[rt.index] -= nbytes
+
+        rt.ledger.after(max(b.last_use for b in buffers), uncharge)
+
+    def guard(self, step: Callable[[], Wait | None]) -> Wait | None:
+        try:
+            wait = step()
+        except BaseException:
+            self.give_back()
+            raise
+        if wait is None:
+            self.give_back()
+            return None
+        session = self.session
+
+        async def ready() -> None:
+            try:
+                await wait.ready
+            finally:
+                if session.closed:  # nothing resumes it
+                    self.give_back()
+
+        return Wait(ready(), lambda: self.guard(wait.resume))
 
 
 def layout(instance: Instance) -> list[list[Any]]:

@@ -83,6 +83,7 @@ class Instance:
     # One plan per set of bound tensors (in a decode, per client): instantiated once, replayed after.
     plans: LruCache[tuple[Any, ...], Replayable] = dataclasses.field(default_factory=lambda: LruCache(32))
     rows: int = 0  # a row-independent graph's: the leading axis of every input and output
+    feeds: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (output, input) positions
 
     def name(self, ref: proto.Arg) -> str:
         """A (non-view) reference, for an error message."""
@@ -101,6 +102,7 @@ class Signature(NamedTuple):
     scalars: tuple[tuple[str, int], ...]
     binds: tuple[tuple[str, str], ...]
     outputs: tuple[str, ...]
+    feeds: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -108,6 +110,7 @@ class Signature(NamedTuple):
             "scalars": [list(s) for s in self.scalars],
             "binds": [list(b) for b in self.binds],
             "outputs": list(self.outputs),
+            "feeds": [list(f) for f in self.feeds],
         }
 
 

@@ -207,6 +207,7 @@ _HANDLERS: dict[type[Any], Callable[[Session, Any, proto.Batch], Wait | None]] =
     proto.BuildGraph: graph_ops.build_graph,
     proto.Replay: graph_ops.replay,
     proto.Launch: graph_ops.replay,
+    proto.ReplaySteps: graph_ops.replay_steps,
     proto.FreeGraph: graph_ops.free_graph,
     proto.PublishGraph: graph_ops.publish_graph,
     proto.OpenGraph: graph_ops.open_graph,

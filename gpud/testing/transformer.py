@@ -8,12 +8,15 @@ a software rasteriser runs in seconds.
 
 Weights are uploaded once and published read-only: every other session opens them by name, so K
 clients decode with one copy in device memory. Each session owns its KV caches and activations.
-One decode step is the same op sequence in three modes:
+One decode step is the same op sequence in four modes:
 
 - `dispatch`: each op is its own submission and round trip (what a naive remote GPU costs);
 - `coalesced`: the whole step is queued and flushed by the one readback of the next token;
 - `graph`: the step is recorded once into a replay graph (published, so other sessions open the
-  same instances) and replayed with this step's token ids and positions, the session's caches bound.
+  same instances) and replayed with this step's token ids and positions, the session's caches bound;
+- `window`: the same graph, `WINDOW` steps per message (`Step.replay_steps`): each step's argmax is
+  copied into the next step's ids on the device, so the token never leaves the GPU between steps and
+  a round trip is paid per window, not per token.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import numpy as np
 import gpud_client
 from gpud.testing.transformer_weights import Config, Weights
 
-MODES = ("dispatch", "coalesced", "graph")
+MODES = ("dispatch", "coalesced", "graph", "window")
+WINDOW = 16  # tokens per round trip in `window` mode
 OPS_PER_LAYER = 17
 
 
@@ -153,12 +157,8 @@ class Decoder:
             raise ValueError(f"ids and pos are ({self.batch},) arrays")
         if int(pos32.max()) >= self.c.max_len or int(pos32.min()) < 0:
             raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
-        if mode == "graph":
-            step = self._step or await self._graph()
-            binds = {f"k{i}": cache for i, cache in enumerate(self.k_caches)}
-            binds.update({f"v{i}": cache for i, cache in enumerate(self.v_caches)})
-            got = await step.replay(ids=ids32, pos=pos32, **binds)
-            return Output(got["next"], got.get("logits"))
+        if mode in ("graph", "window"):
+            return (await self.steps(ids32, pos32, 1))[0]
         if mode not in MODES:
             raise ValueError(f"mode is one of {MODES}")
         work = self._work
@@ -171,6 +171,21 @@ class Decoder:
                 await self.gpu.flush()
         logits = await work["logits"].numpy() if self.with_logits else None
         return Output(await work["next"].numpy(), logits)
+
+    async def steps(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], n: int) -> list[Output]:
+        """`n` graph steps in one message from `ids` at `pos`: each step's argmax feeds the next on the device."""
+        ids32, pos32 = np.asarray(ids, np.int32), np.asarray(pos, np.int32)
+        if int(pos32.max()) + n - 1 >= self.c.max_len:
+            raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
+        step = self._step or await self._graph()
+        binds = {f"k{i}": cache for i, cache in enumerate(self.k_caches)}
+        binds.update({f"v{i}": cache for i, cache in enumerate(self.v_caches)})
+        if n == 1:
+            got = await step.replay(ids=ids32, pos=pos32, **binds)
+            return [Output(got["next"], got.get("logits"))]
+        positions = np.stack([pos32 + k for k in range(n)]).astype(np.int32)
+        got = await step.replay_steps(n, ids=ids32, pos=positions, **binds)
+        return [Output(got["next"][k], got["logits"][k] if "logits" in got else None) for k in range(n)]
 
     async def _graph(self) -> gpud_client.Step:
         """Open the published step graph, or record, build and publish it."""
@@ -190,6 +205,7 @@ class Decoder:
         for _ in self._ops(ids, pos, ks, vs, work, g):
             pass
         g.output("next", work["next"])
+        g.feed("next", into="ids")  # in `window` mode the argmax is the next step's token, on the device
         if self.with_logits:
             g.output("logits", work["logits"])
         step = await g.build()
@@ -222,22 +238,30 @@ async def generate(
     on_step: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]]:
     """Feed `prompt` (B, P) one token at a time, then `tokens` greedy ones; (B, tokens) ids and the
-    logits of every step (when the decoder reads them). `on_step` is called after each step."""
+    logits of every step (when the decoder reads them). `on_step` is called after each step. In
+    `window` mode the greedy tokens come `WINDOW` to a message."""
     batch, length = prompt.shape
     pos = np.full(batch, start, np.int32)
     ids = prompt[:, 0].astype(np.int32)
     out: list[np.ndarray[Any, Any]] = []
     logits: list[np.ndarray[Any, Any]] = []
-    for step in range(length - 1 + tokens):
-        got = await decoder.step(ids, pos, mode)
+
+    def stepped(got: Output) -> None:
         if on_step is not None:
             on_step()
         if got.logits is not None:
             logits.append(got.logits)
+
+    for step in range(length - 1):  # the prompt, one token at a time
+        stepped(await decoder.step(ids, pos, mode))
         pos = pos + 1
-        if step + 1 < length:
-            ids = prompt[:, step + 1].astype(np.int32)
-        else:
-            ids = got.next.astype(np.int32)
-            out.append(ids)
+        ids = prompt[:, step + 1].astype(np.int32)
+    while len(out) < tokens:
+        n = min(WINDOW, tokens - len(out)) if mode == "window" else 1
+        gots = await decoder.steps(ids, pos, n) if n > 1 else [await decoder.step(ids, pos, mode)]
+        for got in gots:
+            stepped(got)
+            out.append(got.next.astype(np.int32))
+        pos = pos + n
+        ids = out[-1]
     return np.stack(out, axis=1), logits

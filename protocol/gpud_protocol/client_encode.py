@@ -27,6 +27,7 @@ def _wire(field: Any) -> Any:
             "outputs": [list(o) for o in field.outputs],
             "views": [[list(ref), list(shape)] for ref, shape in field.views],
             **({"rows": True} if field.rows else {}),
+            **({"feeds": [list(f) for f in field.feeds]} if field.feeds else {}),
         }
     return field
 

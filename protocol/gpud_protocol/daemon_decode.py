@@ -30,6 +30,7 @@ from gpud_protocol.fields import (
     check_shape,
     check_shapes,
     check_source,
+    check_steps,
     check_values,
     check_writes,
 )
@@ -38,7 +39,7 @@ from gpud_protocol.graph_fields import check_graph
 from gpud_protocol.limits import Limits
 from gpud_protocol.memo import DispatchEntry, DispatchMemo, Memoized
 from gpud_protocol.op_table import OPS, Opcode, op_name
-from gpud_protocol.op_types import Alloc, BuildGraph, Dispatch, Launch, Op, Replay, Upload, UploadPart
+from gpud_protocol.op_types import Alloc, BuildGraph, Dispatch, Launch, Op, Replay, ReplaySteps, Upload, UploadPart
 from gpud_protocol.schema import Batch, Beat, Bye, ClientMessage, Doorbell, Hello, OpError, Ping, Status
 from gpud_protocol.wire import bad, describe, is_int, unpack_header
 
@@ -61,6 +62,7 @@ _VALIDATORS: dict[Field, Validator] = {
     Field.FRAME_OR_NONE: check_frame_or_none,
     Field.SHAPES: check_shapes,
     Field.VALUES: check_values,
+    Field.STEPS: check_steps,
     Field.TENSOR: check_operand,
     Field.TENSORS: check_operands,
     Field.PREFIX: check_prefix,
@@ -205,7 +207,7 @@ def _frames_of(op: Op) -> list[int]:
     t = type(op)
     if t is Upload or t is UploadPart:
         return [op.frame]  # type: ignore[union-attr]
-    if t is Replay or t is Launch:
+    if t is Replay or t is Launch or t is ReplaySteps:
         return [op.frame] if op.frame >= 0 else []  # type: ignore[union-attr]
     if t is BuildGraph:
         return [s.frame for s in op.graph.steps if type(s) is GraphUpload]  # type: ignore[union-attr]
@@ -221,7 +223,7 @@ def _claimed_frames(raw: tuple[Any, ...], count: int) -> list[int]:
     code = raw[0]
     if code in (Opcode.UPLOAD, Opcode.UPLOAD_PART) and len(raw) > 3:
         return index(raw[3])
-    if code in (Opcode.REPLAY, Opcode.LAUNCH) and len(raw) > 3:
+    if code in (Opcode.REPLAY, Opcode.LAUNCH, Opcode.REPLAY_STEPS) and len(raw) > 3:
         return index(raw[3])
     if code == Opcode.GRAPH and len(raw) > 5 and type(raw[5]) is dict:
         steps = raw[5].get("steps")

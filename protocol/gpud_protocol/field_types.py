@@ -37,6 +37,7 @@ class Field(enum.Enum):
     TENSOR = "tensor"
     TENSORS = "tensors"
     PREFIX = "prefix"
+    STEPS = "steps"
 
 
 class KernelOptions(NamedTuple):
@@ -69,3 +70,4 @@ Graph = Annotated[GraphDef, Field.GRAPH]
 FrameOrNone = Annotated[int, Field.FRAME_OR_NONE]  # a payload frame index, or -1: none
 Shapes = Annotated[tuple[tuple[int, ...], ...], Field.SHAPES]
 Values = Annotated[tuple[int | float, ...], Field.VALUES]
+Steps = Annotated[int, Field.STEPS]  # 1 .. max_replay_steps

@@ -206,3 +206,9 @@ def check_values(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[
         if type(v) is not int and type(v) is not float:
             raise bad(f"a scalar value must be a number, got {describe(v)}")
     return value
+
+
+def check_steps(value: Any, limits: Limits, _payloads: Sequence[Any]) -> int:
+    if not is_int(value) or not 1 <= value <= limits.max_replay_steps:
+        raise bad(f"steps must be an int from 1 to {limits.max_replay_steps}, got {describe(value)}")
+    return int(value)

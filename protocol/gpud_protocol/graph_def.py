@@ -57,3 +57,5 @@ class GraphDef(NamedTuple):
     # Row-independent: every input and output has the same leading (row) axis, each row computed from
     # its own rows alone; the daemon may then merge concurrent replays into one launch.
     rows: bool = False
+    # (output, input) names: in a multi-step replay the output of each step becomes that input of the next
+    feeds: tuple[tuple[str, str], ...] = ()

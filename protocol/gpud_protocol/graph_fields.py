@@ -120,4 +120,21 @@ def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> GraphDef
     rows = value.get("rows", False)
     if type(rows) is not bool:
         raise bad(f"graph rows must be true or false, got {describe(rows)}")
-    return GraphDef(inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs), tuple(views), rows)
+    feeds = _feeds(part("feeds", cap), {o.name for o in outputs}, {i.name for i in inputs}, limits)
+    return GraphDef(
+        inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs), tuple(views), rows, feeds
+    )
+
+
+def _feeds(items: tuple[Any, ...], outputs: set[str], inputs: set[str], limits: Limits) -> tuple[tuple[str, str], ...]:
+    feeds: list[tuple[str, str]] = []
+    for item in items:
+        if type(item) is not tuple or len(item) != 2:
+            raise bad(f"each graph feed must be [output, input], got {describe(item)}")
+        output, target = (check_name(name, limits, ()) for name in item)
+        if output not in outputs or target not in inputs:
+            raise bad(f"graph feed [{output!r}, {target!r}]: an output of the graph into one of its inputs")
+        feeds.append((output, target))
+    if len({target for _, target in feeds}) != len(feeds):
+        raise bad("a graph input is fed by one output at most")
+    return tuple(feeds)

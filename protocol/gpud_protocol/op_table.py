@@ -23,6 +23,7 @@ from gpud_protocol.op_types import (
     Readback,
     RegisterKernel,
     Replay,
+    ReplaySteps,
     Reshape,
     Stats,
     Sync,
@@ -58,6 +59,7 @@ class Opcode(enum.IntEnum):
     UPLOAD_PART = 22
     OPEN_PREFIX = 23
     RESIDENTS = 24
+    REPLAY_STEPS = 25
 
 
 class OpSpec(NamedTuple):
@@ -99,6 +101,7 @@ OPS: dict[Opcode, OpSpec] = {
         _spec(Opcode.UPLOAD_PART, UploadPart, False),
         _spec(Opcode.OPEN_PREFIX, OpenPrefix, True),
         _spec(Opcode.RESIDENTS, ListResidents, True),
+        _spec(Opcode.REPLAY_STEPS, ReplaySteps, True),
     )
 }
 SPEC_OF_TYPE: dict[type[Any], OpSpec] = {spec.type: spec for spec in OPS.values()}
@@ -114,6 +117,7 @@ REPLY_FIELDS: dict[Opcode, tuple[str, ...]] = {
     Opcode.FLUSH: (),
     Opcode.GRAPH: ("handle", "device"),
     Opcode.REPLAY: ("n", "parts", "outputs"),  # outputs: [[name, dtype, shape, offset], ...] in the packed data
+    Opcode.REPLAY_STEPS: ("n", "parts", "outputs", "steps"),  # one step's layout; the steps one after another
     Opcode.OPEN_GRAPH: ("inputs", "scalars", "binds", "outputs", "device"),
     Opcode.OPEN_PREFIX: ("tensors",),  # [[name, handle, dtype, shape, mode, device], ...]
     Opcode.RESIDENTS: ("residents", "total"),  # [[name, dtype, shape, mode, nbytes, device], ...], matches

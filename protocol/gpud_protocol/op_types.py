@@ -25,6 +25,7 @@ from gpud_protocol.field_types import (
     Shape,
     Shapes,
     Source,
+    Steps,
     Values,
     Writes,
 )
@@ -168,6 +169,20 @@ class Launch(NamedTuple):
     binds: Operands
 
 
+class ReplaySteps(NamedTuple):
+    """Request: `steps` replays back to back, the inputs of each step packed one after the other in
+    `frame` (`shapes`: one step's), the outputs the graph feeds (`GraphDef.feeds`) copied on the device
+    into the next step's inputs; the reply carries every step's outputs, step after step."""
+
+    seq: int
+    graph: Handle
+    frame: FrameOrNone
+    shapes: Shapes
+    scalars: Values
+    binds: Operands
+    steps: Steps
+
+
 class Reshape(NamedTuple):
     """A new handle on `src`'s memory with another shape of as many elements. Kept for clients from
     before views: `Tensor.reshape` now makes a `TensorView`, which needs no handle."""
@@ -255,6 +270,7 @@ Op = (
     | BuildGraph
     | Replay
     | Launch
+    | ReplaySteps
     | FreeGraph
     | PublishGraph
     | OpenGraph

@@ -135,6 +135,7 @@ OPS: list[tuple[list[Any], Any]] = [
     ),
     ([Opcode.REPLAY, 19, 30, -1, [], [7, 1.5], [7]], proto.Replay(19, 30, -1, (), (7, 1.5), (7,))),
     ([Opcode.LAUNCH, 20, 30, -1, [[4]], [], []], proto.Launch(20, 30, -1, ((4,),), (), ())),
+    ([Opcode.REPLAY_STEPS, 31, 30, -1, [], [7], [], 16], proto.ReplaySteps(31, 30, -1, (), (7,), (), 16)),
     ([Opcode.FREE_GRAPH, 21, 30], proto.FreeGraph(21, 30)),
     ([Opcode.PUBLISH_GRAPH, 22, 30, "g"], proto.PublishGraph(22, 30, "g")),
     ([Opcode.OPEN_GRAPH, 23, 31, "g"], proto.OpenGraph(23, 31, "g")),
@@ -177,6 +178,23 @@ OPS: list[tuple[list[Any], Any]] = [
 @pytest.mark.parametrize(("raw", "expected"), OPS, ids=[f"{Opcode(r[0]).name.lower()}-{r[1]}" for r, _ in OPS])
 def test_op_round_trip(raw: list[Any], expected: Any) -> None:
     assert one_op(raw) == expected
+
+
+@pytest.mark.parametrize("steps", [0, -1, LIMITS.max_replay_steps + 1, 2.0, "3", None])
+def test_replay_steps_takes_a_bounded_count(steps: Any) -> None:
+    error = op_error([Opcode.REPLAY_STEPS, 1, 30, -1, [], [], [], steps])
+    assert "steps must be an int" in error.message
+
+
+def test_graph_feeds_name_an_output_and_an_input_once() -> None:
+    graph = {"inputs": [["x", "float32", [4]], ["z", "float32", [4]]], "outputs": [["y", [4, 0]]]}
+    built = one_op([Opcode.GRAPH, 1, 30, "f", {**graph, "feeds": [["y", "x"]]}])
+    assert built.graph.feeds == (("y", "x"),)
+    encoded = msgpack.unpackb(proto.encode_op(built), raw=False)
+    assert encoded[4]["feeds"] == [["y", "x"]]
+    for feeds in ([["x", "y"]], [["y", "nope"]], [["y", "x"], ["y", "x"]], [["y"]], "y", [[1, 2]]):
+        decoded = batch([[Opcode.GRAPH, 1, 30, "f", {**graph, "feeds": feeds}]])
+        assert isinstance(decoded.ops[0], OpError), feeds
 
 
 def test_a_row_independent_graph_says_so_with_a_boolean() -> None:
