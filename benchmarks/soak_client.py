@@ -22,7 +22,8 @@ import numpy as np
 
 import gpud_client
 from gpud.testing.decoding import prompt
-from gpud.testing.transformer import MODES, Decoder, generate
+from gpud.testing.shared_decoder import decoder_for
+from gpud.testing.transformer import MODES, generate
 from gpud.testing.transformer_weights import CONFIGS, Weights
 
 ACTIVITIES = ("decode", "ops", "replay", "publish", "open")
@@ -77,7 +78,7 @@ class Worker:
             self.weights = await Weights.open(self.gpu, self.config, self.spec.prefix)
         mode = self.spec.modes[int(self.rng.integers(len(self.spec.modes)))]
         seed = int(self.rng.choice(list(self.spec.expected)))
-        decoder = Decoder(self.gpu, self.config, self.weights, graph_name=self.spec.prefix + "step")
+        decoder = decoder_for(mode, self.gpu, self.config, self.weights, graph_name=self.spec.prefix + "step")
         try:
             out, _ = await generate(decoder, prompt(seed, self.config), self.spec.tokens, mode)
         finally:

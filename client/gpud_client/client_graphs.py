@@ -11,10 +11,11 @@ from gpud_protocol import ArgKind
 
 
 class GraphCalls(ClientBase):
-    def graph(self, name: str, *, rows: bool = False) -> Graph:
+    def graph(self, name: str, *, rows: bool = False, slots: int = 0) -> Graph:
         """A recorder of a step to build once and replay in one message (see gpud_client.graphs).
-        `rows=True`: a row-independent step, whose concurrent replays the daemon may merge."""
-        return Graph(self, name, rows=rows)
+        `rows=True`: a row-independent step, whose concurrent replays the daemon may merge; `slots=P`:
+        also with state of P rows, a slot per session (`Graph.state`)."""
+        return Graph(self, name, rows=rows, slots=slots)
 
     def publish_graph(self, step: Step, name: str) -> None:
         """Let every session open `step`'s graph (all its instances) by `name`."""

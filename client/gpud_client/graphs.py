@@ -48,10 +48,11 @@ if TYPE_CHECKING:
 class Graph:
     """A recorder: nothing reaches the daemon until `build()`."""
 
-    def __init__(self, client: ClientBase, name: str, *, rows: bool = False) -> None:
+    def __init__(self, client: ClientBase, name: str, *, rows: bool = False, slots: int = 0) -> None:
         self._client = client
         self.name = name
-        self.rows = rows
+        self.rows = rows or slots > 0
+        self.slots = slots
         self._inputs: list[tuple[str, str, tuple[int, ...]]] = []
         self._scalars: list[tuple[str, int]] = []
         self._binds: list[tuple[str, str, tuple[int, ...]]] = []
@@ -63,6 +64,8 @@ class Graph:
         self._uploads: list[bytes] = []
         self._names: set[str] = set()
         self._feeds: list[tuple[str, str]] = []
+        self._state: list[proto.Arg] = []
+        self._pads: list[tuple[str, int | float]] = []
 
     def _named(self, name: str) -> str:
         if name in self._names:
@@ -70,10 +73,15 @@ class Graph:
         self._names.add(name)
         return name
 
-    def input(self, name: str, shape: int | Sequence[int], dtype: Any = "float32") -> GraphTensor:
-        """Host data, packed with the other inputs and uploaded per replay."""
+    def input(
+        self, name: str, shape: int | Sequence[int], dtype: Any = "float32", *, pad: int | float | None = None
+    ) -> GraphTensor:
+        """Host data, packed with the other inputs and uploaded per replay. `pad`: in a graph of rows,
+        the value of this input's padding rows in a merged launch (default 0)."""
         dims, np_dtype = dims_of(shape), graph_dtype(dtype)
         self._inputs.append((self._named(name), np_dtype.name, dims))
+        if pad is not None:
+            self._pads.append((name, pad))
         return GraphTensor(self, ArgKind.INPUT, len(self._inputs) - 1, np_dtype, dims)
 
     def scalar(self, name: str, kind: str = "f32") -> GraphScalar:
@@ -128,6 +136,24 @@ class Graph:
         """Read `tensor` back in each replay's reply, as `name`."""
         self._outputs.append((name, self._ref(tensor)))
 
+    def state(self, tensor: Any, rows: int) -> GraphTensor:
+        """In a slot graph (`gpu.graph(name, slots=P)`): `tensor`, of P rows (row s is slot s's), is
+        state each session keeps in its own slot; the steps of this instance see its first `rows` rows."""
+        if not self.slots:
+            raise InvalidArgument(f"graph {self.name!r} has no slots: record it with gpu.graph(name, slots=P)")
+        ref = self._client._ref_of(tensor)
+        if isinstance(ref, proto.TensorView):
+            raise InvalidArgument(f"graph {self.name!r}: state is a whole tensor, not a view")
+        if not tensor.shape or tensor.shape[0] != self.slots or not 0 < rows <= self.slots:
+            raise InvalidArgument(
+                f"graph {self.name!r}: state of {self.slots} rows, seen {rows} at a time; got {list(tensor.shape)}"
+            )
+        self._client._hold(tensor)
+        seen = (rows, *tensor.shape[1:])
+        self._state.append((int(ArgKind.TENSOR), ref))
+        self._views.append(((int(ArgKind.TENSOR), ref), seen))
+        return GraphTensor(self, ArgKind.VIEW, len(self._views) - 1, host_dtype(tensor.dtype), seen)
+
     def feed(self, output: str, *, into: str) -> None:
         """In a multi-step replay (`Step.replay_steps`), output `output` of each step becomes input
         `into` of the next, copied on the device (one dtype, as many elements)."""
@@ -174,6 +200,9 @@ class Graph:
             tuple(self._views),
             self.rows,
             tuple(self._feeds),
+            self.slots,
+            tuple(self._state),
+            tuple(self._pads),
         )
         client = self._client
         frames = list(self._uploads)

@@ -197,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", "--config", choices=MODELS, help="decode, soak: the model's config (default: by device)"
     )
     bench.add_argument(
-        "--modes", type=lambda v: v.split(","), help="decode, soak: some of dispatch,coalesced,graph (default all)"
+        "--modes",
+        type=lambda v: v.split(","),
+        help="decode, soak: some of dispatch,coalesced,graph,window,merged (default all)",
     )
     bench.add_argument(
         "--activities", type=lambda v: v.split(","), help="soak: some of decode,ops,replay,publish,open (default all)"

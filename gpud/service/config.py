@@ -180,6 +180,13 @@ class Config:
     merge_replays: bool = _coalescing(
         True, "launch concurrent replays of a row-independent graph together (its rows=True instances)"
     )
+    merge_wait_us: float = _coalescing(
+        2000.0,
+        "after a merged launch completed, wait this long at most for its sessions' next replays (0: never)",
+        min=0,
+        max=1e6,
+        unit=US,
+    )
     session_window: int = _sessions(64, "batches a client may send before the daemon confirms them", min=1)
     session_reply_bytes: int = _sessions(2 * GiB, "reply bytes a session may have waiting to be sent", min=MiB, unit=B)
     sessionless_rate: float = _sessions(

@@ -27,6 +27,7 @@ LIMITS_HELP: dict[str, str] = {
     "max_devices": "devices one message may name",
     "reply_part_bytes": "a readback's data travels in messages of at most this many bytes",
     "max_replay_steps": "steps of one multi-step replay (Step.replay_steps)",
+    "max_slots": "slots of a slot graph: sessions whose rows one merged launch holds",
     "max_graph_steps": "recorded ops of one replay graph",
     "max_graph_tensors": "inputs, scalars, bound tensors, intermediates and outputs of one graph, each",
 }

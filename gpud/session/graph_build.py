@@ -17,7 +17,9 @@ import gpud_protocol as proto
 from gpud.backends.base import Buffer, Program
 from gpud.runtime.runtime import DeviceRuntime, Wait
 from gpud.session.graph_record import Recording, record
-from gpud.session.graphs import Family, Instance, Signature
+from gpud.session.graph_rows import feeds_of, pads_of, rows_of
+from gpud.session.graphs import Family, Signature
+from gpud.session.slots import Pool
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import InvalidArgument, NotFound, OutOfMemory, PermissionDenied
@@ -68,11 +70,23 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
         )
     if family is not None and family.rows != graph.rows:
         raise InvalidArgument(f"graph {op.name!r}: its other instances were built with rows={family.rows}")
+    state = [fixed[int(handle)] for _kind, handle in graph.state]
+    if family is not None and (family.pool.size if family.pool else 0, family.pool.state if family.pool else []) != (
+        graph.slots,
+        state,
+    ):
+        raise InvalidArgument(f"graph {op.name!r}: its other instances have other slots or state tensors")
+    for tensor in state:
+        if not tensor.shape or tensor.shape[0] != graph.slots:
+            raise InvalidArgument(f"graph {op.name!r}: state tensor {tensor.describe()} needs {graph.slots} rows")
     recording = record(session, graph, programs, fixed, rt, batch)
     instance = recording.instance
     if graph.rows:
-        instance.rows = _rows(op.name, graph, instance)
-    instance.feeds = _feeds(op.name, graph, instance)
+        instance.rows = rows_of(op.name, graph, instance)
+        instance.pads = pads_of(op.name, graph, instance)
+        if graph.slots and instance.rows > graph.slots:
+            raise InvalidArgument(f"graph {op.name!r}: {instance.rows} rows, more than its {graph.slots} slots")
+    instance.feeds = feeds_of(op.name, graph, instance)
     slots: list[tuple[Any, int]] = [("in", instance.input_bytes), ("out", instance.output_bytes)]
     slots += [(index, part.nbytes) for index, part in enumerate(instance.temps)]
     current = family.slots if family is not None else {}
@@ -91,6 +105,7 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
             family = Family(op.name, session.id, rt, signature, session)
             family.max_instances = session._settings.graph_instances
             family.rows = graph.rows
+            family.pool = Pool(graph.slots, state) if graph.slots else None
         before = family.nbytes
         released = family.add(instance)  # raises with the family unchanged
         owned.hand_over()
@@ -124,40 +139,6 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
         return None
 
     return owned.guard(lambda: upload(0))
-
-
-def _rows(name: str, graph: proto.GraphDef, instance: Instance) -> int:
-    """The rows of a row-independent graph's instance: the leading axis every input and output shares."""
-    if graph.binds:
-        raise InvalidArgument(
-            f"graph {name!r} is row-independent (rows=True): it binds no tensors (a merged launch would "
-            "share one session's tensor among all)"
-        )
-    parts = [*instance.inputs, *instance.outputs]
-    leading = {part.shape[0] if part.shape else 0 for part in parts}
-    if not instance.inputs or not instance.outputs or len(leading) != 1 or 0 in leading:
-        shapes = ", ".join(f"{p.name} {list(p.shape)}" for p in parts) or "none"
-        raise InvalidArgument(
-            f"graph {name!r} is row-independent (rows=True): its inputs and outputs need one leading axis "
-            f"of at least one row, the same for all (got {shapes})"
-        )
-    return leading.pop()
-
-
-def _feeds(name: str, graph: proto.GraphDef, instance: Instance) -> list[tuple[int, int]]:
-    """The positions of each (output, input) a multi-step replay feeds, checked to be of one dtype and size."""
-    outputs = {part.name: index for index, part in enumerate(instance.outputs)}
-    inputs = {part.name: index for index, part in enumerate(instance.inputs)}
-    feeds = []
-    for output, target in graph.feeds:
-        src, dst = instance.outputs[outputs[output]], instance.inputs[inputs[target]]
-        if (src.dtype, src.nbytes) != (dst.dtype, dst.nbytes):
-            raise InvalidArgument(
-                f"graph {name!r} feeds output {output!r} ({src.dtype}{list(src.shape)}) into input {target!r} "
-                f"({dst.dtype}{list(dst.shape)}): they need one dtype and as many elements"
-            )
-        feeds.append((outputs[output], inputs[target]))
-    return feeds
 
 
 class _Owned:

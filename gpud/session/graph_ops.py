@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 import gpud_protocol as proto
 from gpud.backends.base import Buffer
 from gpud.runtime.runtime import Wait
 from gpud.session.graph_build import build_graph
-from gpud.session.graph_run import execute, execute_steps
+from gpud.session.graph_run import _then, execute, execute_steps
 from gpud.session.graphs import ALIGN, Family, Instance
 from gpud.session.merging import Pending
 from gpud_protocol import ArgKind
@@ -42,14 +43,54 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
     rt = family.runtime
     if rt.saturated:
         return Wait(rt.unsaturated(), lambda: replay(session, op, batch))
+    slot, zeroed = _slot(session, family, instance)
     if readback:
         _reserve(session, instance.output_bytes)
     session.touched.add(rt.index)
-    if family.rows and session._settings.merge_replays:  # runs at the end of this slice, perhaps merged
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        session._daemon.merger.add(family, Pending(session, op, instance, values, data, done))
+    if family.pool is None and not (family.rows and session._settings.merge_replays):
+        return execute(session, op, family, instance, values, data, binds)
+    # At the end of this slice, perhaps merged with other sessions' rows; a slot graph's row at its slot.
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def queued() -> Wait:
+        session._daemon.merger.add(family, Pending(session, op, instance, values, data, done, slot))
         return Wait(done, done.result)
-    return execute(session, op, family, instance, values, data, binds)
+
+    return _then(zeroed, queued)
+
+
+def _slot(session: Session, family: Family, instance: Instance) -> tuple[int, Wait | None]:
+    """A slot graph's slot of this session (taken now if it had none, its state rows zeroed: the
+    uploads encoded, or a Wait for staging), or -1."""
+    pool = family.pool
+    if pool is None:
+        return -1, None
+    if instance.rows != 1:
+        raise InvalidArgument(f"graph {family.name!r} has slots: each replay is one row (its 1-row instance)")
+    slot = pool.slot_of(session.id)
+    if slot is not None:
+        return slot, None
+    slot = pool.acquire(session.id, family.name)
+    rt = family.runtime
+    uploads = []
+    for tensor in pool.state:
+        row = tensor.buffer.nbytes // pool.size
+        uploads.append((rt.view(tensor.buffer, slot * row, row), memoryview(bytes(row))))
+
+    def zero(index: int) -> Wait | None:
+        for i in range(index, len(uploads)):
+            wait = rt.upload(*uploads[i], session)
+            if wait is not None:
+                return _then(wait, functools.partial(zero, i + 1))
+        return None
+
+    return slot, zero(0)
+
+
+def leave(session: Session, family: Family) -> None:
+    """The session holds no handle of `family` any more: its slot, if any, is free."""
+    if family.pool is not None and all(f is not family for f in session.graphs.values()):
+        family.pool.release(session.id)
 
 
 def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) -> Wait | None:
@@ -139,6 +180,7 @@ def free_graph(session: Session, op: proto.FreeGraph, _batch: proto.Batch) -> No
     family = session.graphs.pop(op.graph, None)
     if family is None:
         raise NotFound(f"unknown graph handle {op.graph}")
+    leave(session, family)
     if session._graph_names.get(family.name) == op.graph and family.owner == session.id:
         del session._graph_names[family.name]
     drop(session, family)
@@ -194,6 +236,7 @@ __all__ = [
     "build_graph",
     "drop",
     "free_graph",
+    "leave",
     "open_graph",
     "publish_graph",
     "release",

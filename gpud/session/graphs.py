@@ -28,6 +28,7 @@ from gpud.runtime.cache import LruCache
 from gpud.runtime.graph import Replayable
 from gpud.runtime.runtime import DeviceRuntime
 from gpud.session.graph_checks import check_copy, check_dispatch
+from gpud.session.slots import Pool
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
@@ -84,6 +85,7 @@ class Instance:
     plans: LruCache[tuple[Any, ...], Replayable] = dataclasses.field(default_factory=lambda: LruCache(32))
     rows: int = 0  # a row-independent graph's: the leading axis of every input and output
     feeds: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (output, input) positions
+    pads: list[bytes] = dataclasses.field(default_factory=list)  # a row graph's padding row of each input
 
     def name(self, ref: proto.Arg) -> str:
         """A (non-view) reference, for an error message."""
@@ -131,6 +133,11 @@ class Family:
     charged: int = 0  # bytes counted in the builder's quota
     max_instances: int = 8
     rows: bool = False  # row-independent: concurrent replays may be merged (`merging`)
+    pool: Pool | None = None  # a slot graph's slots (`slots`)
+    launched: int = 0  # the submission its last merged (or row) launch went into (`merging`)
+    waking: bool = False  # a completion of that submission will run the replays that wait for it
+    expected: frozenset[str] = frozenset()  # the sessions of that launch, whose next replays may join
+    idle_since: float = 0.0  # when that launch completed (time.monotonic)
 
     @property
     def device(self) -> int:

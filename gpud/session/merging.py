@@ -3,13 +3,15 @@
 A graph built with `rows=True` has the same leading axis (its rows) on every input and output, and
 binds no tensors. Its replays do not run as they are read: each parks its session until the end of
 the slice the daemon is reading (`run`, from the server's end-of-slice work, or at the latest on the
-loop's next turn), when the replays of each family are grouped by their scalars and the shapes of
-their rows. A group's rows are concatenated in arrival order into the smallest instance that holds
-them (padding rows are zeros, and their outputs are dropped), launched once, and each replay gets
-exactly its rows back. A group larger than the largest instance goes in several launches, packed
-first fit with the most rows first; a replay alone in its launch runs its own instance, as an
-unmerged replay would. A session never waits for
-more than the slice its replay came in.
+loop's next turn), or, while the family's last launch still runs on the device, until it completes:
+replays that come meanwhile go together then, as a serving engine batches its requests. Then the
+replays of each family are grouped by their scalars and the shapes of their rows. A group's rows are
+concatenated in arrival order into the smallest instance that holds them (padding rows take each
+input's pad, and their outputs are dropped), launched once, and each replay gets exactly its rows
+back. A group larger than the largest instance goes in several launches, packed first fit with the
+most rows first; a replay alone in its launch runs its own instance, as an unmerged replay would. A
+slot graph (`slots`) places each session's row at its slot instead. A session never waits for more
+than one launch of its graph.
 
 Each row is computed by the instance the group ran, so a kernel that picks its method by the number
 of rows (a matmul) may round a merged row differently than a replay of a smaller instance would:
@@ -21,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 import gpud_protocol as proto
 from gpud.runtime.runtime import DeviceRuntime, Wait
 from gpud.session.graph_run import execute, execute_rows
+from gpud_protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from gpud.session.graphs import Family, Instance
@@ -42,6 +46,7 @@ class Pending:
     values: tuple[int | float, ...]
     data: memoryview | None  # its packed inputs
     done: asyncio.Future[None]  # set once its rows are encoded (or failed): the session goes on
+    slot: int = -1  # in a slot graph, the row its one row of inputs and outputs takes
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -65,10 +70,13 @@ class Merger:
         return bool(self._queues)
 
     def run(self) -> list[DeviceRuntime]:
-        """Launch every group queued; the runtimes that got work."""
+        """Launch every group queued, but the families whose last launch is still running (their
+        replays wait for it to complete, and go together then); the runtimes that got work."""
         queues, self._queues = self._queues, {}
         touched: list[DeviceRuntime] = []
         for family, pendings in queues.items():
+            if self._busy(family, pendings):
+                continue
             groups: dict[tuple[Any, ...], list[Pending]] = {}
             for pending in pendings:
                 if pending.session.closed:
@@ -76,11 +84,68 @@ class Merger:
                 else:
                     groups.setdefault(pending.key, []).append(pending)
             for group in groups.values():
-                for chunk, instance in _chunks(family, group):
+                launches = _slot_launches(family, group) if family.pool is not None else _chunks(family, group)
+                for chunk, instance in launches:
                     _launch(family, chunk, instance)
+            self._launched(family, pendings)
             if family.runtime not in touched:
                 touched.append(family.runtime)
         return touched
+
+    def _launched(self, family: Family, pendings: list[Pending]) -> None:
+        rt = family.runtime
+        family.waking = False  # a hold's timer, if any, is moot now
+        family.launched = index = rt.ledger.pending_index
+        family.expected = frozenset(p.session.id for p in pendings if not p.session.closed)
+        family.idle_since = float("inf")
+
+        def completed(_error: BaseException | None) -> None:
+            if family.launched == index:
+                family.idle_since = time.monotonic()
+
+        rt.ledger.after(index, completed)
+
+    def _busy(self, family: Family, pendings: list[Pending]) -> bool:
+        """Whether `pendings` wait: while the family's last launch runs (they go together once it
+        completed, as a serving engine batches requests), and then for at most `merge_wait_us` while
+        a session of that launch has not sent its next replay yet (so that sessions stepping in
+        lockstep stay in one launch). Never when merging is off."""
+        rt = family.runtime
+        settings = pendings[0].session._settings
+        if not settings.merge_replays or all(p.session.closed for p in pendings):
+            return False
+        if family.launched > rt.ledger.completed:
+            self._hold(family, pendings)
+            if not family.waking:
+                family.waking = True
+
+                def wake(_error: BaseException | None) -> None:
+                    family.waking = False
+                    self._run_late()
+
+                rt.ledger.after(family.launched, wake)
+            return True
+        missing = family.expected - {p.session.id for p in pendings}
+        now = time.monotonic()
+        left = min(family.idle_since, now) + settings.merge_wait_us / 1e6 - now
+        if not missing or left <= 0 or family.waking:
+            return False
+        self._hold(family, pendings)
+        family.waking = True
+        launch = family.launched
+
+        def waited() -> None:
+            if family.launched != launch:
+                return  # they all came, and went in a launch since
+            family.waking = False
+            family.expected = frozenset()  # those that did not come are not waited for again
+            self._run_late()
+
+        asyncio.get_running_loop().call_later(left, waited)
+        return True
+
+    def _hold(self, family: Family, pendings: list[Pending]) -> None:
+        self._queues.setdefault(family, [])[:0] = pendings
 
     def _run_late(self) -> None:
         self._scheduled = False
@@ -120,17 +185,51 @@ def _chunks(family: Family, group: list[Pending]) -> list[tuple[list[Pending], I
     return out
 
 
+def _slot_launches(family: Family, group: list[Pending]) -> list[tuple[list[Pending], Instance]]:
+    """A slot graph's group in one launch of the smallest instance that holds its highest slot (each
+    replay in a launch of its own when merging is off)."""
+    trailing = group[0].key[1]
+    sizes = sorted(
+        (instance.rows, id(instance), instance)
+        for instance in family.instances.values()
+        if tuple(shape[1:] for shape in instance.key) == trailing
+    )
+    merge = group[0].session._settings.merge_replays
+    launches: list[tuple[list[Pending], Instance]] = []
+    for chunk in [group] if merge else [[pending] for pending in group]:
+        top = max(pending.slot for pending in chunk) + 1
+        fits = next((instance for size, _, instance in sizes if size >= top), None)
+        if fits is None:
+            _fail(chunk, InvalidArgument(f"graph {family.name!r} has no instance of {top} rows or more: build one"))
+            continue
+        launches.append((chunk, fits))
+    return launches
+
+
+def _starts(family: Family, chunk: list[Pending]) -> list[int]:
+    """The first row of each replay in the launch: its slot, or after the rows before it."""
+    if family.pool is not None:
+        return [pending.slot for pending in chunk]
+    starts, at = [], 0
+    for pending in chunk:
+        starts.append(at)
+        at += pending.instance.rows
+    return starts
+
+
 def _launch(family: Family, chunk: list[Pending], instance: Instance) -> None:
     """Encode one launch of `chunk`'s rows; resume their sessions once encoded, or fail them."""
     rt = family.runtime
-    rt.counters["merged_launches" if len(chunk) > 1 else "row_launches"] += 1
+    starts = _starts(family, chunk)
+    alone = len(chunk) == 1 and starts[0] == 0 and instance is chunk[0].instance
+    rt.counters["row_launches" if len(chunk) == 1 else "merged_launches"] += 1
     rt.counters["merged_rows"] += sum(p.instance.rows for p in chunk) if len(chunk) > 1 else 0
     try:
-        if len(chunk) == 1:
+        if alone:
             pending = chunk[0]
             wait = execute(pending.session, pending.op, family, instance, pending.values, pending.data)
         else:
-            wait = _merged(family, chunk, instance)
+            wait = _merged(family, chunk, instance, starts)
     except Exception as exc:
         _fail(chunk, exc)
         return
@@ -154,14 +253,15 @@ def _launch(family: Family, chunk: list[Pending], instance: Instance) -> None:
     spawn(drive(wait))
 
 
-def _merged(family: Family, chunk: list[Pending], instance: Instance) -> Wait | None:
-    """The rows of `chunk`, concatenated into `instance`'s inputs; the outputs scattered back."""
+def _merged(family: Family, chunk: list[Pending], instance: Instance, starts: list[int]) -> Wait | None:
+    """The rows of `chunk`, placed from `starts` into `instance`'s inputs (the other rows padded);
+    the outputs scattered back."""
     rows = instance.rows
     merged = bytearray(instance.input_bytes)
-    starts: list[int] = []
-    at = 0
-    for pending in chunk:
-        starts.append(at)
+    for whole, pad in zip(instance.inputs, instance.pads or [b""] * len(instance.inputs), strict=True):
+        if pad.count(0) != len(pad):
+            merged[whole.offset : whole.offset + whole.nbytes] = pad * rows
+    for pending, at in zip(chunk, starts, strict=True):
         data = pending.data
         if data is not None:
             for whole, own in zip(instance.inputs, pending.instance.inputs, strict=True):
@@ -169,7 +269,6 @@ def _merged(family: Family, chunk: list[Pending], instance: Instance) -> Wait | 
                 merged[whole.offset + at * row : whole.offset + at * row + own.nbytes] = data[
                     own.offset : own.offset + own.nbytes
                 ]
-        at += pending.instance.rows
     readers = [(p, start) for p, start in zip(chunk, starts, strict=True) if type(p.op) is proto.Replay]
     return execute_rows(family, instance, chunk[0].values, memoryview(merged), readers, chunk[0].session)
 

@@ -170,9 +170,11 @@ class Session(Holdings, Transfers, Dispatching, Requests):
         """Free private resources; resident tensors stay with their remaining references."""
         self.closed = True
         self._backlog.clear()
-        for family in list(self.graphs.values()):
-            graph_ops.drop(self, family)
+        families = list(self.graphs.values())
         self.graphs.clear()
+        for family in families:
+            graph_ops.leave(self, family)
+            graph_ops.drop(self, family)
         for handle_id in list(self.handles):
             self._free_handle(handle_id)
         for tensor in list(self._charged):

@@ -63,6 +63,9 @@ class Settings(Protocol):
     def merge_replays(self) -> bool: ...
 
     @property
+    def merge_wait_us(self) -> float: ...
+
+    @property
     def trace(self) -> bool: ...
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import gpud_client
 from gpud.testing.processes import gather
 from gpud.testing.reference import greedy_mismatch, reference_logits
+from gpud.testing.shared_decoder import POOL, decoder_for
 from gpud.testing.transformer import Decoder, generate
 from gpud.testing.transformer_weights import CONFIGS, Config, Weights, weights
 
@@ -57,9 +58,10 @@ async def unpublish(address: str, model: str, prefix: str) -> None:
             gpu.unpublish(name)
             with contextlib.suppress(gpud_client.NotFound):
                 await gpu.sync()
-        gpu.unpublish_graph(Decoder.graph_name_for(prefix + "step", batch=1, logits=False))
-        with contextlib.suppress(gpud_client.NotFound):
-            await gpu.sync()
+        for graph in (Decoder.graph_name_for(prefix + "step", batch=1, logits=False), f"{prefix}step-slots{POOL}"):
+            gpu.unpublish_graph(graph)  # the session graph's and the shared (merged) one's
+            with contextlib.suppress(gpud_client.NotFound):
+                await gpu.sync()
 
 
 def reference_mismatch(model: str, tokens: list[int]) -> str:
@@ -81,7 +83,8 @@ async def _client(
     config = CONFIGS[model]
     steps = PROMPT - 1 + tokens
     async with gpud_client.connect(address) as gpu:
-        decoder = Decoder(gpu, config, await Weights.open(gpu, config, prefix), graph_name=prefix + "step")
+        params = await Weights.open(gpu, config, prefix)
+        decoder = decoder_for(mode, gpu, config, params, graph_name=prefix + "step")
         # Compiles, builds or opens the graph; the timed run starts again at position 0 (attention
         # reads the cache only up to the current position, so nothing of this run is seen).
         await generate(decoder, prompt(seed, config), 1, mode)

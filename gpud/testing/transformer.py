@@ -8,7 +8,7 @@ a software rasteriser runs in seconds.
 
 Weights are uploaded once and published read-only: every other session opens them by name, so K
 clients decode with one copy in device memory. Each session owns its KV caches and activations.
-One decode step is the same op sequence in four modes:
+One decode step is the same op sequence in five modes:
 
 - `dispatch`: each op is its own submission and round trip (what a naive remote GPU costs);
 - `coalesced`: the whole step is queued and flushed by the one readback of the next token;
@@ -16,20 +16,22 @@ One decode step is the same op sequence in four modes:
   same instances) and replayed with this step's token ids and positions, the session's caches bound;
 - `window`: the same graph, `WINDOW` steps per message (`Step.replay_steps`): each step's argmax is
   copied into the next step's ids on the device, so the token never leaves the GPU between steps and
-  a round trip is paid per window, not per token.
+  a round trip is paid per window, not per token;
+- `merged`: one step graph shared by every session, its KV caches a pool with a slot per session, so
+  that the daemon launches the steps of concurrent sessions together (`shared_decoder`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 import gpud_client
 from gpud.testing.transformer_weights import Config, Weights
 
-MODES = ("dispatch", "coalesced", "graph", "window")
+MODES = ("dispatch", "coalesced", "graph", "window", "merged")
 WINDOW = 16  # tokens per round trip in `window` mode
 OPS_PER_LAYER = 17
 
@@ -70,82 +72,10 @@ class Decoder:
         return f"{name}-b{batch}{'-logits' if logits else ''}"
 
     def _workspace(self, make: Any) -> dict[str, Any]:
-        c, b = self.c, self.batch
-        shapes = {
-            "x": (b, c.hidden),
-            "x2": (b, c.hidden),
-            "normed": (b, c.hidden),
-            "q": (b, c.heads * c.head_dim),
-            "k": (b, c.kv_width),
-            "v": (b, c.kv_width),
-            "attn": (b, c.heads, c.head_dim),
-            "o": (b, c.hidden),
-            "gate": (b, c.intermediate),
-            "up": (b, c.intermediate),
-            "act": (b, c.intermediate),
-            "down": (b, c.hidden),
-            "logits": (b, c.vocab),
-        }
-        work = {name: make(shape, "float32") for name, shape in shapes.items()}
-        work["next"] = make((b,), "int32")
-        # The views the heads need, made once: the same views every step (stable to every cache).
-        work["q3"] = work["q"].reshape(b, c.heads, c.head_dim)
-        work["q4"] = work["q"].reshape(b, 1, c.heads, c.head_dim)
-        work["k4"] = work["k"].reshape(b, 1, c.kv_heads, c.head_dim)
-        work["v4"] = work["v"].reshape(b, 1, c.kv_heads, c.head_dim)
-        work["attn2"] = work["attn"].reshape(b, c.heads * c.head_dim)
-        return work
+        return workspace(self.c, self.batch, make)
 
     def _ops(self, ids: Any, pos: Any, ks: list[Any], vs: list[Any], t: dict[str, Any], g: Any) -> Iterator[None]:
-        """Queue (or record, into graph `g`) one decode step, yielding after each op."""
-        ops, c, w = self.gpu.ops, self.c, self.w
-        x, x2, normed, attn = t["x"], t["x2"], t["normed"], t["attn"]
-        q3, q4, k4, v4, attn2 = t["q3"], t["q4"], t["k4"], t["v4"], t["attn2"]
-
-        def linear(src: Any, name: str, out: Any, bias: str | None = None) -> None:
-            ops.matmul(src, w[name], transpose_w=True, bias=None if bias is None else w[bias], out=out, graph=g)
-
-        ops.embedding(ids, w["embed"], out=x, graph=g)
-        yield
-        for i in range(c.layers):
-            p = f"layer{i}."
-            ops.rmsnorm(x, w[p + "norm1"], c.eps, out=normed, graph=g)
-            yield
-            for name, out in (("q", t["q"]), ("k", t["k"]), ("v", t["v"])):
-                linear(normed, p + name, out, p + name + "_bias")
-                yield
-            ops.rotary(q4, pos, base=c.rope_base, out=q4, graph=g)
-            yield
-            ops.rotary(k4, pos, base=c.rope_base, out=k4, graph=g)
-            yield
-            ops.kv_append(ks[i], k4, pos, graph=g)
-            yield
-            ops.kv_append(vs[i], v4, pos, graph=g)
-            yield
-            ops.attention_decode(q3, ks[i], vs[i], pos, out=attn, graph=g)
-            yield
-            linear(attn2, p + "o", t["o"])
-            yield
-            ops.add(x, t["o"], out=x2, graph=g)
-            yield
-            ops.rmsnorm(x2, w[p + "norm2"], c.eps, out=normed, graph=g)
-            yield
-            linear(normed, p + "gate", t["gate"])
-            yield
-            linear(normed, p + "up", t["up"])
-            yield
-            ops.silu_mul(t["gate"], t["up"], out=t["act"], graph=g)
-            yield
-            linear(t["act"], p + "down", t["down"])
-            yield
-            ops.add(x2, t["down"], out=x, graph=g)
-            yield
-        ops.rmsnorm(x, w["norm"], c.eps, out=normed, graph=g)
-        yield
-        linear(normed, "embed", t["logits"])
-        yield
-        ops.argmax(t["logits"], out=t["next"], graph=g)
-        yield
+        return step_ops(self.gpu.ops, self.w, self.c, ids, pos, ks, vs, t, g)
 
     def ops_per_step(self) -> int:
         return 1 + OPS_PER_LAYER * self.c.layers + 3
@@ -159,8 +89,8 @@ class Decoder:
             raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
         if mode in ("graph", "window"):
             return (await self.steps(ids32, pos32, 1))[0]
-        if mode not in MODES:
-            raise ValueError(f"mode is one of {MODES}")
+        if mode not in MODES or mode == "merged":
+            raise ValueError(f"mode is one of {MODES[:-1]} (merged: gpud.testing.shared_decoder)")
         work = self._work
         if work is None:
             work = self._work = self._workspace(self._empty)
@@ -224,13 +154,102 @@ class Decoder:
             self._step.free()
 
 
+def workspace(c: Config, b: int, make: Any) -> dict[str, Any]:
+    """The activations of one step of `b` sequences, made by `make(shape, dtype)` (tensors, or a graph's)."""
+    shapes = {
+        "x": (b, c.hidden),
+        "x2": (b, c.hidden),
+        "normed": (b, c.hidden),
+        "q": (b, c.heads * c.head_dim),
+        "k": (b, c.kv_width),
+        "v": (b, c.kv_width),
+        "attn": (b, c.heads, c.head_dim),
+        "o": (b, c.hidden),
+        "gate": (b, c.intermediate),
+        "up": (b, c.intermediate),
+        "act": (b, c.intermediate),
+        "down": (b, c.hidden),
+        "logits": (b, c.vocab),
+    }
+    work = {name: make(shape, "float32") for name, shape in shapes.items()}
+    work["next"] = make((b,), "int32")
+    # The views the heads need, made once: the same views every step (stable to every cache).
+    work["q3"] = work["q"].reshape(b, c.heads, c.head_dim)
+    work["q4"] = work["q"].reshape(b, 1, c.heads, c.head_dim)
+    work["k4"] = work["k"].reshape(b, 1, c.kv_heads, c.head_dim)
+    work["v4"] = work["v"].reshape(b, 1, c.kv_heads, c.head_dim)
+    work["attn2"] = work["attn"].reshape(b, c.heads * c.head_dim)
+    return work
+
+
+def step_ops(
+    ops: Any, w: Any, c: Config, ids: Any, pos: Any, ks: list[Any], vs: list[Any], t: dict[str, Any], g: Any
+) -> Iterator[None]:
+    """Queue (or record, into graph `g`) one decode step, yielding after each op."""
+    x, x2, normed, attn = t["x"], t["x2"], t["normed"], t["attn"]
+    q3, q4, k4, v4, attn2 = t["q3"], t["q4"], t["k4"], t["v4"], t["attn2"]
+
+    def linear(src: Any, name: str, out: Any, bias: str | None = None) -> None:
+        ops.matmul(src, w[name], transpose_w=True, bias=None if bias is None else w[bias], out=out, graph=g)
+
+    ops.embedding(ids, w["embed"], out=x, graph=g)
+    yield
+    for i in range(c.layers):
+        p = f"layer{i}."
+        ops.rmsnorm(x, w[p + "norm1"], c.eps, out=normed, graph=g)
+        yield
+        for name, out in (("q", t["q"]), ("k", t["k"]), ("v", t["v"])):
+            linear(normed, p + name, out, p + name + "_bias")
+            yield
+        ops.rotary(q4, pos, base=c.rope_base, out=q4, graph=g)
+        yield
+        ops.rotary(k4, pos, base=c.rope_base, out=k4, graph=g)
+        yield
+        ops.kv_append(ks[i], k4, pos, graph=g)
+        yield
+        ops.kv_append(vs[i], v4, pos, graph=g)
+        yield
+        ops.attention_decode(q3, ks[i], vs[i], pos, out=attn, graph=g)
+        yield
+        linear(attn2, p + "o", t["o"])
+        yield
+        ops.add(x, t["o"], out=x2, graph=g)
+        yield
+        ops.rmsnorm(x2, w[p + "norm2"], c.eps, out=normed, graph=g)
+        yield
+        linear(normed, p + "gate", t["gate"])
+        yield
+        linear(normed, p + "up", t["up"])
+        yield
+        ops.silu_mul(t["gate"], t["up"], out=t["act"], graph=g)
+        yield
+        linear(t["act"], p + "down", t["down"])
+        yield
+        ops.add(x2, t["down"], out=x, graph=g)
+        yield
+    ops.rmsnorm(x, w["norm"], c.eps, out=normed, graph=g)
+    yield
+    linear(normed, "embed", t["logits"])
+    yield
+    ops.argmax(t["logits"], out=t["next"], graph=g)
+    yield
+
+
 class Output(NamedTuple):
     next: np.ndarray[Any, Any]  # (B,) int32: the argmax of each sequence's logits
     logits: np.ndarray[Any, Any] | None  # (B, vocab) float32, when asked for
 
 
+class Stepper(Protocol):
+    """What `generate` drives: a `Decoder`, or `shared_decoder.SharedDecoder`."""
+
+    async def step(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], mode: str) -> Output: ...
+
+    async def steps(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], n: int) -> list[Output]: ...
+
+
 async def generate(
-    decoder: Decoder,
+    decoder: Stepper,
     prompt: np.ndarray[Any, Any],
     tokens: int,
     mode: str,

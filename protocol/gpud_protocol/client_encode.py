@@ -28,6 +28,8 @@ def _wire(field: Any) -> Any:
             "views": [[list(ref), list(shape)] for ref, shape in field.views],
             **({"rows": True} if field.rows else {}),
             **({"feeds": [list(f) for f in field.feeds]} if field.feeds else {}),
+            **({"slots": field.slots, "state": [list(r) for r in field.state]} if field.slots else {}),
+            **({"pads": [list(p) for p in field.pads]} if field.pads else {}),
         }
     return field
 

@@ -59,3 +59,9 @@ class GraphDef(NamedTuple):
     rows: bool = False
     # (output, input) names: in a multi-step replay the output of each step becomes that input of the next
     feeds: tuple[tuple[str, str], ...] = ()
+    # A slot graph (rows=True and slots > 0): each session replays one row, placed at the row of its own
+    # slot; `state` names the session tensors whose leading axis is per slot (`slots` long), which the
+    # steps see through views of their first rows; padding rows take `pads` (input name, value), else 0.
+    slots: int = 0
+    state: tuple[Arg, ...] = ()
+    pads: tuple[tuple[str, int | float], ...] = ()

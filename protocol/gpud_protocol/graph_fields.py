@@ -121,8 +121,34 @@ def check_graph(value: Any, limits: Limits, payloads: Sequence[Any]) -> GraphDef
     if type(rows) is not bool:
         raise bad(f"graph rows must be true or false, got {describe(rows)}")
     feeds = _feeds(part("feeds", cap), {o.name for o in outputs}, {i.name for i in inputs}, limits)
+    slots = value.get("slots", 0)
+    if not is_int(slots) or not 0 <= slots <= limits.max_slots or (slots and not rows):
+        raise bad(f"graph slots must be 0, or 1 to {limits.max_slots} in a graph of rows, got {describe(slots)}")
+    state = tuple(check_graph_ref(ref, counts, limits) for ref in part("state", cap))
+    if any(kind != ArgKind.TENSOR for kind, _ in state) or (state and not slots):
+        raise bad("a graph's state is session tensors, in a graph of slots")
+    pads = []
+    for item in part("pads", cap):
+        if type(item) is not tuple or len(item) != 2 or type(item[1]) not in (int, float) or not rows:
+            raise bad(f"each graph pad must be [input, number] in a graph of rows, got {describe(item)}")
+        if item[0] not in {i.name for i in inputs}:
+            raise bad(f"graph pad {describe(item[0])} names no input")
+        pads.append((item[0], item[1]))
+    if len({name for name, _ in pads}) != len(pads):
+        raise bad("a graph input has one pad at most")
     return GraphDef(
-        inputs, tuple(scalars), binds, tuple(temps), tuple(steps), tuple(outputs), tuple(views), rows, feeds
+        inputs,
+        tuple(scalars),
+        binds,
+        tuple(temps),
+        tuple(steps),
+        tuple(outputs),
+        tuple(views),
+        rows,
+        feeds,
+        slots,
+        state,
+        tuple(pads),
     )
 
 

@@ -48,6 +48,7 @@ class Limits:
     max_graph_tensors: int = 1024  # inputs, scalars, bound tensors, intermediates and outputs of a graph, each
     reply_part_bytes: int = 4 << 20  # a readback's data travels in messages of at most this many bytes
     max_replay_steps: int = 1024  # steps of one multi-step replay (`ReplaySteps`)
+    max_slots: int = 1024  # slots of a slot graph (`GraphDef.slots`): sessions whose rows one launch holds
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

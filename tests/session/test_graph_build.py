@@ -38,6 +38,7 @@ class Settings:
     session_max_graphs: int = 8
     graph_instances: int = 8
     merge_replays: bool = True
+    merge_wait_us: float = 2000.0
     trace: bool = False
 
 

@@ -6,6 +6,8 @@ within LOGIT_TOL)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import uuid
 
@@ -14,6 +16,7 @@ import pytest
 
 import gpud_client
 from gpud.testing.reference import LOGIT_TOL, greedy_mismatch, reference_logits
+from gpud.testing.shared_decoder import SharedDecoder
 from gpud.testing.transformer import MODES, Decoder, generate
 from gpud.testing.transformer_weights import CONFIGS, Weights, weights
 
@@ -36,7 +39,7 @@ def check(prompt: np.ndarray, tokens: np.ndarray, logits: list[np.ndarray] | Non
     assert len({tuple(t) for t in tokens.tolist()}) > 1 or len(set(tokens[0].tolist())) > 1, "a degenerate run"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [mode for mode in MODES if mode != "merged"])
 async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client.Client, mode: str) -> None:
     prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
     published = await Weights.publish(gpu, CONFIG, SEED, prefix)
@@ -48,6 +51,35 @@ async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client
         if mode in ("graph", "window"):
             other.unpublish_graph(decoder.graph_name)
     check(PROMPT, tokens, logits)
+    for name in Weights.names(CONFIG, prefix):
+        gpu.unpublish(name)
+    for tensor in published.t.values():
+        tensor.free()
+    await gpu.sync()
+
+
+async def test_merged_sessions_each_decode_their_own_sequence_as_the_reference(gpu: gpud_client.Client) -> None:
+    """`merged` mode: a session per sequence, one shared step graph with a KV slot each, stepping at once."""
+    prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
+    published = await Weights.publish(gpu, CONFIG, SEED, prefix)
+    async with contextlib.AsyncExitStack() as stack:
+        others = [await stack.enter_async_context(gpud_client.connect(gpu.address)) for _ in PROMPT]
+        decoders = [
+            SharedDecoder(other, CONFIG, await Weights.open(other, CONFIG, prefix), logits=True, graph_name=prefix)
+            for other in others
+        ]
+        await decoders[0]._graph()  # built and published once; the other opens it
+        runs = await asyncio.gather(
+            *(generate(decoder, PROMPT[i : i + 1], TOKENS, "merged") for i, decoder in enumerate(decoders))
+        )
+        stats = (await gpu.stats())["device"]
+        for decoder in decoders:
+            decoder.free()
+        others[0].unpublish_graph(decoders[0].graph_name)
+    tokens = np.concatenate([run[0] for run in runs])
+    logits = [np.concatenate(step) for step in zip(*(run[1] for run in runs), strict=True)]
+    check(PROMPT, tokens, logits)
+    assert stats.get("merged_launches", 0) + stats.get("row_launches", 0) > 0
     for name in Weights.names(CONFIG, prefix):
         gpu.unpublish(name)
     for tensor in published.t.values():

@@ -1,0 +1,139 @@
+"""Slot graphs (gpud.session.slots): a row-independent graph whose state has a row per slot; each
+session keeps its own slot, its row always at that row of the launch, merged with the others'."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from support import Daemon
+
+import gpud_client
+from gpud.testing import spawn
+from gpud_client import InvalidArgument, u32
+
+W = 64  # floats per row
+P = 4  # slots
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[Daemon]:
+    with spawn.daemon("fake", extra_args=("--lease", "5")) as (address, proc):
+        yield Daemon(address, proc, "fake")
+        assert proc.poll() is None
+
+
+@contextlib.contextmanager
+def stopped(daemon: Daemon) -> Iterator[None]:
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+
+
+async def build_accumulator(gpu: gpud_client.Client, name: str) -> None:
+    """out = state + x; state <- out: each slot sums the inputs of its session. Built for 1, 2 and 4 rows."""
+    add = await gpu.kernel("fake:add", "add")
+    total = gpu.empty((P, W), "float32")
+    step = None
+    for rows in (1, 2, 4):
+        g = gpu.graph(name, slots=P)
+        x = g.input("x", (rows, W), "float32")
+        state = g.state(total, rows)
+        out = g.empty((rows, W), "float32")
+        g.dispatch(add, rows, [state, x, out, u32(rows * W)])
+        g.copy(out, state)
+        g.output("out", out)
+        step = await g.build()
+    assert step is not None
+    gpu.publish_graph(step, name)
+    total.free()  # the graph holds it
+    await gpu.sync()
+
+
+@contextlib.asynccontextmanager
+async def sessions(address: str, count: int, name: str) -> AsyncIterator[list[tuple[gpud_client.Client, Any]]]:
+    async with contextlib.AsyncExitStack() as stack:
+        out = []
+        for _ in range(count):
+            gpu = await stack.enter_async_context(gpud_client.connect(address))
+            out.append((gpu, await gpu.open_graph(name)))
+        yield out
+
+
+async def counters(gpu: gpud_client.Client) -> dict[str, int]:
+    device = (await gpu.stats())["device"]
+    return {k: int(device.get(k, 0)) for k in ("merged_launches", "row_launches")}
+
+
+async def together(daemon: Daemon, calls: list[Any]) -> list[Any]:
+    with stopped(daemon):
+        tasks = [asyncio.create_task(call) for call in calls]
+        await asyncio.sleep(0.2)
+    return await asyncio.wait_for(asyncio.gather(*tasks), 20)
+
+
+async def test_each_session_keeps_its_own_slot_through_merged_launches(fake: Daemon) -> None:
+    async with gpud_client.connect(fake.address) as builder:
+        await build_accumulator(builder, "acc")
+        xs = [np.full((1, W), i + 1, np.float32) for i in range(3)]
+        async with sessions(fake.address, 3, "acc") as open_:
+            before = await counters(builder)
+            for round_ in range(1, 4):
+                outs = await together(fake, [step.replay(x=x) for (_gpu, step), x in zip(open_, xs, strict=True)])
+                for out, x in zip(outs, xs, strict=True):
+                    np.testing.assert_array_equal(out["out"], x * round_)  # its own sum, nobody else's
+            after = await counters(builder)
+            assert after["merged_launches"] - before["merged_launches"] >= 2  # the first round may zero slots
+            (_gpu, alone), x = open_[1], xs[1]
+            np.testing.assert_array_equal((await alone.replay(x=x))["out"], x * 4)  # alone: at its slot still
+        async with sessions(fake.address, 1, "acc") as [(_gpu, newcomer)]:
+            y = np.full((1, W), 10, np.float32)
+            np.testing.assert_array_equal((await newcomer.replay(x=y))["out"], y)  # a freed slot, zeroed
+        builder.unpublish_graph("acc")
+
+
+async def test_slots_run_out_and_come_back(fake: Daemon) -> None:
+    async with gpud_client.connect(fake.address) as builder:
+        await build_accumulator(builder, "acc-full")
+        x = np.ones((1, W), np.float32)
+        async with sessions(fake.address, P, "acc-full") as open_:
+            for _gpu, step in open_:
+                await step.replay(x=x)
+            async with sessions(fake.address, 1, "acc-full") as [(_gpu, late)]:
+                with pytest.raises(gpud_client.Busy, match="slots are taken"):
+                    await late.replay(x=x)
+                open_[0][1].free()  # its last handle: the slot is free
+                await open_[0][0].sync()
+                np.testing.assert_array_equal((await late.replay(x=x))["out"], x)
+        builder.unpublish_graph("acc-full")
+
+
+async def test_a_slot_graph_is_replayed_a_row_at_a_time_and_checked_at_build(fake: Daemon) -> None:
+    async with gpud_client.connect(fake.address) as gpu:
+        await build_accumulator(gpu, "acc-rows")
+        step = await gpu.open_graph("acc-rows")
+        with pytest.raises(InvalidArgument, match="one row"):
+            await step.replay(x=np.ones((2, W), np.float32))
+        add = await gpu.kernel("fake:add", "add")
+        wrong = gpu.empty((P + 1, W), "float32")
+        g = gpu.graph("acc-wrong", slots=P)
+        with pytest.raises(InvalidArgument, match="state of 4 rows"):
+            g.state(wrong, 1)
+        g = gpu.graph("acc-pad", slots=P)
+        x = g.input("x", (1, W), "int32", pad=2**40)
+        state = g.state(gpu.empty((P, W), "int32"), 1)
+        out = g.empty((1, W), "int32")
+        g.dispatch(add, 1, [state, x, out, u32(W)])
+        g.output("out", out)
+        with pytest.raises(InvalidArgument, match="cannot pad"):
+            await g.build()
+        gpu.unpublish_graph("acc-rows")
+        await gpu.sync()
