@@ -197,6 +197,28 @@ def test_graph_feeds_name_an_output_and_an_input_once() -> None:
         assert isinstance(decoded.ops[0], OpError), feeds
 
 
+def test_a_slot_graph_names_its_slots_state_and_pads() -> None:
+    graph = {"inputs": [["x", "int32", [1, 4]]], "outputs": [["y", [4, 0]]], "rows": True}
+    good = {**graph, "slots": 8, "state": [[0, 9]], "pads": [["x", -1]]}
+    built = one_op([Opcode.GRAPH, 1, 30, "s", good])
+    assert (built.graph.slots, built.graph.state, built.graph.pads) == (8, ((0, 9),), (("x", -1),))
+    assert msgpack.unpackb(proto.encode_op(built), raw=False)[4]["state"] == [[0, 9]]
+    for bad in (
+        {**graph, "slots": -1},
+        {**graph, "slots": LIMITS.max_slots + 1},
+        {**graph, "slots": True},
+        {**graph, "rows": False, "slots": 2},
+        {**graph, "slots": 2, "state": [[1, 0]]},  # an input is no session tensor
+        {**graph, "state": [[0, 9]]},  # state without slots
+        {**graph, "pads": [["nope", 1]]},
+        {**graph, "pads": [["x", "1"]]},
+        {**graph, "pads": [["x", 1], ["x", 2]]},
+        {**graph, "rows": False, "pads": [["x", 1]]},
+    ):
+        decoded = batch([[Opcode.GRAPH, 1, 30, "s", bad]])
+        assert isinstance(decoded.ops[0], OpError), bad
+
+
 def test_a_row_independent_graph_says_so_with_a_boolean() -> None:
     graph = {"inputs": [["x", "float32", [2, 4]]], "outputs": [["y", [4, 0]]]}
     rows = one_op([Opcode.GRAPH, 1, 30, "rows", {**graph, "rows": True}])
