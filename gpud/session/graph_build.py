@@ -76,9 +76,11 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
         state,
     ):
         raise InvalidArgument(f"graph {op.name!r}: its other instances have other slots or state tensors")
-    for tensor in state:
+    for (_kind, state_handle), tensor in zip(graph.state, state, strict=True):
         if not tensor.shape or tensor.shape[0] != graph.slots:
             raise InvalidArgument(f"graph {op.name!r}: state tensor {tensor.describe()} needs {graph.slots} rows")
+        if not session.handles[int(state_handle)].writable:  # a slot's rows are zeroed for each new holder
+            raise PermissionDenied(f"graph {op.name!r}: state tensor {tensor.describe()} is a read-only resident")
     recording = record(session, graph, programs, fixed, rt, batch)
     instance = recording.instance
     if graph.rows:
@@ -210,6 +212,7 @@ def _fixed_tensors(session: Session, graph: proto.GraphDef) -> dict[int, Tensor]
             refs.append(step.dst)
     refs += [o.ref for o in graph.outputs]
     refs += [ref for ref, _shape in graph.views]
+    refs += list(graph.state)
     return {int(v): session._handle(int(v)).tensor for k, v in refs if k == ArgKind.TENSOR}
 
 

@@ -17,6 +17,7 @@ from support import Daemon
 import gpud_client
 from gpud.testing import spawn
 from gpud_client import InvalidArgument, u32
+from gpud_protocol import ArgKind
 
 W = 64  # floats per row
 P = 4  # slots
@@ -137,3 +138,42 @@ async def test_a_slot_graph_is_replayed_a_row_at_a_time_and_checked_at_build(fak
             await g.build()
         gpu.unpublish_graph("acc-rows")
         await gpu.sync()
+
+
+async def test_state_is_a_tensor_the_builder_may_write(fake: Daemon) -> None:
+    async with gpud_client.connect(fake.address) as owner:
+        weights = owner.tensor(np.ones((P, W), np.float32))
+        owner.publish(weights, "slot-weights", mode="ro")
+        await owner.sync()
+        async with gpud_client.connect(fake.address) as gpu:
+            add = await gpu.kernel("fake:add", "add")
+            opened = await gpu.open("slot-weights")
+            g = gpu.graph("acc-ro", slots=P)
+            x = g.input("x", (1, W), "float32")
+            state = g.state(opened, 1)
+            out = g.empty((1, W), "float32")
+            g.dispatch(add, 1, [state, x, out, u32(W)])  # reads it only; zeroing a slot would write it
+            g.output("out", out)
+            with pytest.raises(gpud_client.PermissionDenied, match="read-only resident"):
+                await g.build()
+        owner.unpublish("slot-weights")
+        weights.free()
+        await owner.sync()
+
+
+async def test_a_state_handle_that_is_not_the_sessions_is_refused(fake: Daemon) -> None:
+    async with gpud_client.connect(fake.address) as other, gpud_client.connect(fake.address) as gpu:
+        theirs = other.empty((P, W), "float32")
+        await other.sync()
+        add = await gpu.kernel("fake:add", "add")
+        for handle in (theirs.handle, 10**9):
+            g = gpu.graph("acc-foreign", slots=P)
+            x = g.input("x", (1, W), "float32")
+            out = g.empty((1, W), "float32")
+            g.dispatch(add, 1, [x, x, out, u32(W)])
+            g.output("out", out)
+            g._state.append((int(ArgKind.TENSOR), handle))  # only in the state list
+            with pytest.raises(gpud_client.NotFound):
+                await g.build()
+        await gpu.sync()
+    fake.assert_alive()
