@@ -128,9 +128,11 @@ class Merger:
         missing = family.expected - {p.session.id for p in pendings}
         now = time.monotonic()
         left = min(family.idle_since, now) + settings.merge_wait_us / 1e6 - now
-        if not missing or left <= 0 or family.waking:
+        if not missing or left <= 0:
             return False
         self._hold(family, pendings)
+        if family.waking:  # its timer is set already
+            return True
         family.waking = True
         launch = family.launched
 

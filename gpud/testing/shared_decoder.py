@@ -18,7 +18,7 @@ import gpud_client
 from gpud.testing.transformer import Decoder, Output, step_ops, workspace
 from gpud.testing.transformer_weights import Config, Weights
 
-POOL = 8  # sessions decoding at once through one shared step
+POOL = 32  # sessions decoding at once through one shared step
 
 
 class SharedDecoder:
