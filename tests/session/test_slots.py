@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
+import textwrap
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -177,3 +179,58 @@ async def test_a_state_handle_that_is_not_the_sessions_is_refused(fake: Daemon) 
                 await g.build()
         await gpu.sync()
     fake.assert_alive()
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import asyncio, sys
+    import numpy as np
+    import gpud_client
+
+    async def main(address):
+        async with gpud_client.connect(address) as gpu:
+            step = await gpu.open_graph("acc-killed")
+            x = np.full((1, 64), 100, np.float32)
+            await step.replay(x=x)
+            print("ready", flush=True)
+            while True:
+                await step.replay(x=x)
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+async def test_a_session_killed_while_stepping_frees_its_slot_and_the_others_go_on() -> None:
+    with spawn.daemon("fake", extra_args=("--lease", "1")) as (address, proc):
+        async with gpud_client.connect(address) as builder:
+            await build_accumulator(builder, "acc-killed")
+            async with sessions(address, 2, "acc-killed") as open_:
+                for (_gpu, step), value in zip(open_, (1, 2), strict=True):  # slots 0 and 1
+                    await step.replay(x=np.full((1, W), value, np.float32))
+                victim = await asyncio.create_subprocess_exec(
+                    sys.executable, "-c", _HOLDER, address, stdout=asyncio.subprocess.PIPE
+                )
+                try:
+                    assert victim.stdout is not None
+                    line = await asyncio.wait_for(victim.stdout.readline(), 30)
+                    assert line.strip() == b"ready", line
+                    victim.send_signal(signal.SIGKILL)  # slot 2, mid-stream
+                    await victim.wait()
+                finally:
+                    if victim.returncode is None:
+                        victim.kill()
+                        await victim.wait()
+                for round_ in range(2, 6):  # while the daemon notices, and after: the others step on, merged
+                    steps = [step for _gpu, step in open_]
+                    outs = await asyncio.gather(
+                        *(step.replay(x=np.full((1, W), v, np.float32)) for step, v in zip(steps, (1, 2), strict=True))
+                    )
+                    for out, value in zip(outs, (1, 2), strict=True):
+                        np.testing.assert_array_equal(out["out"], np.full((1, W), value * round_, np.float32))
+                    await asyncio.sleep(0.5)
+                async with sessions(address, 1, "acc-killed") as [(_gpu, newcomer)]:  # the freed slot, zeroed
+                    out = await newcomer.replay(x=np.full((1, W), 7, np.float32))
+                    np.testing.assert_array_equal(out["out"], np.full((1, W), 7, np.float32))
+            builder.unpublish_graph("acc-killed")
+        assert proc.poll() is None
