@@ -2184,9 +2184,9 @@ class Tenant(Peer):
         grid = [n // 64, 1, 1]
         good_args = [[INPUT, 0], [TEMP, 0], [SCALAR, 0], [F32, 1.0], [U32, n]]
         foreign = self.run.foreign_handle(self.index, rng)
-        choice = rng.randrange(12)
+        choice = rng.randrange(17)
         codes: tuple[int, ...] = (INVALID,)
-        changes: dict[str, list[Any]]
+        changes: dict[str, Any]
         handle = self.new_handle()
         if choice == 0:
             changes, what = {"steps": [[0, k, grid, [[INPUT, 5], *good_args[1:]], None]]}, "an input out of range"
@@ -2214,6 +2214,19 @@ class Tenant(Peer):
             ro = rng.choice(list(self.opened))
             args = [[INPUT, 0], [TENSOR, ro], *good_args[2:]]
             changes, what, codes = {"steps": [[0, k, grid, args, None]]}, "writing a read-only resident", (PERMISSION,)
+        elif choice == 11:
+            changes, what = {"rows": True}, "a row-independent graph that binds a tensor"
+        elif choice == 12:
+            rows: dict[str, Any] = {"rows": True, "binds": [], "steps": [[0, k, grid, good_args, None]]}
+            changes, what = {**rows, "slots": 4, "state": [[TENSOR, foreign]]}, "another session's tensor as state"
+            codes = (NOT_FOUND, INVALID)
+        elif choice == 13:
+            changes, what = {"slots": 4}, "slots without rows"
+        elif choice == 14:
+            changes, what = {"feeds": [["t", "nope"]]}, "a feed into no input"
+        elif choice == 15:
+            rows = {"rows": True, "binds": [], "steps": [[0, k, grid, good_args, None]]}
+            changes, what = {**rows, "pads": [["x", rng.choice(["1", None, [1]])]]}, "a pad that is no number"
         else:
             handle = rng.choice([self.graph_out or 1, self.kernel or 1])
             changes, what = {}, "into a handle in use"
