@@ -25,7 +25,7 @@ from gpud_protocol import ArgKind
 from gpud_protocol.errors import InvalidArgument, NotFound, OutOfMemory, PermissionDenied
 
 if TYPE_CHECKING:
-    from gpud.session.session import Session
+    from gpud.session.state import SessionState as Session
 
 
 def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> Wait | None:

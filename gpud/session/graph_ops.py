@@ -17,7 +17,7 @@ from gpud_protocol import ArgKind
 from gpud_protocol.errors import Busy, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
 
 if TYPE_CHECKING:
-    from gpud.session.session import Session
+    from gpud.session.state import SessionState as Session
 
 
 def _check_value(value: int | float, kind: int, name: str) -> int | float:

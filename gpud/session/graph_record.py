@@ -24,7 +24,7 @@ from gpud_protocol.errors import InvalidArgument, PermissionDenied
 from gpud_protocol.ops import TensorInfo
 
 if TYPE_CHECKING:
-    from gpud.session.session import Session
+    from gpud.session.state import SessionState as Session
 
 
 @dataclasses.dataclass(eq=False)

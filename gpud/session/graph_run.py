@@ -14,7 +14,7 @@ from gpud.session.graphs import ALIGN
 
 if TYPE_CHECKING:
     from gpud.session.graphs import Family, Instance
-    from gpud.session.session import Session
+    from gpud.session.state import SessionState as Session
 
 
 class Reader(Protocol):

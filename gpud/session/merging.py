@@ -33,7 +33,7 @@ from gpud_protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from gpud.session.graphs import Family, Instance
-    from gpud.session.session import Session
+    from gpud.session.state import SessionState as Session
 
 
 @dataclasses.dataclass(eq=False)

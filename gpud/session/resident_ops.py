@@ -16,7 +16,7 @@ from gpud.session.tensors import Handle
 from gpud_protocol.errors import InvalidArgument, OutOfMemory
 
 if TYPE_CHECKING:
-    from gpud.session.session import Session
+    from gpud.session.state import SessionState as Session
 
 LIMIT = proto.RESIDENTS_PER_REPLY
 

@@ -18,7 +18,6 @@ from gpud.runtime.runtime import DeviceRuntime
 from gpud.session.failures import Failure, Failures
 from gpud.session.graphs import Family, GraphStore
 from gpud.session.kernels import KernelTable
-from gpud.session.merging import Merger
 from gpud.session.prepared import PreparedDispatches
 from gpud.session.residents import ResidentStore
 from gpud.session.tensors import Handle, Tensor, view_of
@@ -69,13 +68,20 @@ class Settings(Protocol):
     def trace(self) -> bool: ...
 
 
+class ReplayQueue(Protocol):
+    """Where a row-independent graph's replays wait to be launched together (`merging.Merger`)."""
+
+    def add(self, family: Family, pending: Any) -> None: ...
+
+
 class Daemon(Protocol):
     """What a session needs from the daemon around it."""
 
     runtimes: list[DeviceRuntime]
     residents: ResidentStore
     graph_store: GraphStore
-    merger: Merger  # replays of row-independent graphs, until the slice they came in ends
+    @property
+    def merger(self) -> ReplayQueue: ...  # replays of row-independent graphs, until their slice ends
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 
@@ -121,6 +127,8 @@ class SessionState:
     closed: bool
     ops_done: int
     _received_at: float  # when the batch running now was read from the socket
+    # A readback's reply, sent part by part as its copies complete (`requests.ReadbackReply`).
+    _readback_reply: Callable[[int, int, DeviceRuntime, dict[str, Any]], Any]
 
     def work_lost(self, error: GpudError) -> None:
         """A submission holding this session's work was refused (the daemon missed an invalid op)."""
