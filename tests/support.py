@@ -5,9 +5,13 @@ Tests pick a kernel by `gpu.backend`, so every integration test runs unchanged o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -226,3 +230,13 @@ async def occupy(gpu: gpud_client.Client, seconds: float) -> gpud_client.Tensor:
         gpu.dispatch(k, 64, [y, u32(iters)])
     await gpu.flush()
     return y
+
+
+@contextlib.contextmanager
+def stopped(daemon: Daemon) -> Iterator[None]:
+    """The daemon stopped (SIGSTOP) meanwhile: what clients send then, it reads in one slice once continued."""
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)

@@ -34,3 +34,31 @@ def then(wait: Wait | None, next_step: Callable[[], Wait | None]) -> Wait | None
     if wait is None:
         return next_step()
     return Wait(wait.ready, lambda: then(wait.resume(), next_step))
+
+
+def guarded(
+    step: Callable[[], Wait | None],
+    release: Callable[[], None],
+    gone: Callable[[], bool],
+    done: Callable[[], None] | None = None,
+) -> Wait | None:
+    """`step()`, and whatever it waits for, calling `release()` if it raises, or if `gone()` (its owner
+    ended) once a wait is over, since nothing resumes it then; `done()` once it finished."""
+    try:
+        wait = step()
+    except BaseException:
+        release()
+        raise
+    if wait is None:
+        if done is not None:
+            done()
+        return None
+
+    async def ready() -> None:
+        try:
+            await wait.ready
+        finally:
+            if gone():
+                release()
+
+    return Wait(ready(), lambda: guarded(wait.resume, release, gone, done))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import gpud_protocol as proto
 from gpud.backends.base import Buffer, Program
 from gpud.runtime.runtime import DeviceRuntime, Wait
+from gpud.runtime.waits import guarded, then
 from gpud.session.graph_record import Recording, record
 from gpud.session.graph_rows import feeds_of, pads_of, rows_of
 from gpud.session.graphs import Family, Signature
@@ -136,7 +137,7 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
         for i in range(index, len(recording.uploads)):
             wait = rt.upload(owned.buffers[i], recording.uploads[i], session)
             if wait is not None:  # the staging pool is full: go on once a staging buffer came back
-                return _then(wait, functools.partial(upload, i + 1))
+                return then(wait, functools.partial(upload, i + 1))
         finish()
         return None
 
@@ -173,31 +174,7 @@ class _Owned:
     def guard(self, step: Callable[[], Wait | None]) -> Wait | None:
         """`step()`, and whatever it waits for, releasing the buffers if it raises or if the
         session ends during a wait (then nothing resumes it)."""
-        try:
-            wait = step()
-        except BaseException:
-            self.release()
-            raise
-        if wait is None:
-            return None
-        session = self.session
-
-        async def ready() -> None:
-            try:
-                await wait.ready
-            finally:
-                if session.closed:
-                    self.release()
-
-        return Wait(ready(), lambda: self.guard(wait.resume))
-
-
-def _then(wait: Wait, next_step: Callable[[], Wait | None]) -> Wait:
-    def resume() -> Wait | None:
-        after = wait.resume()
-        return next_step() if after is None else _then(after, next_step)
-
-    return Wait(wait.ready, resume)
+        return guarded(step, self.release, lambda: self.session.closed)
 
 
 def _fixed_tensors(session: Session, graph: proto.GraphDef) -> dict[int, Tensor]:

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 import gpud_protocol as proto
 from gpud.backends.base import Buffer
 from gpud.runtime.runtime import Wait
+from gpud.runtime.waits import then
 from gpud.session.graph_build import build_graph
-from gpud.session.graph_run import _then, execute, execute_steps
+from gpud.session.graph_run import execute, execute_steps
 from gpud.session.graphs import ALIGN, Family, Instance
 from gpud.session.merging import Pending
 from gpud_protocol import ArgKind
@@ -56,7 +57,7 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
         session._daemon.merger.add(family, Pending(session, op, instance, values, data, done, slot))
         return Wait(done, done.result)
 
-    return _then(zeroed, queued)
+    return then(zeroed, queued)
 
 
 def _slot(session: Session, family: Family, instance: Instance) -> tuple[int, Wait | None]:
@@ -81,7 +82,7 @@ def _slot(session: Session, family: Family, instance: Instance) -> tuple[int, Wa
         for i in range(index, len(uploads)):
             wait = rt.upload(*uploads[i], session)
             if wait is not None:
-                return _then(wait, functools.partial(zero, i + 1))
+                return then(wait, functools.partial(zero, i + 1))
         return None
 
     return slot, zero(0)

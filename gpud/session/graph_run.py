@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import gpud_protocol as proto
 from gpud.backends.base import Buffer
 from gpud.runtime.runtime import DeviceRuntime, Wait
+from gpud.runtime.waits import guarded, then
 from gpud.session.graphs import ALIGN
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def execute(
 
     if data is None:
         return run()
-    return _then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), data, session), run)
+    return then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), data, session), run)
 
 
 def execute_rows(
@@ -80,7 +81,7 @@ def execute_rows(
             return None
         return rt.download(rt.view(slots["out"], 0, instance.output_bytes), scatter.deliver, owner)
 
-    return _then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), merged, owner), run)
+    return then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), merged, owner), run)
 
 
 def execute_steps(
@@ -127,7 +128,7 @@ def execute_steps(
 
     if data is None:
         return scratch.guard(run)
-    return scratch.guard(lambda: _then(rt.upload(rt.view(inputs, 0, steps * size_in), data, session), run))
+    return scratch.guard(lambda: then(rt.upload(rt.view(inputs, 0, steps * size_in), data, session), run))
 
 
 class _Scratch:
@@ -161,24 +162,7 @@ class _Scratch:
         rt.ledger.after(max(b.last_use for b in buffers), uncharge)
 
     def guard(self, step: Callable[[], Wait | None]) -> Wait | None:
-        try:
-            wait = step()
-        except BaseException:
-            self.give_back()
-            raise
-        if wait is None:
-            self.give_back()
-            return None
-        session = self.session
-
-        async def ready() -> None:
-            try:
-                await wait.ready
-            finally:
-                if session.closed:  # nothing resumes it
-                    self.give_back()
-
-        return Wait(ready(), lambda: self.guard(wait.resume))
+        return guarded(step, self.give_back, lambda: self.session.closed, self.give_back)
 
 
 def layout(instance: Instance) -> list[list[Any]]:
@@ -228,9 +212,3 @@ class Scatter:
             view = memoryview(out)
             for k in range(max(1, self._rt.parts(own.output_bytes))):
                 reply.deliver(k, view[k * part_bytes : (k + 1) * part_bytes], None)
-
-
-def _then(wait: Wait | None, next_step: Callable[[], Wait | None]) -> Wait | None:
-    if wait is None:
-        return next_step()
-    return Wait(wait.ready, lambda: _then(wait.resume(), next_step))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import gpud_client
-from gpud.testing.transformer import Decoder, Output, step_ops, workspace
+from gpud.testing.transformer import Decoder, Output, published_step, step_ops, workspace
 from gpud.testing.transformer_weights import Config, Weights
 
 POOL = 32  # sessions decoding at once through one shared step
@@ -59,13 +59,11 @@ class SharedDecoder:
     async def _graph(self) -> gpud_client.Step:
         """Open the shared step, or record, build and publish it (if another session published it first,
         use that one: every session must share one pool)."""
-        gpu = self.gpu
-        try:
-            self._step = await gpu.open_graph(self.graph_name)
-            return self._step
-        except gpud_client.NotFound:
-            pass
-        c, pool = self.c, self.pool
+        self._step = await published_step(self.gpu, self.graph_name, self._build, share=True)
+        return self._step
+
+    async def _build(self) -> gpud_client.Step:
+        gpu, c, pool = self.gpu, self.c, self.pool
         cache = (pool, c.max_len, c.kv_heads, c.head_dim)
         k_pools = [gpu.empty(cache, "float16", device=self.device) for _ in range(c.layers)]
         v_pools = [gpu.empty(cache, "float16", device=self.device) for _ in range(c.layers)]
@@ -84,13 +82,6 @@ class SharedDecoder:
         for tensor in [*k_pools, *v_pools]:
             tensor.free()  # the graph holds them
         assert step is not None
-        try:
-            gpu.publish_graph(step, self.graph_name)
-            await gpu.flush()
-        except gpud_client.AlreadyExists:
-            step.free()
-            step = await gpu.open_graph(self.graph_name)
-        self._step = step
         return step
 
     def free(self) -> None:

@@ -23,7 +23,7 @@ One decode step is the same op sequence in five modes:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -119,13 +119,11 @@ class Decoder:
 
     async def _graph(self) -> gpud_client.Step:
         """Open the published step graph, or record, build and publish it."""
-        gpu = self.gpu
-        try:
-            self._step = await gpu.open_graph(self.graph_name)
-            return self._step
-        except gpud_client.NotFound:
-            pass
-        g = gpu.graph(self.graph_name)
+        self._step = await published_step(self.gpu, self.graph_name, self._build)
+        return self._step
+
+    async def _build(self) -> gpud_client.Step:
+        g = self.gpu.graph(self.graph_name)
         b, c = self.batch, self.c
         cache = (b, c.max_len, c.kv_heads, c.head_dim)
         ks = [g.bind(f"k{i}", cache, "float16") for i in range(c.layers)]
@@ -138,20 +136,33 @@ class Decoder:
         g.feed("next", into="ids")  # in `window` mode the argmax is the next step's token, on the device
         if self.with_logits:
             g.output("logits", work["logits"])
-        step = await g.build()
-        try:
-            gpu.publish_graph(step, self.graph_name)
-            await gpu.flush()
-        except gpud_client.AlreadyExists:  # another session published it first: use ours all the same
-            pass
-        self._step = step
-        return step
+        return await g.build()
 
     def free(self) -> None:
         for tensor in [*self.k_caches, *self.v_caches, self.ids, self.pos, *(self._work or {}).values()]:
             tensor.free()
         if self._step is not None:
             self._step.free()
+
+
+async def published_step(
+    gpu: gpud_client.Client, name: str, build: Callable[[], Awaitable[gpud_client.Step]], *, share: bool = False
+) -> gpud_client.Step:
+    """The step graph published as `name`, opened; else `build()` and publish it. When another session
+    publishes it first, keep ours, or with `share` free it and open theirs (one graph for everyone)."""
+    try:
+        return await gpu.open_graph(name)
+    except gpud_client.NotFound:
+        pass
+    step = await build()
+    try:
+        gpu.publish_graph(step, name)
+        await gpu.flush()
+    except gpud_client.AlreadyExists:
+        if share:
+            step.free()
+            step = await gpu.open_graph(name)
+    return step
 
 
 def workspace(c: Config, b: int, make: Any) -> dict[str, Any]:

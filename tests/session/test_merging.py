@@ -12,13 +12,12 @@ import asyncio
 import contextlib
 import math
 import os
-import signal
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from support import Daemon
+from support import Daemon, stopped
 
 import gpud_client
 import gpud_protocol as proto
@@ -34,15 +33,6 @@ def fake() -> Iterator[Daemon]:
     with spawn.daemon("fake", extra_args=("--lease", "5")) as (address, proc):
         yield Daemon(address, proc, "fake")
         assert proc.poll() is None
-
-
-@contextlib.contextmanager
-def stopped(daemon: Daemon) -> Iterator[None]:
-    os.kill(daemon.proc.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(daemon.proc.pid, signal.SIGCONT)
 
 
 async def build_scale(gpu: gpud_client.Client, name: str) -> None:

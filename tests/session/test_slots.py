@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import textwrap
@@ -14,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import Daemon
+from support import Daemon, stopped
 
 import gpud_client
 from gpud.testing import spawn
@@ -30,15 +29,6 @@ def fake() -> Iterator[Daemon]:
     with spawn.daemon("fake", extra_args=("--lease", "5")) as (address, proc):
         yield Daemon(address, proc, "fake")
         assert proc.poll() is None
-
-
-@contextlib.contextmanager
-def stopped(daemon: Daemon) -> Iterator[None]:
-    os.kill(daemon.proc.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(daemon.proc.pid, signal.SIGCONT)
 
 
 async def build_accumulator(gpu: gpud_client.Client, name: str) -> None:
