@@ -22,7 +22,16 @@ import numpy as np
 
 from benchmarks import write_json
 from gpud.backends import resolve
-from gpud.testing.decoding import PROMPT, new_prefix, prompt, publish, reference_mismatch, run_clients, unpublish
+from gpud.testing.decoding import (
+    EXACT_MODES,
+    PROMPT,
+    new_prefix,
+    prompt,
+    publish,
+    reference_mismatch,
+    run_clients,
+    unpublish,
+)
 from gpud.testing.spawn import daemon
 from gpud.testing.transformer import MODES
 from gpud.testing.transformer_weights import CONFIGS, Config, weights
@@ -162,9 +171,11 @@ def main(args: argparse.Namespace) -> int:
             results["modes"][mode] = rows
         asyncio.run(unpublish(address, model, prefix))
     firsts = {mode: rows[0]["tokens"][0] for mode, rows in results["modes"].items()}
-    results["modes_agree"] = len({tuple(t) for t in firsts.values()}) == 1
+    exact = {mode: tokens for mode, tokens in firsts.items() if mode in EXACT_MODES}
+    results["modes_agree"] = len({tuple(t) for t in exact.values()}) <= 1
     chosen = next(iter(firsts.values()))[:16]
-    results["reference_mismatch"] = reference_mismatch(model, chosen)
+    mismatches = [reference_mismatch(model, tokens[:16]) for mode, tokens in firsts.items() if mode not in exact]
+    results["reference_mismatch"] = reference_mismatch(model, chosen) or next((m for m in mismatches if m), "")
     verdict = results["reference_mismatch"] or "match"
     print(f"client 0's first {len(chosen)} tokens against the numpy reference: {verdict}")
     if backend == "cuda":

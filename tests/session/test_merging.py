@@ -25,6 +25,7 @@ from gpud.testing import spawn
 from gpud_client import InvalidArgument, nn
 
 WIDTH = 64  # the fake `scale` kernel scales whole groups of 64
+SEND_S = 1.0  # while the daemon is stopped: long enough for every client to have sent, on a busy machine
 SIZES = (1, 2, 4, 8)
 
 
@@ -69,7 +70,7 @@ async def replay_together(
     """Each step's replay sent while the daemon is stopped, so that it reads them in one slice."""
     with stopped(daemon):
         tasks = [asyncio.create_task(step.replay(**values)) for step, values in zip(steps, inputs, strict=True)]
-        await asyncio.sleep(0.2)  # every replay is in the socket
+        await asyncio.sleep(SEND_S)  # every replay is in the socket
     return await asyncio.wait_for(asyncio.gather(*tasks), 20)
 
 
@@ -126,7 +127,7 @@ async def test_a_session_that_ends_before_its_slice_does_not_stop_the_others(fak
                 steps[2].launch(x=x, a=2.0)
                 leaving.send_batch()
                 leaving._send_control(proto.BYE)  # its bye right behind its launch, in the same slice
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(SEND_S)
             outs = await asyncio.wait_for(asyncio.gather(*tasks), 20)
             after = await device_counters(builder)
             for out in outs:

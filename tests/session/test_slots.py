@@ -21,6 +21,7 @@ from gpud_client import InvalidArgument, u32
 from gpud_protocol import ArgKind
 
 W = 64  # floats per row
+SEND_S = 1.0  # while the daemon is stopped: long enough for every client to have sent, on a busy machine
 P = 4  # slots
 
 
@@ -69,7 +70,7 @@ async def counters(gpu: gpud_client.Client) -> dict[str, int]:
 async def together(daemon: Daemon, calls: list[Any]) -> list[Any]:
     with stopped(daemon):
         tasks = [asyncio.create_task(call) for call in calls]
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(SEND_S)
     return await asyncio.wait_for(asyncio.gather(*tasks), 20)
 
 
