@@ -55,7 +55,7 @@ async def _in_process(address: str, prefix: str, batches: list[Batch], quick: bo
         device = gpu.welcome["devices"][gpu.device]
         software = bool(device.get("software"))  # seconds a batch: a few runs
         reps = (1 if quick else 2) if software else (3 if quick else 20)
-        encoder = Encoder(gpu, CONFIGS[MODEL], await gpu.open_prefix(prefix))
+        encoder = Encoder(gpu, CONFIGS[MODEL], await gpu.open_prefix(prefix), graph_prefix=prefix)
         seconds, out = await embed_all(encoder, batches, MODES, reps, lambda: None)
         encoder.free()
         return device, reps, seconds, out
@@ -120,6 +120,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             device, reps, seconds, out = asyncio.run(_in_process(address, prefix, list(batches.values()), args.quick))
             processes = run_processes(address, prefix, [list(batches.values())] * k, ("replay",), reps)
+            merged = run_processes(address, prefix, [list(batches.values())] * k, ("merged",), reps)
         finally:
             asyncio.run(unpublish(address, prefix))
     results: dict[str, Any] = {
@@ -149,8 +150,13 @@ def main(args: argparse.Namespace) -> int:
         row[f"gpud_{k}_processes_ms"] = 1e3 * wall / (k * reps)  # per batch, all processes together
         row[f"gpud_{k}_processes_sentences_per_s"] = k * reps * n / wall
         row[f"gpud_{k}_processes_each_ms"] = [_ms(p_seconds[(i, "replay")]) for p_seconds, _out in processes]
+        row["gpud_merged_ms"] = _ms(seconds[(i, "merged")])
+        wall = max(sum(p_seconds[(i, "merged")]) for p_seconds, _out in merged)
+        row[f"gpud_{k}_processes_merged_ms"] = 1e3 * wall / (k * reps)  # their batches launched together
         embeddings = {"gpud eager": out[(i, "eager")], "gpud replay": out[(i, "replay")]}
+        embeddings["gpud merged"] = out[(i, "merged")]
         embeddings.update({f"gpud process {j}": p_out[(i, "replay")] for j, (_s, p_out) in enumerate(processes)})
+        embeddings.update({f"gpud merged process {j}": p_out[(i, "merged")] for j, (_s, p_out) in enumerate(merged)})
         for name, (t_seconds, t_out) in torch_rows.items():
             row[f"{name}_ms"] = _ms(t_seconds[i])
             embeddings[name] = t_out[i]

@@ -187,13 +187,12 @@ def prefixes(t: Any, b: Any, e: Expectations) -> None:
         nothing = f"hostile.nothing/{t.new_seq()}"
         b.op(Opcode.OPEN_PREFIX, [t.new_handle(), nothing], e.ok("open_prefix", "a prefix of nothing"))
         b.op(Opcode.RESIDENTS, [nothing, ""], e.ok("residents", "a prefix of nothing"))
-    elif kind == 3 and t.names:  # this life's own two names, into handles that pass max_handle or one in use
-        prefix = min(t.names).rsplit("/", 1)[0] + "/"
+    elif kind == 3 and (ro := [name for name, mode in t.names.items() if mode == "ro"]) and t.tensors:
+        # This life's read-only name into a handle in use. (Not its read-write one too: another session
+        # may unpublish that at any time, and then the range of handles asked for shrinks. Handles past
+        # max_handle: tests/session/test_open_prefix.py.)
         in_use = rng.choice(list(t.tensors))
-        handle, what = rng.choice(
-            [(2**31 - 1, "handles past max_handle"), (in_use - 1, "a handle range over one in use")]
-        )
-        b.op(Opcode.OPEN_PREFIX, [handle, prefix], e.fails("open_prefix", what, INVALID))
+        b.op(Opcode.OPEN_PREFIX, [in_use, ro[0]], e.fails("open_prefix", "a handle in use", INVALID))
     elif kind == 4:
         b.op(Opcode.RESIDENTS, ["", rng.choice(["", "hostile", "zzzz"])], e.ok("residents", "every resident"))
     else:

@@ -13,6 +13,12 @@ embedding is float32.
     enc = Encoder(gpu, CONFIGS["all-minilm-l6-v2"], await gpu.open_prefix("minilm/"))
     vectors = await enc.embed(ids, mask)             # eager: queued ops, one readback
     vectors = await enc.embed(ids, mask, "replay")   # a replay graph per (batch, length), built once
+    vectors = await enc.embed(ids, mask, "merged")   # one graph per length that every session shares
+
+In `merged` mode the forward is a row-independent graph per length (`rows=True`), published under the
+encoder's `graph_prefix` and built for 1, 2, 4 ... `MERGED_ROWS` sentences: a session pads its batch to
+the next of these (padding rows are dropped), and the daemon launches the batches that sessions send at
+once together, each getting its own rows back.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from typing import Any
 import numpy as np
 
 import gpud_client
+from gpud.testing.published import published_step
 from gpud_client.nn import Embedding, LayerNorm, Linear
 from gpud_protocol import LruCache
 
-MODES = ("eager", "replay")
+MODES = ("eager", "replay", "merged")
+MERGED_ROWS = 64  # the largest instance of a merged graph: sentences of all sessions in one launch
 GRAPHS_KEPT = 8  # replay graphs an encoder keeps (one per batch shape); past it the least recent is freed
 
 
@@ -132,11 +140,14 @@ class Encoder:
     """One session's encoder over weights it loaded or opened (read-only residents do). It makes one
     tensor of its own at once (the position table, below): make it outside a `gpu.scope()`, or keep it."""
 
-    def __init__(self, gpu: gpud_client.Client, config: BertConfig, tensors: Mapping[str, Any]) -> None:
+    def __init__(
+        self, gpu: gpud_client.Client, config: BertConfig, tensors: Mapping[str, Any], *, graph_prefix: str = ""
+    ) -> None:
         missing = [name for name, _shape in weight_shapes(config) if name not in tensors]
         if missing:
             raise KeyError(f"the weights lack {len(missing)} tensors of the model, e.g. {missing[:3]}")
         self.gpu, self.c = gpu, config
+        self.graph_prefix = graph_prefix  # merged mode: the weights' own names, so no other weights share a graph
         ops = gpu.ops
         word = tensors["embeddings.word_embeddings.weight"]
         self.dtype = str(np.dtype(word.dtype).name)
@@ -178,12 +189,49 @@ class Encoder:
         if mode == "replay":
             step = self._steps.get(ids64.shape) or await self._build(ids64.shape)
             return (await step.replay(ids=ids64, mask=maskf, positions=positions))["embeddings"]
+        if mode == "merged":
+            return await self._merged(ids64, maskf)
         if mode != "eager":
             raise ValueError(f"mode is one of {MODES}, not {mode!r}")
         gpu = self.gpu
         async with gpu.scope():  # the inputs and every intermediate of this forward are freed at the end
             inputs = [gpu.tensor(a, device=self.device) for a in (ids64, maskf, positions)]
             return await self.forward(*inputs).numpy()
+
+    async def _merged(self, ids: np.ndarray[Any, Any], mask: np.ndarray[Any, Any]) -> Any:
+        """The embeddings through the shared row-independent graph of this length, the batch padded."""
+        if not self.graph_prefix:
+            raise ValueError("merged mode needs the encoder's graph_prefix (the weights' names)")
+        batch, length = ids.shape
+        if batch > MERGED_ROWS:  # in launches of the largest instance's rows
+            parts = [(ids[i : i + MERGED_ROWS], mask[i : i + MERGED_ROWS]) for i in range(0, batch, MERGED_ROWS)]
+            return np.concatenate([await self._merged(part_ids, part_mask) for part_ids, part_mask in parts])
+        rows = 1 << max(0, batch - 1).bit_length()
+        key = (0, length)
+        step = self._steps.get(key)
+        if step is None:
+            name = f"{self.graph_prefix}bert-rows-s{length}"
+            step = await published_step(self.gpu, name, lambda: self._build_rows(name, length), share=True)
+            self._steps.put(key, step)
+        padded_ids, padded_mask = np.zeros((rows, length), np.int64), np.zeros((rows, length), np.float32)
+        padded_ids[:batch], padded_mask[:batch] = ids, mask
+        padded_mask[batch:, 0] = 1.0  # a padding row sees one token: finite, and dropped
+        out = (await step.replay(ids=padded_ids, mask=padded_mask))["embeddings"]
+        return out[:batch]
+
+    async def _build_rows(self, name: str, length: int) -> gpud_client.Step:
+        step: gpud_client.Step | None = None
+        rows = 1
+        while rows <= MERGED_ROWS:
+            g = self.gpu.graph(name, rows=True)
+            ids, mask = g.input("ids", (rows, length), "int64"), g.input("mask", (rows, length), "float32")
+            positions = g.empty((length,), "int32")
+            g.upload(positions, np.arange(length, dtype=np.int32))  # the same for every row: recorded
+            g.output("embeddings", self.forward(ids, mask, positions, graph=g))
+            step = await g.build()
+            rows *= 2
+        assert step is not None
+        return step
 
     async def _build(self, shape: tuple[int, int]) -> gpud_client.Step:
         """The forward for one (batch, length), recorded once into a replay graph of this session."""

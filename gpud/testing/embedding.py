@@ -75,7 +75,7 @@ async def _client(
     address: str, prefix: str, batches: list[Batch], modes: tuple[str, ...], reps: int, barrier: Any
 ) -> Any:
     async with gpud_client.connect(address) as gpu:
-        encoder = Encoder(gpu, CONFIGS[MODEL], await gpu.open_prefix(prefix))
+        encoder = Encoder(gpu, CONFIGS[MODEL], await gpu.open_prefix(prefix), graph_prefix=prefix)
         result = await embed_all(encoder, batches, modes, reps, lambda: barrier.wait(BARRIER_S))
         encoder.free()
         return result

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 import gpud_client
-from gpud.testing.transformer import Decoder, Output, published_step, step_ops, workspace
+from gpud.testing.published import published_step
+from gpud.testing.transformer import Decoder, Output, step_ops, workspace
 from gpud.testing.transformer_weights import Config, Weights
 
 POOL = 32  # sessions decoding at once through one shared step

@@ -23,12 +23,13 @@ One decode step is the same op sequence in five modes:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 import gpud_client
+from gpud.testing.published import published_step
 from gpud.testing.transformer_weights import Config, Weights
 
 MODES = ("dispatch", "coalesced", "graph", "window", "merged")
@@ -143,26 +144,6 @@ class Decoder:
             tensor.free()
         if self._step is not None:
             self._step.free()
-
-
-async def published_step(
-    gpu: gpud_client.Client, name: str, build: Callable[[], Awaitable[gpud_client.Step]], *, share: bool = False
-) -> gpud_client.Step:
-    """The step graph published as `name`, opened; else `build()` and publish it. When another session
-    publishes it first, keep ours, or with `share` free it and open theirs (one graph for everyone)."""
-    try:
-        return await gpu.open_graph(name)
-    except gpud_client.NotFound:
-        pass
-    step = await build()
-    try:
-        gpu.publish_graph(step, name)
-        await gpu.flush()
-    except gpud_client.AlreadyExists:
-        if share:
-            step.free()
-            step = await gpu.open_graph(name)
-    return step
 
 
 def workspace(c: Config, b: int, make: Any) -> dict[str, Any]:

@@ -5,12 +5,15 @@ package needed)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from support import Daemon, stopped
 
 import gpud_client
 from gpud.testing import bert, minilm
@@ -37,10 +40,12 @@ async def embed_with_shared_weights(
     prefix = f"bert-{uuid.uuid4().hex[:8]}/"
     loaded = await gpu.load_safetensors(path, prefix=prefix)
     async with gpud_client.connect(gpu.address) as other:
-        encoder = Encoder(other, CONFIG, await other.open_prefix(prefix))
+        encoder = Encoder(other, CONFIG, await other.open_prefix(prefix), graph_prefix=prefix)
         got = await encoder.embed(ids, mask, mode)
         alone = await encoder.embed(ids[:1, : LENGTHS[0]], mask[:1, : LENGTHS[0]], mode)
         encoder.free()
+        for length in {ids.shape[1], LENGTHS[0]} if mode == "merged" else ():
+            other.unpublish_graph(f"{prefix}bert-rows-s{length}")
     for name, tensor in loaded.items():
         gpu.unpublish(prefix + name)
         tensor.free()
@@ -112,3 +117,37 @@ async def test_float16_weights_and_int64_ids_need_no_cast(gpu: gpud_client.Clien
     encoder.free()
     for tensor in tensors.values():
         tensor.free()
+
+
+async def test_sessions_embedding_at_once_share_one_launch(daemon: Daemon, tmp_path: Path) -> None:
+    """`merged` mode from three sessions sent together (the daemon stopped meanwhile): one launch of the
+    8-row instance carries their 2 + 2 + 2 sentences, each session's rows as the reference's."""
+    weights = random_weights(CONFIG, SEED)
+    path = tmp_path / "model.safetensors"
+    minilm.write_safetensors(path, weights)
+    ids, mask = batch()
+    prefix = f"bert-{uuid.uuid4().hex[:8]}/"
+    async with contextlib.AsyncExitStack() as stack:
+        gpus = [await stack.enter_async_context(gpud_client.connect(daemon.address)) for _ in range(3)]
+        loaded = await gpus[0].load_safetensors(path, prefix=prefix)
+        encoders = [Encoder(gpu, CONFIG, await gpu.open_prefix(prefix), graph_prefix=prefix) for gpu in gpus]
+        for encoder in encoders:  # built once, opened by the others; every instance's kernels compiled
+            await encoder.embed(ids[:2], mask[:2], "merged")
+        rows = [(ids[i : i + 2], mask[i : i + 2]) for i in (0, 1, 2)]
+        before = (await gpus[0].stats())["device"].get("merged_launches", 0)
+        with stopped(daemon):
+            tasks = [asyncio.create_task(e.embed(i, m, "merged")) for e, (i, m) in zip(encoders, rows, strict=True)]
+            await asyncio.sleep(1.0)
+        outs = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        after = (await gpus[0].stats())["device"].get("merged_launches", 0)
+        assert after - before == 1
+        for out, (i, m) in zip(outs, rows, strict=True):
+            want = reference_embeddings(CONFIG, weights, i, m)
+            assert np.abs(out - want).max() < EMBEDDING_TOL, np.abs(out - want).max()
+        for encoder in encoders:
+            encoder.free()
+        gpus[0].unpublish_graph(f"{prefix}bert-rows-s{ids.shape[1]}")
+        for name, tensor in loaded.items():
+            gpus[0].unpublish(prefix + name)
+            tensor.free()
+        await gpus[0].sync()
