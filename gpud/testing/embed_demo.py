@@ -90,7 +90,7 @@ def run_embed_demo(backend: str, clients: int = 3, weights: Path | None = None) 
     worst = max(float(np.abs(g - reference.embeddings).max()) for g in got.values())
     cosine = min(float(np.sum(g * reference.embeddings, axis=1).min()) for g in got.values())
     print(
-        f"all match: every embedding, eager and replay, within {worst:.1e} of sentence-transformers' "
+        f"all match: every embedding, {', '.join(MODES)}, within {worst:.1e} of sentence-transformers' "
         f"(cosine >= {cosine:.5f}), and every nearest neighbour is sentence-transformers' own"
     )
     return 0
