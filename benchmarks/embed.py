@@ -188,11 +188,12 @@ def _check(n: int, embeddings: dict[str, np.ndarray[Any, Any]], row: dict[str, A
 
 def _report(results: dict[str, Any], k: int, backend: str, reps: int) -> None:
     ways = [("gpud_eager", "gpud eager"), ("gpud_replay", "gpud replay"), (f"gpud_{k}_processes", f"gpud K={k}")]
+    ways += [(f"gpud_{k}_processes_merged", f"merged K={k}")]
     ways += [("torch_eager", "torch eager"), ("torch_cuda_graph", "torch graph")]
     ways = [(key, label) for key, label in ways if f"{key}_ms" in results["sizes"][0]]
     print(
         f"\nall-MiniLM-L6-v2, float16 weights, {backend} ({results['device']}): ms per batch, median of {reps} "
-        f"(K={k}: {k} processes replaying at once, wall time / batches)"
+        f"(K={k}: {k} processes replaying at once, each its own graph or all one merged graph; wall time / batches)"
     )
     print(f"{'sentences':>9} {'tokens':>10} " + " ".join(f"{label:>12}" for _key, label in ways))
     for row in results["sizes"]:
@@ -202,6 +203,7 @@ def _report(results: dict[str, Any], k: int, backend: str, reps: int) -> None:
         ("gpud_eager", "torch_eager"),
         ("gpud_replay", "torch_cuda_graph"),
         (f"gpud_{k}_processes", "torch_cuda_graph"),
+        (f"gpud_{k}_processes_merged", "torch_cuda_graph"),
     ]
     pairs = [(ours, theirs) for ours, theirs in pairs if f"{theirs}_ms" in results["sizes"][0]]
     if not pairs:
