@@ -19,9 +19,8 @@ from typing import Any
 
 import msgpack
 
-from gpud_protocol.ring import CLIENT_POLLS_UNTIL, DAEMON_POLLS_UNTIL, Ring, RingFrame, segment_bytes
+from gpud_protocol.ring import CLIENT_POLLS_UNTIL, DAEMON_POLLS_UNTIL, MARGIN_NS, Ring, RingFrame, segment_bytes
 
-MARGIN_NS = 200_000  # the daemon's polling deadline closer than this: ring the doorbell
 TIMEOUT_S = 2.0
 
 

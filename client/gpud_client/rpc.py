@@ -24,9 +24,8 @@ import zmq
 import gpud_protocol as proto
 from gpud_client.errors import DaemonLost, GpudError, ProtocolError, SessionLost, from_code
 from gpud_client.transport import Transport
-from gpud_protocol.ring import RingCorrupt
+from gpud_protocol.ring import CHECK_S, RingCorrupt
 
-RING_CHECK_S = 0.005  # with a ring, the reader looks at it this often besides waking for ZeroMQ
 NAMED_OPS = 65536  # op-library calls whose name a failure reported later can still be given
 
 Reply = tuple[dict[str, Any], Any]  # (header, data: a frame's buffer, an assembled array, or None)
@@ -166,7 +165,7 @@ class Rpc(Transport):
                 self._on_message(await self._incoming.recv())
                 continue
             self._drain_ring()  # a reply the daemon put in the ring just as the spin ended
-            if (frames := await self._incoming.recv_within(RING_CHECK_S)) is not None:
+            if (frames := await self._incoming.recv_within(CHECK_S)) is not None:  # the ring too, this often
                 self._on_message(frames)
 
     def _drain_ring(self) -> bool:

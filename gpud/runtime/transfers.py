@@ -8,7 +8,7 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpud.backends.base import Buffer
@@ -91,6 +91,14 @@ class Transfers(RuntimeState):
             self.ledger.after(self.ledger.pending_index, self._recycler(self.uploads, staging, size, True))
             self.counters["upload_bytes"] += count
             position += count
+        return None
+
+    def upload_all(self, uploads: Sequence[tuple[Buffer, memoryview]], owner: Owner) -> Wait | None:
+        """`upload` of each (buffer, data) in turn; a Wait when the pool is exhausted (resume goes on)."""
+        for index, (buffer, data) in enumerate(uploads):
+            wait = self.upload(buffer, data, owner)
+            if wait is not None:
+                return then(wait, functools.partial(self.upload_all, uploads[index + 1 :], owner))
         return None
 
     def parts(self, nbytes: int) -> int:

@@ -9,7 +9,7 @@ Ring sessions' messages (rings.py) come in the same slices: each slice takes wha
 first, then the socket. While any ring session exists, the daemon polls rings and socket for
 `ring_spin_us` after the last message before it sleeps, and tells the clients until when (so a client
 rings the doorbell only when the daemon sleeps); asleep, it still looks at the rings every
-`RING_CHECK_S`, in case a client's doorbell was not needed by a hair.
+`gpud_protocol.ring.CHECK_S`, in case a client's doorbell was not needed by a hair.
 
 Leases are judged by `caught_up()`: the last time every peer's waiting messages had been read up
 to that point, so that a heartbeat still unread in the socket proves nothing either way. That is
@@ -25,9 +25,9 @@ from typing import Any
 
 from gpud.service.rings import Rings
 from gpud_protocol.reader import SocketReader
+from gpud_protocol.ring import CHECK_S
 
 MAX_DRAIN = 256  # messages taken per slice before the devices and the rest of the loop get a say
-RING_CHECK_S = 0.005
 
 Message = tuple[bytes, list[Any]]  # (the peer's identity, the message's frames)
 
@@ -81,8 +81,7 @@ class Intake:
         messages: list[Message] = []
         spin_s = max(self._busy_poll_s, rings.spin_s if rings else 0.0)
         if spin_s > 0:
-            start = time.perf_counter()
-            deadline = start + spin_s
+            deadline = time.perf_counter() + spin_s
             if rings:
                 rings.awake_until(time.monotonic_ns() + int(spin_s * 1e9))
             while time.perf_counter() < deadline:
@@ -98,7 +97,7 @@ class Intake:
                     rings.awake_until(0)  # asleep: a client rings the doorbell
                     if messages := rings.poll(MAX_DRAIN // 2):
                         return messages, reader.try_recv()
-                    frames = await reader.recv_within(RING_CHECK_S)
+                    frames = await reader.recv_within(CHECK_S)
                 else:
                     frames = await reader.recv()
                 if frames is not None:  # a doorbell, perhaps: what it rang for is in a ring by now

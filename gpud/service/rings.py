@@ -21,9 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpud_protocol import Batch
-from gpud_protocol.ring import CLIENT_POLLS_UNTIL, DAEMON_POLLS_UNTIL, Ring, RingCorrupt, RingFrame
-
-MARGIN_NS = 200_000  # a deadline closer than this counts as passed (the other side may be just leaving)
+from gpud_protocol.ring import CLIENT_POLLS_UNTIL, DAEMON_POLLS_UNTIL, MARGIN_NS, Ring, RingCorrupt, RingFrame
 
 
 class OutOfOrder(Exception):

@@ -9,7 +9,6 @@ staging; once the instance is added, the family owns (and charges) them.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -133,15 +132,8 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
             input_bytes=instance.input_bytes,
         )
 
-    def upload(index: int) -> Wait | None:
-        for i in range(index, len(recording.uploads)):
-            wait = rt.upload(owned.buffers[i], recording.uploads[i], session)
-            if wait is not None:  # the staging pool is full: go on once a staging buffer came back
-                return then(wait, functools.partial(upload, i + 1))
-        finish()
-        return None
-
-    return owned.guard(lambda: upload(0))
+    uploads = list(zip(owned.buffers, recording.uploads, strict=True))
+    return owned.guard(lambda: then(rt.upload_all(uploads, session), finish))
 
 
 class _Owned:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import TYPE_CHECKING, Any
 
 import gpud_protocol as proto
@@ -77,15 +76,7 @@ def _slot(session: Session, family: Family, instance: Instance) -> tuple[int, Wa
     for tensor in pool.state:
         row = tensor.buffer.nbytes // pool.size
         uploads.append((rt.view(tensor.buffer, slot * row, row), memoryview(bytes(row))))
-
-    def zero(index: int) -> Wait | None:
-        for i in range(index, len(uploads)):
-            wait = rt.upload(*uploads[i], session)
-            if wait is not None:
-                return then(wait, functools.partial(zero, i + 1))
-        return None
-
-    return slot, zero(0)
+    return slot, rt.upload_all(uploads, session)
 
 
 def leave(session: Session, family: Family) -> None:

@@ -155,15 +155,19 @@ class Merger:
             rt.after_drain()
 
 
-def _chunks(family: Family, group: list[Pending]) -> list[tuple[list[Pending], Instance]]:
-    """`group` in launches: each the smallest instance of the family (same row shapes) that holds
-    its rows; a replay alone runs its own instance."""
-    trailing = group[0].key[1]
-    sizes = sorted(
+def _by_rows(family: Family, trailing: tuple[Any, ...]) -> list[tuple[int, int, Instance]]:
+    """The family's instances of these row shapes, (rows, id, instance) by rows."""
+    return sorted(
         (instance.rows, id(instance), instance)
         for instance in family.instances.values()
         if tuple(shape[1:] for shape in instance.key) == trailing
     )
+
+
+def _chunks(family: Family, group: list[Pending]) -> list[tuple[list[Pending], Instance]]:
+    """`group` in launches: each the smallest instance of the family (same row shapes) that holds
+    its rows; a replay alone runs its own instance."""
+    sizes = _by_rows(family, group[0].key[1])
     largest = sizes[-1][0] if sizes else 0
     chunks: list[list[Pending]] = []  # first fit, the most rows first: the fewest launches
     room: list[int] = []
@@ -190,12 +194,7 @@ def _chunks(family: Family, group: list[Pending]) -> list[tuple[list[Pending], I
 def _slot_launches(family: Family, group: list[Pending]) -> list[tuple[list[Pending], Instance]]:
     """A slot graph's group in one launch of the smallest instance that holds its highest slot (each
     replay in a launch of its own when merging is off)."""
-    trailing = group[0].key[1]
-    sizes = sorted(
-        (instance.rows, id(instance), instance)
-        for instance in family.instances.values()
-        if tuple(shape[1:] for shape in instance.key) == trailing
-    )
+    sizes = _by_rows(family, group[0].key[1])
     merge = group[0].session._settings.merge_replays
     launches: list[tuple[list[Pending], Instance]] = []
     for chunk in [group] if merge else [[pending] for pending in group]:
@@ -260,8 +259,8 @@ def _merged(family: Family, chunk: list[Pending], instance: Instance, starts: li
     the outputs scattered back."""
     rows = instance.rows
     merged = bytearray(instance.input_bytes)
-    for whole, pad in zip(instance.inputs, instance.pads or [b""] * len(instance.inputs), strict=True):
-        if pad.count(0) != len(pad):
+    for whole, pad in zip(instance.inputs, instance.pads, strict=True):
+        if any(pad):  # zeros already
             merged[whole.offset : whole.offset + whole.nbytes] = pad * rows
     for pending, at in zip(chunk, starts, strict=True):
         data = pending.data

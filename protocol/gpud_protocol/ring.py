@@ -37,6 +37,11 @@ _MAGIC, _REQUEST_CAPACITY, _REPLY_CAPACITY = 0, 1, 2
 REQUEST_WRITTEN, REQUEST_READ, REPLY_WRITTEN, REPLY_READ = 8, 16, 24, 32
 DAEMON_POLLS_UNTIL, CLIENT_POLLS_UNTIL = 40, 48
 
+# Both ends: a polling deadline closer than MARGIN_NS counts as passed (the other side may be just
+# leaving); a sleeping end still looks at its ring every CHECK_S, for a doorbell not needed by a hair.
+MARGIN_NS = 200_000
+CHECK_S = 0.005
+
 _HEAD = struct.Struct("<II")
 
 
