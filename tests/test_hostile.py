@@ -916,6 +916,7 @@ class Tenant(Peer):
         self.freed: list[int] = []
         self.opened: dict[int, tuple[str, Published]] = {}  # handle -> (name, what was published)
         self.names: dict[str, str] = {}  # names this session published -> mode
+        self.leaving = False  # its names are being unpublished (bye-mid-stream): none may be counted on
         self.canary: int | None = None
         self.compiles = 0
         self.graph: int | None = None  # a valid graph: x (input) -> t (temp, the output) -> out (bound)
@@ -1334,6 +1335,7 @@ class Tenant(Peer):
                 b.op(Opcode.UNPUBLISH_GRAPH, [name], either("unpublish_graph", "own graph name", NOT_FOUND))
             await self.send_batch(b, hostile=False)
             if how == "bye-mid-stream":
+                self.leaving = True
                 await self.window()  # ...and leave without waiting for any of it
             else:
                 await self.settle()
@@ -1922,7 +1924,7 @@ class Tenant(Peer):
         elif kind == 2 and self.canary is not None:
             name = f"hostile.{SEED}/t{self.index}/second-name-{self.new_seq()}"
             b.op(Opcode.PUBLISH, [self.canary, name, "ro"], fails("publish", "a tensor published already", EXISTS))
-        elif kind == 3 and self.names and (mine := self.writable()) is not None:
+        elif kind == 3 and self.names and not self.leaving and (mine := self.writable()) is not None:
             b.op(Opcode.PUBLISH, [mine, rng.choice(list(self.names)), "rw"], fails("publish", "a name taken", EXISTS))
         elif kind == 4:
             bad_name = rng.choice(["", "bad name!", "a" * 129, 5, None])
@@ -2101,6 +2103,8 @@ class Tenant(Peer):
                     [stale, f"hostile.{SEED}/g/{self.new_seq()}"],
                     fails("publish_graph", "a stale graph", NOT_FOUND),
                 )
+            elif self.leaving:
+                pass  # its graph names are being unpublished: whether a publish finds one taken is a race
             elif choice == 2 and not self.graph_names:
                 gname = f"hostile.{SEED}/t{self.index}/graph{self.new_seq()}"
                 b.op(
