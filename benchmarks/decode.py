@@ -70,9 +70,13 @@ def _torch_model(config: Config) -> tuple[Any, Any]:
         for i in range(c.layers):
             p = f"layer{i}."
             h = rms(x, w[p + "norm1"])
-            q = torch.nn.functional.linear(h, w[p + "q"], w[p + "q_bias"]).view(1, c.heads, c.head_dim)
-            k = torch.nn.functional.linear(h, w[p + "k"], w[p + "k_bias"]).view(1, c.kv_heads, c.head_dim)
-            v = torch.nn.functional.linear(h, w[p + "v"], w[p + "v_bias"]).view(1, c.kv_heads, c.head_dim)
+            qkv = torch.nn.functional.linear(h, w[p + "qkv"], w[p + "qkv_bias"])  # q, k, v stacked, as vLLM's
+            q, k, v = qkv.split([c.heads * c.head_dim, c.kv_width, c.kv_width], dim=-1)
+            q, k, v = (
+                q.view(1, c.heads, c.head_dim),
+                k.view(1, c.kv_heads, c.head_dim),
+                v.view(1, c.kv_heads, c.head_dim),
+            )
             q, k = rope(q, pos), rope(k, pos)
             kc[i].index_copy_(1, pos, k[:, None])
             vc[i].index_copy_(1, pos, v[:, None])
@@ -83,10 +87,8 @@ def _torch_model(config: Config) -> tuple[Any, Any]:
             attn = (scores[:, :, None, :] @ values).reshape(1, -1)
             x = x + torch.nn.functional.linear(attn, w[p + "o"])
             h = rms(x, w[p + "norm2"])
-            gate = torch.nn.functional.linear(h, w[p + "gate"])
-            x = x + torch.nn.functional.linear(
-                torch.nn.functional.silu(gate) * torch.nn.functional.linear(h, w[p + "up"]), w[p + "down"]
-            )
+            gate, up = torch.nn.functional.linear(h, w[p + "gate_up"]).chunk(2, dim=-1)
+            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w[p + "down"])
         logits = torch.nn.functional.linear(rms(x, w["norm"]), w["embed"])
         return logits.argmax(-1)
 

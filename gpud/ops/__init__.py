@@ -18,7 +18,7 @@ _SUFFIX = {"cuda": ".cu", "webgpu": ".wgsl"}
 # `enable` directives come first, and module-scope declarations may be used before they appear),
 # before it in CUDA C (declared before use).
 _PRELUDES: dict[tuple[str, str], tuple[str, ...]] = {
-    (family, "webgpu"): ("bf16",) for family in ("attention", "matmul", "reduce", "reduce_axis")
+    (family, "webgpu"): ("bf16",) for family in ("attention", "fused", "matmul", "reduce", "reduce_axis")
 }
 _PRELUDES.update({(family, "cuda"): ("cp_async", "products") for family in ("matmul_tc", "matmul_wg")})
 

@@ -33,9 +33,10 @@ class Reference:
         for i in range(c.layers):
             p = f"layer{i}."
             h = _rmsnorm(x, w[p + "norm1"], c.eps)
-            q = (w[p + "q"] @ h + w[p + "q_bias"]).reshape(c.heads, c.head_dim)
-            k = (w[p + "k"] @ h + w[p + "k_bias"]).reshape(c.kv_heads, c.head_dim)
-            v = (w[p + "v"] @ h + w[p + "v_bias"]).reshape(c.kv_heads, c.head_dim)
+            qkv = w[p + "qkv"] @ h + w[p + "qkv_bias"]  # q, k and v stacked
+            q = qkv[: c.heads * c.head_dim].reshape(c.heads, c.head_dim)
+            k = qkv[c.heads * c.head_dim : c.heads * c.head_dim + c.kv_width].reshape(c.kv_heads, c.head_dim)
+            v = qkv[c.heads * c.head_dim + c.kv_width :].reshape(c.kv_heads, c.head_dim)
             q, k = _rotate(q, pos, c.rope_base), _rotate(k, pos, c.rope_base)
             # the daemon's caches hold float16: so does the reference
             self.k[i].append(k.astype(np.float16).astype(np.float64))
@@ -49,7 +50,7 @@ class Reference:
                 out[head] = weights_ @ values[:, head // group] / weights_.sum()
             x = x + w[p + "o"] @ out.reshape(-1)
             h = _rmsnorm(x, w[p + "norm2"], c.eps)
-            gate, up = w[p + "gate"] @ h, w[p + "up"] @ h
+            gate, up = np.split(w[p + "gate_up"] @ h, 2)  # gate and up stacked
             x = x + w[p + "down"] @ (gate / (1 + np.exp(-gate)) * up)
         logits: np.ndarray[Any, Any] = w["embed"] @ _rmsnorm(x, w["norm"], c.eps)
         return logits

@@ -34,7 +34,7 @@ from gpud.testing.transformer_weights import Config, Weights
 
 MODES = ("dispatch", "coalesced", "graph", "window", "merged")
 WINDOW = 16  # tokens per round trip in `window` mode
-OPS_PER_LAYER = 17
+OPS_PER_LAYER = 9
 
 
 class Decoder:
@@ -79,7 +79,7 @@ class Decoder:
         return step_ops(self.gpu.ops, self.w, self.c, ids, pos, ks, vs, t, g)
 
     def ops_per_step(self) -> int:
-        return 1 + OPS_PER_LAYER * self.c.layers + 3
+        return 2 + OPS_PER_LAYER * self.c.layers + 2
 
     async def step(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], mode: str) -> Output:
         """Decode one token per sequence: `ids` (B,) at positions `pos` (B,); the next ids (argmax)."""
@@ -152,13 +152,11 @@ def workspace(c: Config, b: int, make: Any) -> dict[str, Any]:
         "x": (b, c.hidden),
         "x2": (b, c.hidden),
         "normed": (b, c.hidden),
+        "qkv": (b, c.qkv_width),
         "q": (b, c.heads * c.head_dim),
-        "k": (b, c.kv_width),
-        "v": (b, c.kv_width),
         "attn": (b, c.heads, c.head_dim),
         "o": (b, c.hidden),
-        "gate": (b, c.intermediate),
-        "up": (b, c.intermediate),
+        "gate_up": (b, 2 * c.intermediate),
         "act": (b, c.intermediate),
         "down": (b, c.hidden),
         "logits": (b, c.vocab),
@@ -167,9 +165,6 @@ def workspace(c: Config, b: int, make: Any) -> dict[str, Any]:
     work["next"] = make((b,), "int32")
     # The views the heads need, made once: the same views every step (stable to every cache).
     work["q3"] = work["q"].reshape(b, c.heads, c.head_dim)
-    work["q4"] = work["q"].reshape(b, 1, c.heads, c.head_dim)
-    work["k4"] = work["k"].reshape(b, 1, c.kv_heads, c.head_dim)
-    work["v4"] = work["v"].reshape(b, 1, c.kv_heads, c.head_dim)
     work["attn2"] = work["attn"].reshape(b, c.heads * c.head_dim)
     return work
 
@@ -177,50 +172,40 @@ def workspace(c: Config, b: int, make: Any) -> dict[str, Any]:
 def step_ops(
     ops: Any, w: Any, c: Config, ids: Any, pos: Any, ks: list[Any], vs: list[Any], t: dict[str, Any], g: Any
 ) -> Iterator[None]:
-    """Queue (or record, into graph `g`) one decode step, yielding after each op."""
-    x, x2, normed, attn = t["x"], t["x2"], t["normed"], t["attn"]
-    q3, q4, k4, v4, attn2 = t["q3"], t["q4"], t["k4"], t["v4"], t["attn2"]
+    """Queue (or record, into graph `g`) one decode step, yielding after each op. The fused ops of the
+    op library: q, k and v in one matmul, split, rotated and cached by `rotary_kv_append`; gate and up
+    in one matmul, `silu_and_mul`; each residual add fused with the norm after it (`add_rmsnorm`)."""
+    x, x2, normed, attn, q3 = t["x"], t["x2"], t["normed"], t["attn"], t["q3"]
 
     def linear(src: Any, name: str, out: Any, bias: str | None = None) -> None:
         ops.matmul(src, w[name], transpose_w=True, bias=None if bias is None else w[bias], out=out, graph=g)
 
     ops.embedding(ids, w["embed"], out=x, graph=g)
     yield
+    ops.rmsnorm(x, w["layer0.norm1"], c.eps, out=normed, graph=g)
+    yield
     for i in range(c.layers):
         p = f"layer{i}."
-        ops.rmsnorm(x, w[p + "norm1"], c.eps, out=normed, graph=g)
+        linear(normed, p + "qkv", t["qkv"], p + "qkv_bias")
         yield
-        for name, out in (("q", t["q"]), ("k", t["k"]), ("v", t["v"])):
-            linear(normed, p + name, out, p + name + "_bias")
-            yield
-        ops.rotary(q4, pos, base=c.rope_base, out=q4, graph=g)
-        yield
-        ops.rotary(k4, pos, base=c.rope_base, out=k4, graph=g)
-        yield
-        ops.kv_append(ks[i], k4, pos, graph=g)
-        yield
-        ops.kv_append(vs[i], v4, pos, graph=g)
+        heads = {"heads": c.heads, "kv_heads": c.kv_heads, "base": c.rope_base}
+        ops.rotary_kv_append(t["qkv"], ks[i], vs[i], pos, **heads, out=q3, graph=g)
         yield
         ops.attention_decode(q3, ks[i], vs[i], pos, out=attn, graph=g)
         yield
-        linear(attn2, p + "o", t["o"])
+        linear(t["attn2"], p + "o", t["o"])
         yield
-        ops.add(x, t["o"], out=x2, graph=g)
+        ops.add_rmsnorm(x, t["o"], w[p + "norm2"], c.eps, sum_out=x2, out=normed, graph=g)
         yield
-        ops.rmsnorm(x2, w[p + "norm2"], c.eps, out=normed, graph=g)
+        linear(normed, p + "gate_up", t["gate_up"])
         yield
-        linear(normed, p + "gate", t["gate"])
-        yield
-        linear(normed, p + "up", t["up"])
-        yield
-        ops.silu_mul(t["gate"], t["up"], out=t["act"], graph=g)
+        ops.silu_and_mul(t["gate_up"], out=t["act"], graph=g)
         yield
         linear(t["act"], p + "down", t["down"])
         yield
-        ops.add(x2, t["down"], out=x, graph=g)
+        following = f"layer{i + 1}.norm1" if i + 1 < c.layers else "norm"  # the next norm, fused with the add
+        ops.add_rmsnorm(x2, t["down"], w[following], c.eps, sum_out=x, out=normed, graph=g)
         yield
-    ops.rmsnorm(x, w["norm"], c.eps, out=normed, graph=g)
-    yield
     linear(normed, "embed", t["logits"])
     yield
     ops.argmax(t["logits"], out=t["next"], graph=g)

@@ -31,6 +31,11 @@ class Config:
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
 
+    @property
+    def qkv_width(self) -> int:
+        """Rows of the stacked q, k and v projections."""
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
     def parameters(self) -> int:
         return sum(math.prod(shape) for _name, shape in weight_shapes(self))
 
@@ -49,18 +54,18 @@ def weight_shapes(config: Config) -> Iterator[tuple[str, tuple[int, ...]]]:
     for i in range(c.layers):
         p = f"layer{i}."
         yield p + "norm1", (c.hidden,)
-        yield p + "q", (c.heads * c.head_dim, c.hidden)
-        yield p + "q_bias", (c.heads * c.head_dim,)
-        yield p + "k", (c.kv_width, c.hidden)
-        yield p + "k_bias", (c.kv_width,)
-        yield p + "v", (c.kv_width, c.hidden)
-        yield p + "v_bias", (c.kv_width,)
+        yield p + "qkv", (c.qkv_width, c.hidden)
+        yield p + "qkv_bias", (c.qkv_width,)
         yield p + "o", (c.hidden, c.heads * c.head_dim)
         yield p + "norm2", (c.hidden,)
-        yield p + "gate", (c.intermediate, c.hidden)
-        yield p + "up", (c.intermediate, c.hidden)
+        yield p + "gate_up", (2 * c.intermediate, c.hidden)
         yield p + "down", (c.hidden, c.intermediate)
     yield "norm", (c.hidden,)
+
+
+# The stacked weights, as one matmul each takes them (gpu.ops.rotary_kv_append and silu_and_mul split the
+# result): the parts, each drawn as a weight of its own.
+STACKED = {"qkv": ("q", "k", "v"), "qkv_bias": ("q_bias", "k_bias", "v_bias"), "gate_up": ("gate", "up")}
 
 
 def weight(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
@@ -77,8 +82,25 @@ def weight(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]
     return values.astype(np.float16)
 
 
+def stacked_weight(config: Config, name: str, seed: int) -> np.ndarray[Any, Any]:
+    """Weight `name` of `weight_shapes`: a stacked one (STACKED) is its parts, each drawn by its own name."""
+    prefix, _, kind = name.rpartition(".")
+    if kind not in STACKED:
+        return weight(name, dict(weight_shapes(config))[name], seed)
+    c = config
+    shapes: dict[str, tuple[int, ...]] = {
+        "q": (c.heads * c.head_dim, c.hidden),
+        "k": (c.kv_width, c.hidden),
+        "v": (c.kv_width, c.hidden),
+        "gate": (c.intermediate, c.hidden),
+        "up": (c.intermediate, c.hidden),
+    }
+    shapes.update({f"{part}_bias": shape[:1] for part, shape in shapes.items()})
+    return np.concatenate([weight(f"{prefix}.{part}", shapes[part], seed) for part in STACKED[kind]])
+
+
 def weights(config: Config, seed: int) -> dict[str, np.ndarray[Any, Any]]:
-    return {name: weight(name, shape, seed) for name, shape in weight_shapes(config)}
+    return {name: stacked_weight(config, name, seed) for name, _shape in weight_shapes(config)}
 
 
 class Weights:
@@ -98,8 +120,8 @@ class Weights:
     async def publish(cls, gpu: gpud_client.Client, config: Config, seed: int, prefix: str) -> Weights:
         """Upload every weight (generated from `seed`) and publish each read-only as prefix + name."""
         tensors: dict[str, gpud_client.Tensor] = {}
-        for name, shape in weight_shapes(config):
-            tensor = gpu.tensor(weight(name, shape, seed))
+        for name, _shape in weight_shapes(config):
+            tensor = gpu.tensor(stacked_weight(config, name, seed))
             gpu.publish(tensor, prefix + name, mode="ro")
             tensors[name] = tensor
             await gpu.flush()  # one weight's upload at a time: the payloads do not pile up in the client

@@ -12,13 +12,14 @@ from __future__ import annotations
 from gpud_client.ops.attention import AttentionOps
 from gpud_client.ops.base import OpsBase
 from gpud_client.ops.elementwise import ElementwiseOps
+from gpud_client.ops.fused import FusedOps
 from gpud_client.ops.layout import LayoutOps
 from gpud_client.ops.matmul import MatmulOps
 from gpud_client.ops.reduce import ReduceOps
 from gpud_client.ops.tokens import TokenOps
 
 
-class Ops(ElementwiseOps, MatmulOps, ReduceOps, TokenOps, AttentionOps, LayoutOps, OpsBase):
+class Ops(ElementwiseOps, MatmulOps, ReduceOps, TokenOps, FusedOps, AttentionOps, LayoutOps, OpsBase):
     """`gpu.ops`: one method per op, grouped by family."""
 
 

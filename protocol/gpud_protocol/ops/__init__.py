@@ -152,6 +152,7 @@ from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers abo
     attention_tiled,
     elementwise,
     elementwise4,
+    fused,
     layout,
     matmul,
     matmul_nk,
@@ -175,6 +176,7 @@ FAMILIES = [
     layout,
     reduce_axis,
     rows,
+    fused,
 ]
 KERNELS: dict[str, KernelSpec] = _registry()
 

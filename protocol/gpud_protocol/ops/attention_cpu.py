@@ -60,6 +60,8 @@ def _spec(tiled: KernelSpec, width: int, name: str) -> KernelSpec:
 
 
 _TILED = {spec.name: spec for spec in TILED_SPECS}
+BACKENDS = ("webgpu",)  # the backends whose sources have these kernels
+
 SPECS = [
     _spec(_TILED[f"attention_tiled_d{w}_{SHORT[q]}_{SHORT[kv]}_{SHORT[o]}"], w, cpu_name(q, kv, o, w))
     for w in CPU_HEAD_DIMS

@@ -86,4 +86,6 @@ def _flash(dim: int, dtype: str, out_dtype: str) -> KernelSpec:
     return KernelSpec(name, FAMILY, "attention", tensors, (4,), scalars, check, block=FLASH_BLOCK)
 
 
+BACKENDS = ("cuda",)  # the backends whose sources have these kernels
+
 SPECS = [_flash(d, i, o) for i, outs in FLASH_DTYPES.items() for d in FLASH_HEAD_DIMS for o in outs]

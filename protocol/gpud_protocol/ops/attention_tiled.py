@@ -135,4 +135,6 @@ def _tiled(width: int, q_dtype: str, kv_dtype: str, out_dtype: str) -> KernelSpe
     return KernelSpec(name, FAMILY, "attention", tensors, (4,), scalars, check, block=TILED_THREADS)
 
 
+BACKENDS = ("webgpu",)  # the backends whose sources have these kernels
+
 SPECS = [_tiled(w, a, b, o) for w in TILED_HEAD_DIMS for a, b, o in TILED_DTYPES]

@@ -65,4 +65,6 @@ def _unary4(generic: KernelSpec) -> KernelSpec:
 
 
 _GENERIC = {spec.name: spec for spec in GENERIC}
+BACKENDS = ("webgpu",)  # the backends whose sources have these kernels
+
 SPECS = [_binary4(_GENERIC["ew_binary"]), _unary4(_GENERIC["ew_unary"])]

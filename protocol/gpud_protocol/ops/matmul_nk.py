@@ -50,4 +50,6 @@ def _spec(tiled: KernelSpec, x_dtype: str, w_dtype: str) -> KernelSpec:
 
 
 _TILED = {spec.name: spec for spec in MATMUL_SPECS}
+BACKENDS = ("webgpu",)  # the backends whose sources have these kernels
+
 SPECS = [_spec(_TILED[f"matmul_{SHORT[x]}_{SHORT[w]}"], x, w) for x, w in PAIRS]

@@ -94,6 +94,8 @@ def _spec(name: str, tile: WgTile, dtype: str) -> KernelSpec:
     )
 
 
+BACKENDS = ("cuda",)  # the backends whose sources have these kernels
+
 SPECS = [
     _spec(name, tile, dtype)
     for dtype, t in SHORT.items()

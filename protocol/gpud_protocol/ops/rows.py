@@ -52,6 +52,8 @@ def _spec(generic: KernelSpec, name: str) -> KernelSpec:
 
 
 _GENERIC = {spec.name: spec for spec in REDUCE_SPECS}
+BACKENDS = ("webgpu",)  # the backends whose sources have these kernels
+
 SPECS = [
     _spec(_GENERIC[f"layernorm_{SHORT[x]}_{SHORT[w]}"], f"layernorm_rows_{SHORT[x]}_{SHORT[w]}")
     for x in DTYPES
