@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -124,10 +126,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed run")
     parser.add_argument("--reps", type=int, default=5, help="timed runs per case (the least is the result)")
     parser.add_argument("--backend", default="fake", help="fake (no-op op library) or a real backend")
+    parser.add_argument("--json", help="write the results (us of CPU per call, by case) here")
     args = parser.parse_args(argv)
     print(f"client CPU per call ({args.backend} daemon, {args.calls} calls a run, least of {args.reps}):")
     with fake_ops.daemon(args.backend) as address:
-        asyncio.run(run(address, args.calls, args.reps))
+        results = asyncio.run(run(address, args.calls, args.reps))
+    if args.json:
+        meta = {"calls": args.calls, "reps": args.reps, "backend": args.backend, "unit": "us of client CPU per call"}
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -185,12 +185,22 @@ def exact_bits(array: Any, what: str) -> np.ndarray[Any, Any]:
     return to_bits(host, what)
 
 
+def dtype_name(tensor: Any) -> str:
+    """The gpud name of a tensor's dtype: its cached `dtype_name`, else its `.dtype`'s."""
+    try:
+        name: str = tensor.dtype_name
+        return name
+    except AttributeError:
+        return name_of(tensor.dtype)
+
+
 __all__ = [
     "NAME",
     "BFloat16",
     "HostDType",
     "bfloat16",
     "bits_to_float32",
+    "dtype_name",
     "exact_bits",
     "float32_to_bits",
     "from_storage",

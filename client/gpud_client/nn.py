@@ -18,14 +18,18 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpud_client.dtypes import name_of
+from gpud_client.dtypes import dtype_name, name_of
 from gpud_client.errors import InvalidArgument
+from gpud_client.memo import Memo
+from gpud_client.ops.base import Planned, info_of
+from gpud_protocol.ops import TensorInfo
 from gpud_protocol.ops.matmul import mixes_halves
 
 if TYPE_CHECKING:
     from gpud_client.client import Client
 
 FLOATS = ("float32", "float16", "bfloat16")
+PLANS = 64  # a Linear's plans kept: one per shape and dtype of x it is called with
 
 
 def _check(module: str, what: str, tensor: Any, ndim: int, shape: tuple[int, ...] | None = None) -> None:
@@ -48,6 +52,7 @@ class Linear:
         if bias is not None:
             _check("Linear", "bias", bias, 1, (self.out_features,))
         self.gpu, self.weight, self.bias = gpu, weight, bias
+        self._plans: Memo[TensorInfo, Planned] = Memo(PLANS)  # by x's info: matmul's plan, checked once
 
     @classmethod
     def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str) -> Linear:
@@ -55,10 +60,15 @@ class Linear:
         return cls(gpu, tensors[f"{name}.weight"], tensors.get(f"{name}.bias"))
 
     def __call__(self, x: Any, graph: Any = None) -> Any:
+        info = info_of(x)
+        plan = self._plans.get(info)
+        if plan is not None:  # every call after the first of its shape and dtype: no checks, one lookup
+            ops = self.gpu.ops
+            return ops._execute(plan, [x, self.weight, x if self.bias is None else self.bias], None, x, graph)
         shape = tuple(x.shape)
         if not shape or shape[-1] != self.in_features:
             raise InvalidArgument(f"Linear: x is {list(shape)}, its last axis must be {self.in_features}", op="Linear")
-        xd, wd = name_of(x.dtype), name_of(self.weight.dtype)
+        xd, wd = dtype_name(x), dtype_name(self.weight)
         if mixes_halves(xd, wd):
             raise InvalidArgument(
                 f"Linear: x is {xd} and the weight {wd}, which matmul does not mix (nor torch); cast x first: "
@@ -67,6 +77,7 @@ class Linear:
             )
         matmul = self.gpu.ops.matmul
         if len(shape) in (2, 3):  # what matmul takes as it is
+            self._plans.keep(info, self.gpu.ops._matmul_plan(x, self.weight, True, self.bias, None))
             return matmul(x, self.weight, transpose_w=True, bias=self.bias, graph=graph)
         rows = x.reshape(math.prod(shape[:-1]), self.in_features)  # a view: no copy
         y = matmul(rows, self.weight, transpose_w=True, bias=self.bias, graph=graph)
@@ -80,13 +91,14 @@ class LayerNorm:
         _check("LayerNorm", "weight", weight, 1)
         _check("LayerNorm", "bias", bias, 1, tuple(weight.shape))
         self.gpu, self.weight, self.bias, self.eps = gpu, weight, bias, float(eps)
+        self._plans: Memo[TensorInfo, Planned] = Memo(PLANS)
 
     @classmethod
     def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str, eps: float = 1e-5) -> LayerNorm:
         return cls(gpu, tensors[f"{name}.weight"], tensors[f"{name}.bias"], eps)
 
     def __call__(self, x: Any, graph: Any = None) -> Any:
-        return self.gpu.ops.layernorm(x, self.weight, self.bias, self.eps, graph=graph)
+        return _norm(self.gpu, self._plans, "layernorm", x, (self.weight, self.bias), self.eps, graph)
 
 
 class RMSNorm:
@@ -95,13 +107,23 @@ class RMSNorm:
     def __init__(self, gpu: Client, weight: Any, eps: float = 1e-6) -> None:
         _check("RMSNorm", "weight", weight, 1)
         self.gpu, self.weight, self.eps = gpu, weight, float(eps)
+        self._plans: Memo[TensorInfo, Planned] = Memo(PLANS)
 
     @classmethod
     def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str, eps: float = 1e-6) -> RMSNorm:
         return cls(gpu, tensors[f"{name}.weight"], eps)
 
     def __call__(self, x: Any, graph: Any = None) -> Any:
-        return self.gpu.ops.rmsnorm(x, self.weight, self.eps, graph=graph)
+        return _norm(self.gpu, self._plans, "rmsnorm", x, (self.weight,), self.eps, graph)
+
+
+def _norm(
+    gpu: Client, plans: Memo[TensorInfo, Planned], op: str, x: Any, params: tuple[Any, ...], eps: float, graph: Any
+) -> Any:
+    """A norm layer's call: its plan for x's info, made (and checked) by the op library on the first call."""
+    info = info_of(x)
+    plan = plans.get(info) or plans.keep(info, gpu.ops._norm_plan(op, x, params, eps, None))
+    return gpu.ops._execute(plan, [x, *params], None, x, graph)
 
 
 class Embedding:

@@ -36,6 +36,8 @@ def default_bytes(quota: object) -> int:
     device): a quarter of it, at least POOL_BYTES (an 8 GiB quota pools 2 GiB: MiniLM eager at 256 x 60
     tokens frees 1.3 GB a forward)."""
     return max(POOL_BYTES, quota // 4) if isinstance(quota, int) and quota > 0 else POOL_BYTES
+
+
 FAILED_KEPT = 1024  # refused allocations remembered (their tensors may be freed later)
 
 Key = tuple[int, str, tuple[int, ...]]  # (device, dtype name, shape)

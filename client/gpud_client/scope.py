@@ -18,6 +18,7 @@ client does that by itself before it raises an OutOfMemory, so that a retry find
 from __future__ import annotations
 
 import asyncio
+import sys
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -42,11 +43,23 @@ class Scoped(Protocol):
 T = TypeVar("T", bound=Owned)
 
 
-def current_task() -> Task:
+def _current_task_311() -> Task:
+    """asyncio.current_task() without its Python frame (3.11 has no C version; every op output asks)."""
+    loop = _running_loop()
+    return None if loop is None else _TASKS.get(loop)
+
+
+def _current_task() -> Task:
     try:
         return asyncio.current_task()
     except RuntimeError:  # no running loop
         return None
+
+
+_running_loop = asyncio.events._get_running_loop
+_current_tasks: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
+_TASKS: dict[Any, Any] = {} if _current_tasks is None else _current_tasks
+current_task = _current_task_311 if sys.version_info < (3, 12) and _current_tasks is not None else _current_task
 
 
 class Scope:
@@ -103,10 +116,6 @@ def disown(client: Scoped, tensor: Owned) -> None:
 
 def made(client: Scoped, tensor: Owned) -> None:
     """`tensor` was just made: it belongs to the innermost scope open in this task, if any."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        task = None
-    stack = client._scopes.get(task)
+    stack = client._scopes.get(current_task())
     if stack:
         stack[-1]._made[id(tensor)] = tensor  # `add`, inlined: every op's output comes here

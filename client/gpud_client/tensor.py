@@ -18,7 +18,13 @@ from gpud_client.views import TensorViews, picked
 from gpud_protocol.ops import TensorInfo
 from gpud_protocol.wire import pack
 
-_dense_strides: Memo[tuple[int, ...], tuple[int, ...]] = Memo(4096)  # by shape
+# (dtype name, shape) -> (strides, TensorInfo) of a dense tensor at offset 0
+_dense: Memo[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], TensorInfo]] = Memo(4096)
+
+
+def _dense_parts(name: str, shape: tuple[int, ...]) -> tuple[tuple[int, ...], TensorInfo]:
+    return proto.contiguous_strides(shape), TensorInfo(name, shape)
+
 
 if TYPE_CHECKING:
     from gpud_client.liveness import Connection
@@ -51,7 +57,25 @@ class Tensor(TensorViews):
     An op-library call's output (no `out=`) is pooled when freed, or when Python drops it unfreed
     (gpud_client.pool): its handle serves the next output of its device, dtype and shape."""
 
-    _origin: Origin | None = None  # an op output's: its memory goes to the client's pool when freed
+    __slots__ = (
+        "__weakref__",  # a user may hold weak references to tensors
+        "_as_arg",
+        "_base",
+        "_client",
+        "_freed",
+        "_origin",  # an op output's: its memory goes to the client's pool when freed (else None)
+        "_packed",
+        "device",
+        "dtype",
+        "dtype_name",
+        "handle",
+        "info",
+        "mode",
+        "offset",
+        "ref",
+        "shape",
+        "strides",
+    )
 
     def __init__(
         self,
@@ -67,6 +91,7 @@ class Tensor(TensorViews):
         dtype_name: str | None = None,
     ) -> None:
         self._client = client
+        self._origin: Origin | None = None
         self.handle = handle
         self.dtype = dtype
         self.dtype_name = name = name_of(dtype) if dtype_name is None else dtype_name  # "float32", "bfloat16"...
@@ -78,16 +103,18 @@ class Tensor(TensorViews):
         # own: dropped, it goes at once (a reference to itself would leave every one to the garbage collector).
         self._base = base
         self.offset = offset  # in elements, into the base's memory
-        if strides is None:
-            strides = _dense_strides.get(shape) or _dense_strides.keep(shape, proto.contiguous_strides(shape))
-            dense = True
+        if strides is None and offset == 0:  # every op output: its strides and info made once per shape
+            key = (name, shape)
+            self.strides, self.info = _dense.get(key) or _dense.keep(key, _dense_parts(name, shape))
         else:
-            dense = proto.is_contiguous(shape, strides)
-        self.strides = strides  # in elements
-        # What the op library's rules see (gpud_protocol.ops): dtype, shape, offset, and strides unless dense.
-        self.info = TensorInfo(name, shape, offset, None if dense else strides)
+            if strides is None:
+                strides = proto.contiguous_strides(shape)
+            self.strides = strides  # in elements
+            # What the op library's rules see (gpud_protocol.ops): dtype, shape, offset, and strides unless dense.
+            self.info = TensorInfo(name, shape, offset, None if proto.is_contiguous(shape, strides) else strides)
         # how the daemon is told which tensor: the handle, or the base's handle with this view's geometry
-        self.ref: int | proto.TensorView = handle if base is None else proto.TensorView(handle, offset, shape, strides)
+        ref = handle if base is None else proto.TensorView(handle, offset, shape, self.strides)
+        self.ref: int | proto.TensorView = ref
         self._as_arg = wire = (TENSOR, self.ref)  # as a dispatch argument (`_wire`)
         self._packed = pack(wire)  # the same, packed (gpud_client.packing)
         if client._scopes:  # a scope is open: the tensor is its

@@ -48,6 +48,8 @@ class Strided(Protocol):
 class TensorViews:
     """The view methods of `Tensor` (mixed in: `Tensor` sets these attributes and `_view`)."""
 
+    __slots__ = ()
+
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # in elements
     offset: int  # in elements, into the base's memory

@@ -16,7 +16,7 @@ import pytest
 import gpud_client
 import gpud_protocol as proto
 from gpud.testing.bert import CONFIGS, Encoder, random_weights
-from gpud_client import packing
+from gpud_client import dtypes, packing
 from gpud_client.memo import Memo
 from gpud_client.ops import base
 from gpud_protocol.ops import KERNELS, KernelSpec, grid_1d
@@ -66,7 +66,7 @@ async def test_dtype_names_come_from_the_tensor(gpu: gpud_client.Client, monkeyp
             names.append(dtype)
             return "float16"
 
-        monkeypatch.setattr(base, "name_of", name_of)
+        monkeypatch.setattr(dtypes, "name_of", name_of)
         for _ in range(3):
             gpu.ops.add(x, x)
             gpu.ops.exp(x)

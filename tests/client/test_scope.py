@@ -6,6 +6,7 @@ Memory is measured by the daemon (`gpu.stats()`: the session's private bytes and
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,3 +88,24 @@ async def test_tensors_of_other_tasks_are_not_the_scopes(gpu: Client) -> None:
         mine = gpu.empty((4,))
     assert mine.freed and not theirs.freed
     theirs.free()
+
+
+async def test_the_task_a_scope_belongs_to_is_asyncios_current_task() -> None:
+    """scope.current_task reads asyncio's table directly on 3.11 (no C current_task there): the same answer."""
+    from gpud_client import scope as scope_module
+
+    assert scope_module.current_task() is asyncio.current_task()
+    got = await asyncio.gather(*(asyncio.create_task(_own_task(scope_module.current_task)) for _ in range(3)))
+    assert len({id(t) for t in got}) == 3
+
+
+async def _own_task(current: Any) -> Any:
+    task = current()
+    assert task is asyncio.current_task() and task is not None
+    return task
+
+
+def test_outside_a_running_loop_there_is_no_task() -> None:
+    from gpud_client import scope as scope_module
+
+    assert scope_module.current_task() is None

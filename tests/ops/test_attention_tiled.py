@@ -16,7 +16,7 @@ import pytest
 
 import gpud_client
 from gpud_client import InvalidArgument, u32
-from gpud_client.ops.base import dtype_name
+from gpud_client.dtypes import dtype_name
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 from gpud_protocol.ops.attention import MAX_LOOP, SHORT
 from gpud_protocol.ops.attention_tiled import (

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.attention_split import SplitAttentionOps, out_dtype, tensor_info
-from gpud_client.ops.base import dtype_name
 from gpud_protocol.ops import OpError
 from gpud_protocol.ops.attention import SHORT, key_mask_mode, mask_mode
 from gpud_protocol.ops.attention_cpu import cpu_applies, cpu_grid

@@ -4,10 +4,11 @@ backend's kernel for a decode step against a KV cache, and for what no one-pass 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, dtype_name
+from gpud_client.ops.base import Launch, OpsBase, info_of, signed
 from gpud_client.scope import disown
 from gpud_protocol import LruCache
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
@@ -33,6 +34,16 @@ MAX_AUTO_SPLITS = 64
 SCRATCH_KEPT = 8  # attention scratch tensors kept (one per shape and device); past it the least recent is freed
 
 ScratchKey = tuple[tuple[int, ...], str, int]
+
+
+class SplitPlan(NamedTuple):
+    """A split attention's call, checked: its output's and its scratch's shapes, and its two dispatches."""
+
+    shape: tuple[int, ...]
+    dtype: str  # the output's
+    part: tuple[int, ...]
+    first: Launch
+    combine: Launch
 
 
 class SplitAttentionOps(OpsBase):
@@ -66,6 +77,34 @@ class SplitAttentionOps(OpsBase):
         graph: Any,
         key_mask: Any = None,
     ) -> Any:
+        operands = (q, k, v, pos, mask, key_mask, out)
+        key = (op, *[None if t is None else info_of(t) for t in operands], bool(causal), signed(scale), splits)
+        plan = self._plan(key, self._plan_attention, op, q, k, v, pos, mask, causal, scale, splits, out, key_mask)
+        if graph is not None:
+            part = graph.empty(plan.part, "float32")
+        else:
+            part = self._scratch(plan.part, "float32", int(q.device))
+        result = self._out(out, plan.shape, plan.dtype, q, graph)
+        mask = key_mask if key_mask is not None else mask
+        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]  # q stands in: not read
+        self._launch(plan.first, tensors, graph, fresh=True)  # it writes part, this client's scratch: no input
+        self._launch(plan.combine, [part, result], graph, fresh=out is None)
+        return result
+
+    def _plan_attention(
+        self,
+        op: str,
+        q: Any,
+        k: Any,
+        v: Any,
+        pos: Any,
+        mask: Any,
+        causal: bool,
+        scale: float | None,
+        splits: int | None,
+        out: Any,
+        key_mask: Any,
+    ) -> SplitPlan:
         qd, kd = dtype_name(q), dtype_name(k)
         if qd not in DTYPES or kd not in DTYPES:
             raise InvalidArgument(f"{op}: float32, float16 or bfloat16 q, k and v, not {qd} and {kd}")
@@ -100,26 +139,27 @@ class SplitAttentionOps(OpsBase):
             raise InvalidArgument(f"{op}: splits {splits} is not in 1 .. {MAX_SPLITS}")
         if scale is None:
             scale = 1.0 / math.sqrt(dim)
-        part_shape = (*shape[:-1], splits, dim + 2)  # per row and split: max, sum, D weighted sums
-        if graph is not None:
-            part = graph.empty(part_shape, "float32")
-        else:
-            part = self._scratch(part_shape, "float32", int(q.device))
-        result = self._result(op, q, shape, out, graph)
+        part = TensorInfo("float32", (*shape[:-1], splits, dim + 2))  # per row and split: max, sum, D weighted sums
+        dtype = out_dtype(op, q, out)
+        _check_out(op, out, dtype, shape)
+        result = TensorInfo(dtype, shape) if out is None else out
         sizes = [batch, steps, keys, heads, kv_heads, dim, splits, int(causal), mode, int(pos is not None)]
-        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]  # q stands in: not read
-        self._run(f"attention_{SHORT[qd]}_{SHORT[kd]}", grid_1d(rows * splits, 1), tensors, [*sizes, scale], graph)
+        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]
+        first = self._check(f"attention_{SHORT[qd]}_{SHORT[kd]}", grid_1d(rows * splits, 1), tensors, [*sizes, scale])
         n = math.prod(shape)
-        combine = f"attention_combine_{SHORT[dtype_name(result)]}"
-        self._run(combine, grid_1d(n), [part, result], [n, dim, splits], graph)
-        return result
+        combine = self._check(f"attention_combine_{SHORT[dtype]}", grid_1d(n), [part, result], [n, dim, splits])
+        return SplitPlan(shape, dtype, part.shape, first, combine)
 
     def _result(self, op: str, q: Any, shape: tuple[int, ...], out: Any, graph: Any) -> Any:
         """attention's output: `out` (checked), else a new tensor of q's dtype."""
         dtype = out_dtype(op, q, out)
-        if out is not None and tuple(out.shape) != shape:
-            raise InvalidArgument(f"{op}: out is {dtype}{list(out.shape)}, not {dtype}{list(shape)}", op=op)
+        _check_out(op, out, dtype, shape)
         return self._out(out, shape, dtype, q, graph)
+
+
+def _check_out(op: str, out: Any, dtype: str, shape: tuple[int, ...]) -> None:
+    if out is not None and tuple(out.shape) != shape:
+        raise InvalidArgument(f"{op}: out is {dtype}{list(out.shape)}, not {dtype}{list(shape)}", op=op)
 
 
 def out_dtype(op: str, q: Any, out: Any) -> str:

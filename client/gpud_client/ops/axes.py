@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import _info, dtype_name
+from gpud_client.ops.base import _info
 from gpud_protocol.ops import OpError, layout_problem
 from gpud_protocol.ops.reduce import MAX_LENGTH, SHORT
 from gpud_protocol.ops.reduce_axis import MAX_AXIS_LENGTH, geometry

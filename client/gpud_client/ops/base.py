@@ -11,12 +11,12 @@ an input) is checked at every call.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import gpud_protocol as proto
 from gpud_client import packing
-from gpud_client.dtypes import name_of
+from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument, PermissionDenied
 from gpud_client.memo import Memo
 from gpud_client.values import F32, Kernel, Scalar
@@ -26,9 +26,9 @@ from gpud_protocol.views import is_contiguous
 if TYPE_CHECKING:
     from gpud_client.client_base import ClientBase
     from gpud_client.graphs import Graph
-    from gpud_client.tensor import Tensor
 
 PLANS_KEPT = 4096  # checked calls kept per client (a model has a few hundred distinct ones)
+P = TypeVar("P")  # a plan: Planned, or an op's own (attention's SplitPlan)
 
 
 class Launch(NamedTuple):
@@ -146,13 +146,12 @@ class OpsBase:
         seq = client._queue_launch(kernel.handle, launch.head, launch.tail, tensors)
         client._connection.name_op(seq, launch.op)
 
-    def _plan(self, key: tuple[Any, ...], make: Any, *args: Any) -> Planned:
+    def _plan(self, key: tuple[Any, ...], make: Callable[..., P], *args: Any) -> P:
         """The plan of a call (`make(*args)`), kept by `key` (its operands' infos and parameters)."""
         try:
-            plan: Planned | None = self._plans.get(key)
+            plan: P | None = self._plans.get(key)
         except TypeError:  # an unhashable parameter (a 0-d array...): checked, not kept
-            planned: Planned = make(*args)
-            return planned
+            return make(*args)
         if plan is None:
             plan = self._plans.keep(key, make(*args))
         return plan
@@ -233,11 +232,3 @@ def scalar_of(kind: str, value: Any) -> Any:
 def same_memory(a: Any, b: Any) -> bool:
     """One tensor, or views of one (a session's tensors and a recording's alike)."""
     return getattr(a, "base", a) is getattr(b, "base", b)
-
-
-def dtype_name(tensor: Tensor | Any) -> str:
-    try:
-        name: str = tensor.dtype_name
-        return name
-    except AttributeError:
-        return name_of(tensor.dtype)

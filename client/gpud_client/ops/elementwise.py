@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpud_client.dtypes import name_of
+from gpud_client.dtypes import dtype_name, name_of
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, Planned, dtype_name, info_of, signed
+from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
 from gpud_protocol.ops.dtypes import DTYPES, FLOATS, result_dtype, threads

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, dtype_name
+from gpud_client.ops.base import OpsBase
 from gpud_protocol.ops import OpError, grid_1d
 from gpud_protocol.ops.attention import STYLES, rotary_freq
 from gpud_protocol.ops.fused import DTYPES, SHORT, per_word, rotary_kv_shapes

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, _info, dtype_name
+from gpud_client.ops.base import OpsBase, _info
 from gpud_protocol.ops import OpError, layout_problem
 from gpud_protocol.ops.layout import geometry, grid, kernel_name
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, Planned, dtype_name, info_of
+from gpud_client.ops.base import OpsBase, Planned, info_of
 from gpud_protocol.ops import OpError, TensorInfo
 from gpud_protocol.ops.matmul import (
     BIAS_KINDS,
@@ -50,10 +51,13 @@ class MatmulOps(OpsBase):
         rounded once, to nearest even). bias: float32, float16 or bfloat16. Shape (M, N), or (B, M, N)
         when x or w is batched. On CUDA, float16 or bfloat16 x and w with more than 8 rows per weight
         matrix run on the tensor cores: the same exact products summed in float32, in another order."""
-        wt = bool(transpose_w)
-        infos = (info_of(x), info_of(w), None if bias is None else info_of(bias), None if out is None else info_of(out))
-        plan = self._plan(("matmul", wt, *infos), self._plan_matmul, x, w, wt, bias, out)
+        plan = self._matmul_plan(x, w, bool(transpose_w), bias, out)
         return self._execute(plan, [x, w, x if bias is None else bias], out, x, graph)  # no bias: x stands in
+
+    def _matmul_plan(self, x: Any, w: Any, wt: bool, bias: Any, out: Any) -> Planned:
+        """The plan of `matmul` for these operands (checked when made; see `nn.Linear`, which keeps its own)."""
+        infos = (info_of(x), info_of(w), None if bias is None else info_of(bias), None if out is None else info_of(out))
+        return self._plan(("matmul", wt, *infos), self._plan_matmul, x, w, wt, bias, out)
 
     def _plan_matmul(self, x: Any, w: Any, wt: bool, bias: Any, out: Any) -> Planned:
         xd, wd = dtype_name(x), dtype_name(w)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.axes import plan
-from gpud_client.ops.base import OpsBase, Planned, dtype_name, info_of, signed
+from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
 from gpud_protocol.ops.reduce_axis import grid as axis_grid
@@ -151,9 +152,13 @@ class ReduceOps(OpsBase):
         self._run(name, axis_grid(view[0]), [x, out], [*view[:3], *extra, *view[3:]], graph)
 
     def _norm(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any, graph: Any) -> Any:
+        return self._execute(self._norm_plan(op, x, params, eps, out), [x, *params], out, x, graph)
+
+    def _norm_plan(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any) -> Planned:
+        """The plan of a norm for these operands (checked when made; `nn`'s norms keep their own)."""
         infos = [info_of(p) for p in params]
         key = (op, info_of(x), *infos, None if out is None else info_of(out), signed(eps))
-        return self._execute(self._plan(key, self._plan_norm, op, x, params, eps, out), [x, *params], out, x, graph)
+        return self._plan(key, self._plan_norm, op, x, params, eps, out)
 
     def _plan_norm(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any) -> Planned:
         dtype, rows, length = self._rows(op, x)

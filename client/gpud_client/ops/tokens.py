@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpud_client.dtypes import name_of
+from gpud_client.dtypes import dtype_name, name_of
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, dtype_name, same_memory
+from gpud_client.ops.base import OpsBase, same_memory
 from gpud_protocol import ArgKind
 from gpud_protocol.ops import grid_1d
 from gpud_protocol.ops.attention import ID_MODES, SHORT, STORED, STYLES, rotary_freq
