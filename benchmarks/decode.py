@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import write_json
+from benchmarks.plot import svg
 from gpud.backends import resolve
 from gpud.testing.decoding import (
     EXACT_MODES,
@@ -188,6 +189,11 @@ def main(args: argparse.Namespace) -> int:
         except Exception as exc:  # torch missing or failing: say so
             results["torch_skipped"] = repr(exc)
     write_json(args.json, results)
+    plot = getattr(args, "plot", None)
+    if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        plot.write_text(svg(results))
+        print(f"wrote {plot}")
     if not results["modes_agree"] or results["reference_mismatch"]:
         print(f"the modes disagree on the first client's tokens: {firsts}")
         return 1

@@ -1,6 +1,7 @@
 """Draw `gpud bench decode`'s JSON as an SVG bar chart (no plotting package needed).
 
     python -m benchmarks.plot benchmarks/results/h100/session2/bench-decode-cuda.json docs/decode-h100.svg
+    gpud bench decode --clients 1,4,8,16,32 --json run.json --plot run.svg    (the same, at the end of a run)
 
 Bars: tokens/s of all clients together, per mode and client count (log scale); lines: PyTorch in
 process (one sequence), where the run measured it.
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 760, 380, 70, 60, 40
-COLOURS = {1: "#9ecae1", 4: "#4292c6", 8: "#08519c"}
+COLOURS = {1: "#c6dbef", 2: "#9ecae1", 4: "#6baed6", 8: "#4292c6", 16: "#2171b5", 32: "#08519c", 64: "#08306b"}
 
 
 def _text(x: float, y: float, size: int, body: str, anchor: str = "middle", fill: str = "#000") -> str:

@@ -78,7 +78,7 @@ main() {
         decode-quick) section python3 -m gpud bench decode --backend cuda --quick --clients 1 --json "$OUT/bench-decode-quick.json" || status=1 ;;
         sharing) # the replay modes that share the GPU: a window of 16 tokens a message, one merged step (K up to 32)
             section python3 -m gpud bench decode --backend cuda --clients 1,4,8,16,32 --modes graph,window,merged \
-                --json "$OUT/bench-decode-sharing-cuda.json" || status=1
+                --json "$OUT/bench-decode-sharing-cuda.json" --plot "$OUT/decode-sharing-cuda.svg" || status=1
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/session tests/service/test_rings.py tests/testing/test_transformer.py || status=1
             ;;
         sharing-webgpu) # the same through the NVIDIA Vulkan driver (races lavapipe hides)

@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--minutes", type=float, default=30.0, help="soak: how long (--quick: 0.5)")
     bench.add_argument("--sample-s", type=float, default=10.0, help="soak: seconds between samples of the daemon")
-    bench.add_argument("--plot", type=Path, help="soak: draw the samples into this SVG")
+    bench.add_argument("--plot", type=Path, help="soak: draw the samples into this SVG; decode: the tokens/s")
     bench.add_argument(
         "--weights", type=Path, help="embed: model.safetensors + tokenizer.json (scripts/prepare-embed-weights.sh)"
     )
