@@ -111,6 +111,10 @@ main() {
             section python3 benchmarks/gemm_harness.py --json "$OUT/gemm-harness.json" || status=1
             section python3 benchmarks/wg_harness.py --json "$OUT/wg-harness.json" || status=1
             ;;
+        fused) # the fused decode kernels (written and NVRTC-checked without a GPU) first, then the decode on them
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_fused.py tests/testing/test_transformer.py || status=1
+            section python3 -m gpud bench decode --backend cuda --quick --clients 1,4 --modes coalesced,graph --json "$OUT/bench-decode-fused.json" || status=1
+            ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac
