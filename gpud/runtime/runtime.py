@@ -93,6 +93,7 @@ class DeviceRuntime(Memory, Programs, Encoding, Transfers, Submission):
         self._unsaturated: asyncio.Future[None] | None = None
         self._submitting = False  # inside `_submit`: completions reported now wait for the loop
         self.closed = False
+        self.neighbours = [self]  # the daemon gives every runtime the list of all (`DeviceRuntime.neighbours`)
 
     def info(self) -> dict[str, Any]:
         info = {"index": self.index, "backend": self.device.kind, **self.device.info()}

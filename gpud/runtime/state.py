@@ -93,9 +93,21 @@ class RuntimeState:
     _unsaturated: asyncio.Future[None] | None
     closed: bool
 
+    neighbours: list[RuntimeState]  # every device's runtime of this daemon, this one's included
+
     @property
     def has_pending(self) -> bool:
         return self.encoded > 0
+
+    @property
+    def busy(self) -> bool:
+        """Work encoded, or submitted and not yet completed."""
+        return self.encoded > 0 or self.ledger.in_flight > 0
+
+    def alone(self) -> bool:
+        """No other device of this daemon has work: the loop thread may spend a moment on this one (submit
+        inline, poll a completion) without making another device wait for it."""
+        return all(rt is self or not rt.busy for rt in self.neighbours)
 
     @property
     def saturated(self) -> bool:

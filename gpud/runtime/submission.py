@@ -1,7 +1,7 @@
 """Submitting the pending command buffer and hearing of its completion. Every submission starts at
-the flush policy; a submit runs on the loop thread when the device is idle, else on the submit
-worker. A completion reported from inside a submit is handled once the loop runs again, so no reply
-leaves from inside a flush's call stack."""
+the flush policy; a submit runs on the loop thread when the device is idle and the daemon's only busy
+one, else on the device's submit worker. A completion reported from inside a submit is handled once
+the loop runs again, so no reply leaves from inside a flush's call stack."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ class Submission(RuntimeState):
         self.policy.flush()
 
     def _submit(self) -> None:
-        """The flush policy's submit: on this thread when the device is idle (it cannot block then),
-        else on the submit worker, behind the submissions it already holds. What completes inside
+        """The flush policy's submit: on this thread when the device is idle (it cannot block then) and no
+        other device has work, else on the submit worker, behind the submissions it already holds: each
+        device's launches run on its own thread, in parallel with the other devices' and the loop. What completes inside
         it is handled once the loop runs again: no reply leaves from inside a flush."""
         if not self.encoded or self.ledger.lost is not None:
             return
@@ -47,7 +48,9 @@ class Submission(RuntimeState):
         self.counters["flushes"] += 1
         if owners:
             self.ledger.after(index, lambda error: _tell_owners(owners, error))
-        if self.submitter.idle and self.ledger.in_flight == 1:
+        alone = self.alone()
+        awaited = awaited and alone  # while another device has work, the loop thread never polls this one's
+        if self.submitter.idle and self.ledger.in_flight == 1 and alone:
             try:
                 submitted = self.device.submit(commands)
             except Exception as exc:

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpud.service.setting import MS, RATE, US, B, GiB, KiB, MiB, S, check_value, describe, setting, toml_text
+from gpud.service import config_checks as checks
+from gpud.service.setting import MS, RATE, US, B, GiB, KiB, MiB, S, check_value, describe, setting
 from gpud_protocol import Limits
 
 
@@ -54,38 +55,6 @@ def default_config_path(environ: Mapping[str, str] | None = None, euid: int | No
     return None
 
 
-def _devices(value: Any) -> str | list[int]:
-    if value == "all":
-        return "all"
-    if not isinstance(value, list | tuple) or not value:
-        raise ValueError(f'expected "all" or a non-empty list of device indices, got {describe(value)}')
-    for d in value:
-        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-            raise ValueError(f"expected device indices (integers >= 0), got {describe(d)}")
-    if len(set(value)) != len(value):
-        raise ValueError(f"expected distinct device indices, got {toml_text(value)}")
-    return list(value)
-
-
-def _ring_bytes(value: int) -> int:
-    if (value and not 4 * KiB <= value <= 2 * MiB) or value % 8:
-        raise ValueError("0 (off), or 4 KiB to 2 MiB in multiples of 8 (a message past half of it goes by ZeroMQ)")
-    return value
-
-
-def _address(value: str) -> str:
-    if not value.startswith(("ipc://", "tcp://")) or len(value) <= len("ipc://"):
-        raise ValueError(f"expected an ipc:// or tcp:// endpoint, got {describe(value)}")
-    return value
-
-
-def _host_port(value: str) -> str:
-    host, _, port = value.rpartition(":")
-    if value and not (host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f'expected "" or "host:port", got {describe(value)}')
-    return value
-
-
 _service = functools.partial(setting, section="service")
 _coalescing = functools.partial(setting, section="coalescing")
 _pools = functools.partial(setting, section="pools and caches")
@@ -100,19 +69,19 @@ class Config:
     address: str = _service(
         help="ipc:// or tcp:// endpoint",
         factory=_default_address,
-        check=_address,
+        check=checks.address,
         metavar="ADDRESS",
         example="ipc:///run/gpud/gpud.sock",
         default_doc="GPUD_ADDRESS, else ipc://$XDG_RUNTIME_DIR/gpud/gpud.sock (root: ipc:///run/gpud/gpud.sock)",
     )
     backend: str = _service("auto", "auto: cuda if a CUDA device exists", choices=("auto", "cuda", "webgpu", "fake"))
-    devices: str | list[int] = _service("all", "GPU devices to serve", check=_devices, metavar="all|0,2")  # noqa: RUF009
+    devices: str | list[int] = _service("all", "GPU devices to serve", check=checks.devices, metavar="all|0,2")  # noqa: RUF009
     insecure_tcp: bool = _service(False, "allow tcp:// without CURVE (testing only)")
     curve_secret_key: str = _service("", "CURVE certificate file (zmq.auth) for tcp://; empty: none", metavar="FILE")
     event_loop: str = _service("auto", "auto: uvloop when installed", choices=("auto", "asyncio", "uvloop"))
     busy_poll_us: float = _service(0.0, "after a message, poll for the next before sleeping", min=0, max=1e6, unit=US)
     ring_bytes: int = _service(
-        MiB, "each way of a session's shared-memory ring (ipc:// fast path; 0: off)", check=_ring_bytes, unit=B
+        MiB, "each way of a session's shared-memory ring (ipc:// fast path; 0: off)", check=checks.ring_bytes, unit=B
     )
     ring_spin_us: float = _service(
         1000.0,
@@ -143,6 +112,13 @@ class Config:
     graph_min_launches: int = _coalescing(16, "cuda: shorter segments are launched one by one", min=1)
     completion_spin_us: float = _coalescing(
         50.0, "cuda: poll a flush that a readback awaits this long before handing it off", min=0, max=1e6, unit=US
+    )
+    gil_switch_us: float = _coalescing(
+        500.0,
+        "several devices: how long a thread runs Python before another may (sys.setswitchinterval)",
+        above=0,
+        max=1e5,
+        unit=US,
     )
     completion_poll_us: float = _coalescing(
         2000.0,
@@ -204,7 +180,7 @@ class Config:
     drain_timeout_s: float = _operation(10.0, "on shutdown, wait this long for pending work", min=0, unit=S)
     health_stall_s: float = _operation(30.0, "pending work with no completion this long: unhealthy", above=0, unit=S)
     metrics_address: str = _operation(
-        "", "Prometheus endpoint host:port; empty: none", check=_host_port, metavar="HOST:PORT"
+        "", "Prometheus endpoint host:port; empty: none", check=checks.host_port, metavar="HOST:PORT"
     )
 
     limits: Limits = setting(help="hard bounds on client messages", factory=Limits, section="limits", cli=False)  # noqa: RUF009

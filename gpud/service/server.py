@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Coroutine
@@ -88,6 +89,12 @@ class Server:
                 DeviceRuntime(device, config, lifecycle.device_lost, config.limits.reply_part_bytes)
                 for device in devices
             )
+            for rt in self.runtimes:
+                rt.neighbours = list(self.runtimes)
+            if len(self.runtimes) > 1:
+                # Each device's submit worker and completion thread take the GIL back after every driver
+                # call; at the default 5 ms interval the loop thread holds it that long first.
+                sys.setswitchinterval(config.gil_switch_us / 1e6)
             # Long-lived startup objects need no more scanning, and the hot path allocates many
             # short-lived tuples: a larger first generation cuts collection pauses by about a quarter.
             gc.freeze()

@@ -175,3 +175,38 @@ async def test_compiles_are_shared_and_run_off_the_loop() -> None:
 async def _program(rt: DeviceRuntime, name: str) -> Any:
     got = rt.program(f"fake:{name}", name, KernelOptions())
     return await got if isinstance(got, asyncio.Future) else got
+
+
+async def test_while_another_device_has_work_a_device_submits_on_its_own_thread_and_never_polls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop thread serves every device: it submits inline and polls an awaited completion only while
+    no other device has work, so that one device's launches and completion never hold up another's."""
+    a, _ = make()
+    b, _ = make()
+    a.neighbours = b.neighbours = [a, b]
+    owner = Owner()
+    awaited: list[bool] = []
+    watch = a.device.watch
+    monkeypatch.setattr(a.device, "watch", lambda s, done, flag: (awaited.append(flag), watch(s, done, flag)))
+    spin_a, spin_b = await _program(a, "spin"), await _program(b, "spin")
+    buffer_a, buffer_b = a.alloc(64), b.alloc(64)
+    a.dispatch(a.prepare(spin_a, (1, 1, 1), [buffer_a, (ArgKind.U32, 1)]), owner)
+    a.want_flush()
+    a.flush()
+    assert a.counters["worker_submits"] == 0 and awaited == [True]  # alone: inline, and it may poll
+    await a.synchronize()
+    b.dispatch(b.prepare(spin_b, (1, 1, 1), [buffer_b, (ArgKind.U32, 100)]), owner)
+    b.flush()  # device 1 busy for 100 ms
+    assert b.busy and not a.alone()
+    a.dispatch(a.prepare(spin_a, (1, 1, 1), [buffer_a, (ArgKind.U32, 1)]), owner)
+    a.want_flush()
+    a.flush()
+    assert a.counters["worker_submits"] == 1  # on device 0's submit worker
+    await a.synchronize()
+    assert awaited == [True, False]  # and its completion went to the completion path, unpolled
+    assert b.busy  # device 0 finished while device 1 still runs
+    await b.synchronize()
+    assert a.alone() and b.alone() and not a.busy
+    await a.close()
+    await b.close()

@@ -66,6 +66,7 @@ async def test_status_lists_devices_sessions_residents_and_health(tmp_path: Path
             assert status["backend"] == "fake" and status["state"] == "serving" and status["pid"] == proc.pid
             assert status["health"] == {"healthy": True, "problems": [], "stall_s": 30.0}
             assert [d["index"] for d in status["devices"]] == [0, 1]
+            assert status["gil_switch_us"] == 500.0  # two devices: each one's threads get the GIL back sooner
             assert status["devices"][1]["memory_in_use"] == 4096
             assert status["devices"][1]["memory_total"] == 1 << 30
             (session,) = status["sessions"]
