@@ -194,3 +194,32 @@ async def test_the_fused_ops_record_into_a_replay_graph(gpu: gpud_client.Client)
     n = s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-6)
     close(np.asarray(got["act"]), n[:, :4] / (1 + np.exp(-n[:, :4])) * n[:, 4:], "float32")
     step.free()
+
+
+async def test_a_client_that_skips_the_library_checks_meets_the_same_rules_in_the_daemon(
+    gpu: gpud_client.Client,
+) -> None:
+    """Raw dispatches of the fused kernels with lying sizes: refused by the daemon, naming the kernel, and
+    nothing runs (the caches keep their bytes)."""
+    u = gpud_client.u32
+    qkv = gpu.tensor(np.ones((2, 32), np.float32))  # Hq 2, Hkv 1, D 8
+    pos = gpu.tensor(np.zeros(2, np.int32))
+    q = gpu.tensor(np.zeros((2, 2, 8), np.float32))
+    k, v = (gpu.tensor(np.full((2, 4, 1, 8), 7.0, np.float32)) for _ in range(2))
+    kernel = gpu.ops._kernel("rotary_kv_append_f32_f32")
+    sizes = (16, 1, 2, 1, 8, 4, 0)
+    for lie, what in (((17, *sizes[1:]), "n past qkv"), ((*sizes[:5], 40, 0), "a cache longer than it is")):
+        gpu.dispatch(kernel, 1, [qkv, pos, q, k, v, *(u(s) for s in lie), 0.5, 0.0])
+        with pytest.raises(InvalidArgument, match="rotary_kv_append") as info:
+            await k.numpy()
+        assert info.value.op == "dispatch", what
+    np.testing.assert_array_equal(await k.numpy(), np.full((2, 4, 1, 8), 7.0, np.float32))
+    x, out = gpu.tensor(np.ones((2, 8), np.float32)), gpu.tensor(np.zeros((2, 4), np.float32))
+    gpu.dispatch(gpu.ops._kernel("silu_and_mul_f32"), 1, [x, out, u(8), u(5)])  # width past the half
+    with pytest.raises(InvalidArgument, match="silu_and_mul"):
+        await out.numpy()
+    s, o = gpu.tensor(np.zeros((2, 8), np.float32)), gpu.tensor(np.zeros((2, 8), np.float32))
+    w = gpu.tensor(np.ones(7, np.float32))
+    gpu.dispatch(gpu.ops._kernel("add_rmsnorm_f32_f32"), (2, 1, 1), [x, x, w, s, o, u(2), u(8), 1e-6])
+    with pytest.raises(InvalidArgument, match=r"add_rmsnorm.*weight"):  # a weight shorter than a row
+        await o.numpy()
