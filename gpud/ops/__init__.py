@@ -18,9 +18,20 @@ _SUFFIX = {"cuda": ".cu", "webgpu": ".wgsl"}
 # `enable` directives come first, and module-scope declarations may be used before they appear),
 # before it in CUDA C (declared before use).
 _PRELUDES: dict[tuple[str, str], tuple[str, ...]] = {
-    (family, "webgpu"): ("bf16",) for family in ("attention", "fused", "matmul", "reduce", "reduce_axis")
+    (family, "webgpu"): ("bf16",) for family in ("matmul", "reduce", "reduce_axis")
 }
+_PRELUDES.update({(family, "webgpu"): ("bf16", "rotary") for family in ("attention", "fused")})
 _PRELUDES.update({(family, "cuda"): ("cp_async", "products") for family in ("matmul_tc", "matmul_wg")})
+_PRELUDES.update(
+    {
+        ("attention", "cuda"): ("rotary",),
+        ("fused", "cuda"): ("halves", "load_store", "rotary"),
+        ("reduce", "cuda"): ("halves", "load_store"),
+        ("reduce_axis", "cuda"): ("halves",),
+    }
+)
+
+PRELUDES = frozenset(name for names in _PRELUDES.values() for name in names)  # sources that are no family
 
 
 @functools.cache

@@ -625,16 +625,8 @@ __device__ __forceinline__ Pair rot_pair(unsigned int pair, const int* pos, unsi
     const unsigned int bt = row / nh;
     const unsigned int t = bt % nt;
     const unsigned int b = bt / nt;
-    const float position = (float)(pos[b] + (int)t);
-    const float e = __fmul_rn((float)j, freq_hi);  // exact
-    const float whole = floorf(e);
-    const float frac = __fadd_rn(__fsub_rn(e, whole), __fmul_rn((float)j, freq_lo));
-    const float angle = __fmul_rn(position, ldexpf(exp2f(-frac), -(int)whole));
-    const float k = rintf(__fmul_rn(angle, 0.15915494309189535f));
-    const float r = __fsub_rn(__fsub_rn(__fsub_rn(angle, __fmul_rn(k, 6.28125f)), __fmul_rn(k, 0.0019378662109375f)),
-                              __fmul_rn(k, -2.559031372584286e-06f));
     Pair out;
-    sincosf(r, &out.s, &out.c);
+    turn(j, (float)(pos[b] + (int)t), freq_hi, freq_lo, out.c, out.s);
     const unsigned int base = row * d;
     if (style == 0u) {
         out.i0 = base + j;

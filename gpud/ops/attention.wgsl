@@ -1132,16 +1132,10 @@ fn rot_pair(pair: u32, p: Rot) -> Pair {
     let bt = row / p.h;
     let t = bt % p.t;
     let b = bt / p.t;
-    let position = f32(rpos[b] + i32(t));
-    let e = f32(j) * p.freq_hi; // exact
-    let whole = floor(e);
-    let frac = (e - whole) + f32(j) * p.freq_lo;
-    let angle = position * ldexp(exp2(-frac), -i32(whole));
-    let k = round(angle * 0.15915494309189535);
-    let r = ((angle - k * 6.28125) - k * 0.0019378662109375) - k * -2.559031372584286e-06;
+    let turn = rotary_turn(j, f32(rpos[b] + i32(t)), p.freq_hi, p.freq_lo);
     var out: Pair;
-    out.c = cos(r);
-    out.s = sin(r);
+    out.c = turn.x;
+    out.s = turn.y;
     let base = row * p.d;
     if (p.style == 0u) {
         out.i0 = base + j;

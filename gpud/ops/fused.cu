@@ -2,24 +2,7 @@
 // and rotary_kv_append, the same arithmetic as reduce.cu's rmsnorm, elementwise.cu's silu_mul and
 // attention.cu's rotary and kv_append, in one launch each. A thread of silu_and_mul and
 // rotary_kv_append takes the elements of whole 4-byte words, as fused.wgsl's do (one grid serves
-// both). Float16 is unsigned short storage and bfloat16 a struct of one, computed in float32.
-
-__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-
-struct bf16 { unsigned short bits; };
-__device__ __forceinline__ unsigned short f2bf(float f) {  // nearest even; NaN: the quiet NaN of its sign
-    const unsigned int x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u);
-    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-__device__ __forceinline__ float load(const float* p, size_t i) { return p[i]; }
-__device__ __forceinline__ float load(const unsigned short* p, size_t i) { return h2f(p[i]); }
-__device__ __forceinline__ float load(const bf16* p, size_t i) { return __uint_as_float((unsigned int)p[i].bits << 16); }
-__device__ __forceinline__ void store(float* p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(unsigned short* p, size_t i, float v) { p[i] = f2h(v); }
-__device__ __forceinline__ void store(bf16* p, size_t i, float v) { p[i].bits = f2bf(v); }
+// both). Float16 and bfloat16: halves.cu; the rotary angle: rotary.cu (gpud.ops.source adds both first).
 
 // v as a value of T would hold it (the rounding of a store).
 __device__ __forceinline__ float rounded(const float*, float v) { return v; }
@@ -114,18 +97,7 @@ SILU_AND_MUL(silu_and_mul_bf16, bf16)
 // rotary_kv_append_<cache>_<x>: a thread per four elements of qkv: two pairs of one head (neox: j and
 // j + 1 with their partners j + D/2 and j + 1 + D/2; gptj: (4u, 4u+1) and (4u+2, 4u+3)). Query heads
 // are rotated into q, key heads rotated into k_cache, value heads copied into v_cache. The angle is
-// attention.cu's rot_pair's, to the bit.
-
-__device__ __forceinline__ void turn(unsigned int j, float position, float freq_hi, float freq_lo, float& c, float& s) {
-    const float e = __fmul_rn((float)j, freq_hi);  // exact
-    const float whole = floorf(e);
-    const float frac = __fadd_rn(__fsub_rn(e, whole), __fmul_rn((float)j, freq_lo));
-    const float angle = __fmul_rn(position, ldexpf(exp2f(-frac), -(int)whole));
-    const float k = rintf(__fmul_rn(angle, 0.15915494309189535f));
-    const float r = __fsub_rn(__fsub_rn(__fsub_rn(angle, __fmul_rn(k, 6.28125f)), __fmul_rn(k, 0.0019378662109375f)),
-                              __fmul_rn(k, -2.559031372584286e-06f));
-    sincosf(r, &s, &c);
-}
+// rotary.cu's `turn`, as attention.cu's rotary takes it.
 
 template <typename C, typename X>
 __device__ void rotary_kv(const X* qkv, const int* pos, X* q, C* kc, C* vc, unsigned int n, unsigned int nt,

@@ -3,7 +3,8 @@
 // attention.wgsl's rotary and kv_append in one dispatch each. Every tensor is bound as array<u32> and
 // a thread writes whole words (one float32, or two float16 / bfloat16 elements: the even one in the
 // low half), so no write needs an atomic; one body serves every dtype, picked by constant arguments
-// of the entry points (F32, F16, BF16). bfloat16 helpers: gpud/ops/bf16.wgsl, added by gpud.ops.source.
+// of the entry points (F32, F16, BF16). bfloat16 helpers and the rotary angle: bf16.wgsl and rotary.wgsl, added
+// by gpud.ops.source.
 // No loop runs more than 65,535 times (lavapipe cuts longer ones): add_rmsnorm strides over at most
 // 65,535 * 256 words of a row.
 
@@ -195,7 +196,7 @@ fn silu_and_mul_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 // of qkv, two rotated pairs: neox (j, j + D/2) and (j + 1, j + 1 + D/2) for an even j, whose words are
 // (j, j + 1) and (j + D/2, j + 1 + D/2); gptj (4u, 4u + 1) and (4u + 2, 4u + 3), a word each. Query
 // heads go rotated to q, key heads rotated to k_cache, value heads as they are to v_cache, at position
-// pos[b] + t (outside 0 .. L-1: dropped). The angle is attention.wgsl's rot_pair's.
+// pos[b] + t (outside 0 .. L-1: dropped). The angle: rotary.wgsl's rotary_turn, as attention.wgsl's rotary.
 
 struct RotKv { n: u32, t: u32, hq: u32, hkv: u32, d: u32, l: u32, style: u32, freq_hi: f32, freq_lo: f32 }
 
@@ -205,16 +206,6 @@ struct RotKv { n: u32, t: u32, hq: u32, hkv: u32, d: u32, l: u32, style: u32, fr
 @group(0) @binding(3) var<storage, read_write> rk_k: array<u32>;
 @group(0) @binding(4) var<storage, read_write> rk_v: array<u32>;
 @group(0) @binding(5) var<uniform> rk_p: RotKv;
-
-fn rk_turn(j: u32, position: f32) -> vec2<f32> { // (cos, sin)
-    let e = f32(j) * rk_p.freq_hi; // exact
-    let whole = floor(e);
-    let frac = (e - whole) + f32(j) * rk_p.freq_lo;
-    let angle = position * ldexp(exp2(-frac), -i32(whole));
-    let k = round(angle * 0.15915494309189535);
-    let r = ((angle - k * 6.28125) - k * 0.0019378662109375) - k * -2.559031372584286e-06;
-    return vec2<f32>(cos(r), sin(r));
-}
 
 fn rk_at(kind: u32, i: u32) -> f32 {
     if (kind == F32) {
@@ -282,8 +273,8 @@ fn rotary_kv_append(ck: u32, xk: u32, i: u32) {
     }
     var v = vec4<f32>(rk_at(xk, src + e.x), rk_at(xk, src + e.y), rk_at(xk, src + e.z), rk_at(xk, src + e.w));
     if (head < p.hq + p.hkv) {
-        let c0 = rk_turn(j0, f32(position));
-        let c1 = rk_turn(j0 + 1u, f32(position));
+        let c0 = rotary_turn(j0, f32(position), p.freq_hi, p.freq_lo);
+        let c1 = rotary_turn(j0 + 1u, f32(position), p.freq_hi, p.freq_lo);
         v = vec4<f32>(v.x * c0.x - v.y * c0.y, v.y * c0.x + v.x * c0.y, v.z * c1.x - v.w * c1.y, v.w * c1.x + v.z * c1.y);
     }
     if (head < p.hq) {

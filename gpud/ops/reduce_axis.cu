@@ -3,17 +3,7 @@
 // reduced axis's, and those of x's other axes merged into 6 (padded in front with size 1). Outputs are
 // dense. One thread per output, walking the reduced axis. Everything accumulates in float32; float16
 // is unsigned short storage, bfloat16 a struct of one (rounded on the bits, as elementwise.cu does),
-// both read into float32 and rounded once when stored. The grid folds into y.
-
-__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-
-struct bf16 { unsigned short bits; };
-__device__ __forceinline__ unsigned short f2bf(float f) {  // nearest even; NaN: the quiet NaN of its sign
-    const unsigned int x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x >> 16) & 0x8000u) | 0x7fc0u);
-    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
+// both read into float32 and rounded once when stored (halves.cu). The grid folds into y.
 
 __device__ __forceinline__ float load(const float* p, unsigned int i) { return p[i]; }
 __device__ __forceinline__ float load(const unsigned short* p, unsigned int i) { return h2f(p[i]); }

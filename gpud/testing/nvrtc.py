@@ -19,7 +19,6 @@ from pathlib import Path
 
 from gpud_protocol.ops import FAMILIES
 
-HELPERS = frozenset({"cp_async", "products"})  # preludes: compiled with the families that take them
 SM_90A_ONLY = frozenset({"matmul_wg"})  # wgmma
 
 
@@ -42,7 +41,9 @@ def families() -> list[str]:
     from gpud import ops
 
     return sorted(
-        p.name[:-3] for p in resources.files(ops).iterdir() if p.name.endswith(".cu") and p.name[:-3] not in HELPERS
+        p.name[:-3]
+        for p in resources.files(ops).iterdir()
+        if p.name.endswith(".cu") and p.name[:-3] not in ops.PRELUDES
     )
 
 

@@ -188,7 +188,12 @@ async def test_while_another_device_has_work_a_device_submits_on_its_own_thread_
     owner = Owner()
     awaited: list[bool] = []
     watch = a.device.watch
-    monkeypatch.setattr(a.device, "watch", lambda s, done, flag: (awaited.append(flag), watch(s, done, flag)))
+
+    def watching(submitted: Any, done: Any, flag: bool) -> None:
+        awaited.append(flag)
+        watch(submitted, done, flag)
+
+    monkeypatch.setattr(a.device, "watch", watching)
     spin_a, spin_b = await _program(a, "spin"), await _program(b, "spin")
     buffer_a, buffer_b = a.alloc(64), b.alloc(64)
     a.dispatch(a.prepare(spin_a, (1, 1, 1), [buffer_a, (ArgKind.U32, 1)]), owner)
