@@ -96,6 +96,7 @@ async def _client_async(address: str, samples: int) -> list[float]:
     return out
 
 
+SPIN_US = 1000.0  # the zmq-spin way's polling, each end (the ring's default, RING_SPIN_US)
 T = TypeVar("T")
 
 
@@ -123,8 +124,8 @@ def _echo_round_trips(kind: str, samples: int) -> list[float]:
         return result[samples // 10 :]  # drop the warm-up
 
 
-async def _gpud_round_trips(address: str, samples: int, ring: bool) -> dict[str, list[float]]:
-    async with gpud_client.connect(address, ring=ring) as gpu:
+async def _gpud_round_trips(address: str, samples: int, ring: bool, spin_us: float = 0.0) -> dict[str, list[float]]:
+    async with gpud_client.connect(address, ring=ring, spin_us=spin_us) as gpu:
         if gpu.ring != ring:
             raise RuntimeError("the daemon offered no ring")
         source, options = kernels.axpb_source(gpu.backend)
@@ -165,6 +166,13 @@ def main(args: argparse.Namespace) -> int:
                 measured = _run(loop, partial(_gpud_round_trips, address, samples, ring))
                 for name, values in measured.items():
                     rows[f"gpud_{name}_{way}_{loop}"] = percentiles_us(values)
+        # ZeroMQ with both ends polling instead of sleeping: the client for its reply (spin_us), the
+        # daemon for the next message (busy_poll_us); CPU spent for latency, as the ring does.
+        spin = ("--busy-poll-us", str(SPIN_US))
+        with daemon(args.backend, extra_args=("--event-loop", loop, *spin)) as (address, _proc):
+            measured = _run(loop, partial(_gpud_round_trips, address, samples, False, SPIN_US))
+            for name, values in measured.items():
+                rows[f"gpud_{name}_zmq-spin_{loop}"] = percentiles_us(values)
     print(f"\nround trips over ipc (us), {samples} samples each")
     for name, p in rows.items():
         print(f"  {name:<30} p50 {p['p50']:8.1f}   p99 {p['p99']:8.1f}")
