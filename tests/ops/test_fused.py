@@ -59,7 +59,10 @@ async def test_add_rmsnorm_is_add_then_rmsnorm(
     w = stored(rng.standard_normal(shape[-1]), wdtype)
     total, normed = gpu.ops.add_rmsnorm(upload(gpu, x, dtype), upload(gpu, r, dtype), upload(gpu, w, wdtype), 1e-5)
     want_sum = stored(x + r, dtype)  # float32 arithmetic, rounded once
-    np.testing.assert_array_equal(await read(total), want_sum)
+    if dtype == "float16":  # WGSL leaves the rounding of pack2x16float to the driver: within one step
+        np.testing.assert_allclose(await read(total), want_sum, rtol=2.0**-10, atol=0)
+    else:
+        np.testing.assert_array_equal(await read(total), want_sum)
     s = want_sum.astype(np.float64)
     ref = s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-5) * w
     close(await read(normed), ref, dtype)
