@@ -21,6 +21,7 @@ the build nor the family's WGSL source has. Exit status: 1 if a family fails to 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -51,7 +52,16 @@ class Usage(NamedTuple):
     ldl_stl: int = 0
 
 
-PRELUDES = ("cp_async", "products")  # gpud/ops/*.cu that are put before families, not families
+def _preludes() -> tuple[dict[tuple[str, str], tuple[str, ...]], frozenset[str]]:
+    """gpud/ops/preludes.py's table (standard library only: read without gpud's dependencies)."""
+    spec = importlib.util.spec_from_file_location("gpud_ops_preludes", OPS / "preludes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TABLE, module.NAMES
+
+
+PRELUDE_TABLE, PRELUDES = _preludes()  # gpud/ops/*.cu put before families, not families
 
 
 def family_source(family: str) -> str:
@@ -65,9 +75,9 @@ def family_source(family: str) -> str:
 
         text: str = source(family, "cuda")
         return text
-    except ImportError:  # without gpud's dependencies: the matrix families' preludes first, as _PRELUDES puts them
+    except ImportError:  # without gpud's dependencies: the family's preludes first, as gpud.ops.source puts them
         text = (OPS / f"{family}.cu").read_text()
-        preludes = PRELUDES if family in ("matmul_tc", "matmul_wg") else ()
+        preludes = PRELUDE_TABLE.get((family, "cuda"), ())
         return "".join((OPS / f"{name}.cu").read_text() for name in preludes) + text
 
 

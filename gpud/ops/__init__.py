@@ -10,28 +10,12 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
+from gpud.ops import preludes
 from gpud_protocol import KernelOptions
 from gpud_protocol.ops import KernelSpec
 
 _SUFFIX = {"cuda": ".cu", "webgpu": ".wgsl"}
-# Shared helpers added to a family's source (the daemon allows no includes): after it in WGSL (its
-# `enable` directives come first, and module-scope declarations may be used before they appear),
-# before it in CUDA C (declared before use).
-_PRELUDES: dict[tuple[str, str], tuple[str, ...]] = {
-    (family, "webgpu"): ("bf16",) for family in ("matmul", "reduce", "reduce_axis")
-}
-_PRELUDES.update({(family, "webgpu"): ("bf16", "rotary") for family in ("attention", "fused")})
-_PRELUDES.update({(family, "cuda"): ("cp_async", "products") for family in ("matmul_tc", "matmul_wg")})
-_PRELUDES.update(
-    {
-        ("attention", "cuda"): ("rotary",),
-        ("fused", "cuda"): ("halves", "load_store", "rotary"),
-        ("reduce", "cuda"): ("halves", "load_store"),
-        ("reduce_axis", "cuda"): ("halves",),
-    }
-)
-
-PRELUDES = frozenset(name for names in _PRELUDES.values() for name in names)  # sources that are no family
+PRELUDES = preludes.NAMES  # sources that are no family: see gpud.ops.preludes
 
 
 @functools.cache
@@ -44,7 +28,8 @@ def source(family: str, backend: str) -> str:
     if not path.is_file():  # a family of one backend (matmul_tc: CUDA's tensor cores)
         raise LookupError(f"the op library's {family} kernels have no {backend} version")
     shared = "".join(
-        resources.files(__name__).joinpath(name + suffix).read_text() for name in _PRELUDES.get((family, backend), ())
+        resources.files(__name__).joinpath(name + suffix).read_text()
+        for name in preludes.TABLE.get((family, backend), ())
     )
     return shared + path.read_text() if backend == "cuda" else path.read_text() + shared
 

@@ -4,6 +4,9 @@ entry point of the PTX. The test suite runs it wherever the `nvidia-cuda-nvrtc-c
 installed (the `test` extra), so a CUDA kernel that does not compile never waits for a device run.
 
     python -m gpud.testing.nvrtc [family ...]     (NVRTC_LIB=path/to/libnvrtc.so.12 to pick one)
+
+scripts/check-cuda-compile.py makes the same builds and reports what each kernel costs (registers,
+spills, tensor-core instructions in its SASS): a tool for kernel work, not a test.
 """
 
 from __future__ import annotations
