@@ -29,8 +29,10 @@ import asyncio
 import cProfile
 import gc
 import io
+import json
 import pstats
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +56,18 @@ class Result:
         self.name, self.steps, self.ops, self.dispatches = name, steps, ops, dispatches
         self.decoded = decoded  # dispatches decoded, checked and prepared afresh (memo misses)
         self.seconds = seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        per_op = 1e6 / self.ops
+        intake, completion = self.seconds["intake"], self.seconds["completion"]
+        return {
+            "ops_per_step": self.ops // self.steps,
+            "misses_per_step": self.decoded // self.steps,
+            "intake_us_per_op": intake * per_op,
+            "decode_us_per_op": self.seconds["decode"] * per_op,
+            "completion_us_per_step": completion * 1e6 / self.steps,
+            "total_us_per_op": (intake + completion) * per_op,
+        }
 
     def row(self) -> str:
         intake, decode, completion = self.seconds["intake"], self.seconds["decode"], self.seconds["completion"]
@@ -198,8 +212,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20, help="decode steps (MiniLM forwards) per measurement")
     parser.add_argument("--reps", type=int, default=5, help="measurements per workload (the median is printed)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile top-20 of each workload")
+    parser.add_argument("--json", help="write the table's figures here")
     args = parser.parse_args(argv)
     results = asyncio.run(run(args.steps, args.reps, not args.no_profile))
+    if args.json:
+        figures = {result.name: result.as_dict() for result, _top in results}
+        Path(args.json).write_text(json.dumps({"steps": args.steps, "reps": args.reps, "results": figures}, indent=2))
     print(
         f"daemon CPU per op, in process (fake device of kind cuda, no-op kernels; "
         f"median of {args.reps} runs of {args.steps} steps)"
