@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpud.backends.base import Arg, Buffer, Program
+from gpud.backends.webgpu import pass_calls
 from gpud.backends.webgpu.compiler import Pipeline
 from gpud_protocol import SCALAR_FORMATS, ArgKind
 from gpud_protocol.errors import InvalidArgument
 from gpud_protocol.lru import LruCache
 
 SLOT_BYTES = 256  # uniform slot per dispatch; >= every adapter's minUniformBufferOffsetAlignment
+_SET_PIPELINE, _SET_BIND_GROUP, _DISPATCH = pass_calls.calls()
 
 
 @functools.lru_cache(maxsize=256)
@@ -135,11 +137,11 @@ class Dispatcher:
             if bind_group is None:
                 bind_group = self.bind_group(layout, kernel_id, tensors, slot)
         if current[0] is not pipeline:
-            compute.set_pipeline(pipeline)
+            _SET_PIPELINE(compute, pipeline)
             current[0] = pipeline
         if bind_group is not None:
-            compute.set_bind_group(0, bind_group)
-        compute.dispatch_workgroups(*grid)
+            _SET_BIND_GROUP(compute, bind_group)
+        _DISPATCH(compute, *grid)
 
     def take_uniforms(self) -> bytes | None:
         """The slots the pending command buffer used (written right before its submit)."""
