@@ -68,6 +68,7 @@ main() {
             section python3 -m gpud bench webgpu --json "$OUT/bench-webgpu-vulkan.json" || status=1
             section python3 -m gpud bench replay --backend webgpu --json "$OUT/bench-replay-webgpu-vulkan.json" || status=1
             section python3 -m gpud bench clients --backend webgpu --seconds 3 --json "$OUT/bench-clients-webgpu-vulkan.json" || status=1
+            section python3 -m benchmarks.webgpu_encode --json "$OUT/webgpu-encode-vulkan.json" || status=1
             ;;
         launch) section python3 -m benchmarks.cuda_launch --json "$OUT/launch-cuda.json" || status=1 ;;
         ops) section python3 -m gpud bench ops --json "$OUT/bench-ops.json" || status=1 ;;
