@@ -40,6 +40,8 @@ class Lib:
 
     binary: int | None = None
     cast: int | None = None
+    silu: int | None = None  # fused silu_and_mul_f32
+    rope: int | None = None  # fused rotary_kv_append_f32_f32
     x: int = 0
     y: int = 0
     out: int = 0
@@ -69,7 +71,13 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
 
         return then
 
-    for name, field in (("ew_binary", "binary"), ("ew_cast", "cast")):
+    kernels = (
+        ("ew_binary", "binary"),
+        ("ew_cast", "cast"),
+        ("silu_and_mul_f32", "silu"),
+        ("rotary_kv_append_f32_f32", "rope"),
+    )
+    for name, field in kernels:
         b.op(Opcode.KERNEL, [t.new_handle(), f"gpud:{name}", name, {}], e.ok("kernel", name), then=registered(field))
     b.op(
         Opcode.KERNEL,
@@ -102,7 +110,7 @@ def library(t: Any, b: Any, e: Expectations) -> None:
     rng = t.rng
     tensors = [[TENSOR, lib.x], [TENSOR, lib.y], [TENSOR, lib.out]]
     scalars = binary_scalars()
-    kind = rng.randrange(16)
+    kind = rng.randrange(18)
     what, args, codes, names = "", tensors + scalars, (INVALID,), "ew_binary"
     if kind == 0:  # a valid add, its result read back
         b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.ok("dispatch", "add (ew_binary)"))
@@ -178,6 +186,20 @@ def library(t: Any, b: Any, e: Expectations) -> None:
             "cast x_dtype lies",
         )
         b.op(Opcode.DISPATCH, [lib.cast, [1, 1, 1], args, None], e.fails("dispatch", what, INVALID, names="ew_cast"))
+        return
+    elif kind in (15, 16):  # the fused kernels, given the library's flat tensors and lying sizes
+        kernel, name = (lib.silu, "silu_and_mul") if kind == 15 else (lib.rope, "rotary_kv_append")
+        if kernel is None:
+            return
+        if kind == 15:
+            n, width = rng.choice([(N // 2, N // 2), (N, N // 2), (2**32 - 1, 1), (N // 2, N)])
+            args = [[TENSOR, lib.x], [TENSOR, lib.out], [U32, n], [U32, width]]
+        else:  # qkv, pos, q, k_cache, v_cache; none of the shapes fits, whatever the sizes say
+            sizes = [rng.choice([N // 4, N, 2**32 - 1]), 1, 2, 1, 8, rng.choice([4, 0, 2**31]), 0]
+            flat = [[TENSOR, h] for h in (lib.x, lib.ints, lib.out, lib.y, lib.y)]
+            args = [*flat, *([U32, v] for v in sizes), [F32, 0.5], [F32, 0.0]]
+        what = f"{name} on flat tensors with lying sizes"
+        b.op(Opcode.DISPATCH, [kernel, [1, 1, 1], args, None], e.fails("dispatch", what, INVALID, names=name))
         return
     else:
         foreign = t.run.foreign_handle(t.index, rng)
