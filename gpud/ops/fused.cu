@@ -2,7 +2,8 @@
 // and rotary_kv_append, the same arithmetic as reduce.cu's rmsnorm, elementwise.cu's silu_mul and
 // attention.cu's rotary and kv_append, in one launch each. A thread of silu_and_mul and
 // rotary_kv_append takes the elements of whole 4-byte words, as fused.wgsl's do (one grid serves
-// both). Float16 and bfloat16: halves.cu; the rotary angle: rotary.cu (gpud.ops.source adds both first).
+// both). Float16 and bfloat16: halves.cu and load_store.cu; the rotary angle: rotary.cu (gpud.ops.source
+// adds them first).
 
 // v as a value of T would hold it (the rounding of a store).
 __device__ __forceinline__ float rounded(const float*, float v) { return v; }
