@@ -26,6 +26,14 @@ def _dense_parts(name: str, shape: tuple[int, ...]) -> tuple[tuple[int, ...], Te
     return proto.contiguous_strides(shape), TensorInfo(name, shape)
 
 
+# (dtype name, shape, offset, strides) -> TensorInfo of a view: the views a model makes repeat every step
+_views: Memo[tuple[str, tuple[int, ...], int, tuple[int, ...]], TensorInfo] = Memo(4096)
+
+
+def _view_info(name: str, shape: tuple[int, ...], offset: int, strides: tuple[int, ...]) -> TensorInfo:
+    return TensorInfo(name, shape, offset, None if proto.is_contiguous(shape, strides) else strides)
+
+
 if TYPE_CHECKING:
     from gpud_client.liveness import Connection
 
@@ -111,7 +119,8 @@ class Tensor(TensorViews):
                 strides = proto.contiguous_strides(shape)
             self.strides = strides  # in elements
             # What the op library's rules see (gpud_protocol.ops): dtype, shape, offset, and strides unless dense.
-            self.info = TensorInfo(name, shape, offset, None if proto.is_contiguous(shape, strides) else strides)
+            view = (name, shape, offset, strides)
+            self.info = _views.get(view) or _views.keep(view, _view_info(name, shape, offset, strides))
         # how the daemon is told which tensor: the handle, or the base's handle with this view's geometry
         ref = handle if base is None else proto.TensorView(handle, offset, shape, self.strides)
         self.ref: int | proto.TensorView = ref
