@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 import gpud_client
-from benchmarks import fake_ops
+from benchmarks import fake_ops, write_json
 from gpud_client import nn, u32
 
 Case = Callable[[int], None]  # queues `calls` calls
@@ -126,14 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed run")
     parser.add_argument("--reps", type=int, default=5, help="timed runs per case (the least is the result)")
     parser.add_argument("--backend", default="fake", help="fake (no-op op library) or a real backend")
-    parser.add_argument("--json", help="write the results (us of CPU per call, by case) here")
+    parser.add_argument("--json", type=Path, help="write the results (us of CPU per call, by case) here")
     args = parser.parse_args(argv)
     print(f"client CPU per call ({args.backend} daemon, {args.calls} calls a run, least of {args.reps}):")
     with fake_ops.daemon(args.backend) as address:
         results = asyncio.run(run(address, args.calls, args.reps))
-    if args.json:
-        meta = {"calls": args.calls, "reps": args.reps, "backend": args.backend, "unit": "us of client CPU per call"}
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    meta = {"calls": args.calls, "reps": args.reps, "backend": args.backend, "unit": "us of client CPU per call"}
+    write_json(args.json, {"benchmark": "client_ops", "meta": meta, "results": results})
 
 
 if __name__ == "__main__":

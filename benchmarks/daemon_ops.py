@@ -29,7 +29,6 @@ import asyncio
 import cProfile
 import gc
 import io
-import json
 import pstats
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 import gpud_client
+from benchmarks import write_json
 from benchmarks.daemon_inproc import Clock, InProcessDaemon, Loopback
 from gpud.session.session import Session
 from gpud.testing import bert, transformer, transformer_weights, workloads
@@ -212,12 +212,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20, help="decode steps (MiniLM forwards) per measurement")
     parser.add_argument("--reps", type=int, default=5, help="measurements per workload (the median is printed)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile top-20 of each workload")
-    parser.add_argument("--json", help="write the table's figures here")
+    parser.add_argument("--json", type=Path, help="write the table's figures here")
     args = parser.parse_args(argv)
     results = asyncio.run(run(args.steps, args.reps, not args.no_profile))
-    if args.json:
-        figures = {result.name: result.as_dict() for result, _top in results}
-        Path(args.json).write_text(json.dumps({"steps": args.steps, "reps": args.reps, "results": figures}, indent=2))
+    figures = {result.name: result.as_dict() for result, _top in results}
+    write_json(args.json, {"benchmark": "daemon_ops", "steps": args.steps, "reps": args.reps, "results": figures})
     print(
         f"daemon CPU per op, in process (fake device of kind cuda, no-op kernels; "
         f"median of {args.reps} runs of {args.steps} steps)"

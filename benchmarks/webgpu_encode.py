@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import write_json
 from gpud import ops
 from gpud.backends import open_devices
 from gpud.backends.base import Arg, DispatchStep
@@ -71,13 +71,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.webgpu_encode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dispatches", type=int, default=250, help="dispatches in the replay")
     parser.add_argument("--reps", type=int, default=40, help="encodes timed (the least is printed)")
-    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     results = asyncio.run(run(args.dispatches, args.reps))
     for name, value in results.items():
         print(f"  {name:<26} {value:6.2f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"dispatches": args.dispatches, "reps": args.reps, **results}, indent=2))
+    write_json(args.json, {"benchmark": "webgpu_encode", "dispatches": args.dispatches, "reps": args.reps, **results})
 
 
 if __name__ == "__main__":

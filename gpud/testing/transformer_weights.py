@@ -82,25 +82,19 @@ def weight(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]
     return values.astype(np.float16)
 
 
-def stacked_weight(config: Config, name: str, seed: int) -> np.ndarray[Any, Any]:
+def stacked_weight(config: Config, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
     """Weight `name` of `weight_shapes`: a stacked one (STACKED) is its parts, each drawn by its own name."""
     prefix, _, kind = name.rpartition(".")
     if kind not in STACKED:
-        return weight(name, dict(weight_shapes(config))[name], seed)
-    c = config
-    shapes: dict[str, tuple[int, ...]] = {
-        "q": (c.heads * c.head_dim, c.hidden),
-        "k": (c.kv_width, c.hidden),
-        "v": (c.kv_width, c.hidden),
-        "gate": (c.intermediate, c.hidden),
-        "up": (c.intermediate, c.hidden),
-    }
-    shapes.update({f"{part}_bias": shape[:1] for part, shape in shapes.items()})
-    return np.concatenate([weight(f"{prefix}.{part}", shapes[part], seed) for part in STACKED[kind]])
+        return weight(name, shape, seed)
+    q, kv, ffn = config.heads * config.head_dim, config.kv_width, config.intermediate
+    rows = (q, kv, kv) if kind.startswith("qkv") else (ffn, ffn)
+    parts = zip(STACKED[kind], rows, strict=True)
+    return np.concatenate([weight(f"{prefix}.{part}", (n, *shape[1:]), seed) for part, n in parts])
 
 
 def weights(config: Config, seed: int) -> dict[str, np.ndarray[Any, Any]]:
-    return {name: stacked_weight(config, name, seed) for name, _shape in weight_shapes(config)}
+    return {name: stacked_weight(config, name, shape, seed) for name, shape in weight_shapes(config)}
 
 
 class Weights:
@@ -120,8 +114,8 @@ class Weights:
     async def publish(cls, gpu: gpud_client.Client, config: Config, seed: int, prefix: str) -> Weights:
         """Upload every weight (generated from `seed`) and publish each read-only as prefix + name."""
         tensors: dict[str, gpud_client.Tensor] = {}
-        for name, _shape in weight_shapes(config):
-            tensor = gpu.tensor(stacked_weight(config, name, seed))
+        for name, shape in weight_shapes(config):
+            tensor = gpu.tensor(stacked_weight(config, name, shape, seed))
             gpu.publish(tensor, prefix + name, mode="ro")
             tensors[name] = tensor
             await gpu.flush()  # one weight's upload at a time: the payloads do not pile up in the client
