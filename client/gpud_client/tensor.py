@@ -18,20 +18,17 @@ from gpud_client.views import TensorViews, picked
 from gpud_protocol.ops import TensorInfo
 from gpud_protocol.wire import pack
 
-# (dtype name, shape) -> (strides, TensorInfo) of a dense tensor at offset 0
-_dense: Memo[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], TensorInfo]] = Memo(4096)
+Geometry = tuple[str, tuple[int, ...], int, tuple[int, ...] | None]  # dtype name, shape, offset, strides (None: dense)
+# A tensor's geometry -> (its strides, what the op library's rules see): made once, as every step's repeat
+_geometries: Memo[Geometry, tuple[tuple[int, ...], TensorInfo]] = Memo(8192)
 
 
-def _dense_parts(name: str, shape: tuple[int, ...]) -> tuple[tuple[int, ...], TensorInfo]:
-    return proto.contiguous_strides(shape), TensorInfo(name, shape)
-
-
-# (dtype name, shape, offset, strides) -> TensorInfo of a view: the views a model makes repeat every step
-_views: Memo[tuple[str, tuple[int, ...], int, tuple[int, ...]], TensorInfo] = Memo(4096)
-
-
-def _view_info(name: str, shape: tuple[int, ...], offset: int, strides: tuple[int, ...]) -> TensorInfo:
-    return TensorInfo(name, shape, offset, None if proto.is_contiguous(shape, strides) else strides)
+def _strides_and_info(geometry: Geometry) -> tuple[tuple[int, ...], TensorInfo]:
+    name, shape, offset, strides = geometry
+    if strides is None:
+        strides = proto.contiguous_strides(shape)
+    # dtype, shape, offset, and strides unless dense
+    return strides, TensorInfo(name, shape, offset, None if proto.is_contiguous(shape, strides) else strides)
 
 
 if TYPE_CHECKING:
@@ -111,16 +108,9 @@ class Tensor(TensorViews):
         # own: dropped, it goes at once (a reference to itself would leave every one to the garbage collector).
         self._base = base
         self.offset = offset  # in elements, into the base's memory
-        if strides is None and offset == 0:  # every op output: its strides and info made once per shape
-            key = (name, shape)
-            self.strides, self.info = _dense.get(key) or _dense.keep(key, _dense_parts(name, shape))
-        else:
-            if strides is None:
-                strides = proto.contiguous_strides(shape)
-            self.strides = strides  # in elements
-            # What the op library's rules see (gpud_protocol.ops): dtype, shape, offset, and strides unless dense.
-            view = (name, shape, offset, strides)
-            self.info = _views.get(view) or _views.keep(view, _view_info(name, shape, offset, strides))
+        # its strides (in elements) and what the op library's rules see (gpud_protocol.ops)
+        geometry = (name, shape, offset, strides)
+        self.strides, self.info = _geometries.get(geometry) or _geometries.keep(geometry, _strides_and_info(geometry))
         # how the daemon is told which tensor: the handle, or the base's handle with this view's geometry
         ref = handle if base is None else proto.TensorView(handle, offset, shape, self.strides)
         self.ref: int | proto.TensorView = ref
