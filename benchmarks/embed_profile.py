@@ -48,8 +48,9 @@ def run(weights: Path, sentences: int) -> None:
         embed(batch.ids, batch.mask)
 
 
-def report(path: Path) -> None:
-    """Microseconds per forward by kernel, gpud's (the daemon's process) and torch's, largest first."""
+def report(path: Path, per: int = FORWARDS, unit: str = "forward") -> None:
+    """Microseconds per `unit` (`per` of them profiled) by kernel, gpud's (the daemon's process) and
+    torch's, largest first."""
     rows = list(csv.reader(line for line in path.read_text().splitlines() if line.startswith('"')))
     header = rows[0]
     name_at, pid_at, value_at = header.index("Kernel Name"), header.index("Process ID"), header.index("Metric Value")
@@ -60,14 +61,14 @@ def report(path: Path) -> None:
     for row in rows[1:]:
         kernel = re.sub(r"\(.*", "", row[name_at])[:60]
         key = (row[pid_at], kernel)
-        times[key] += float(row[value_at].replace(",", "")) * scale.get(row[unit_at], 1.0) / FORWARDS
+        times[key] += float(row[value_at].replace(",", "")) * scale.get(row[unit_at], 1.0) / per
         counts[key] += 1
     for pid in sorted({p for p, _k in times}):
         total = sum(t for (p, _k), t in times.items() if p == pid)
-        print(f"\nprocess {pid}: {total:.0f} us of kernels per forward")
+        print(f"\nprocess {pid}: {total:.0f} us of kernels per {unit}")
         for (p, kernel), t in sorted(times.items(), key=lambda item: -item[1]):
             if p == pid and t >= 0.01 * total:
-                print(f"  {t:9.1f} us  {counts[(p, kernel)] // FORWARDS:4d} launches  {kernel}")
+                print(f"  {t:9.1f} us  {counts[(p, kernel)] // per:4d} launches  {kernel}")
 
 
 def main() -> None:

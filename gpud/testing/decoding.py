@@ -64,10 +64,10 @@ async def unpublish(address: str, model: str, prefix: str) -> None:
                 await gpu.sync()
 
 
-# Modes whose every step runs the same kernels on the same rows: their tokens agree exactly. A merged
-# step may run a session's row among others, where an op that picks its method by the number of rows
-# (matmul) rounds it otherwise: its tokens are held to the reference instead (near ties may differ).
-EXACT_MODES = ("dispatch", "coalesced", "graph", "window")
+# Modes whose tokens agree exactly: each computes a row as it would alone. A merged step runs a
+# session's row among up to POOL others, and every op of the step still sums that row in the same
+# order (matmul takes up to 32 float32 rows through matvec in groups: `matvec_groups`).
+EXACT_MODES = ("dispatch", "coalesced", "graph", "window", "merged")
 
 
 def reference_mismatch(model: str, tokens: list[int], seed: int = 0) -> str:

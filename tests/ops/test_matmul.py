@@ -1,7 +1,7 @@
 """Matrix products against numpy in float64, on every backend: fresh random inputs, every mix of
 float32 and float16 operands, w as (K, N) and transposed (N, K), sizes that are not multiples of the
-workgroup (1, 7, 33, 65, 257), both kernels (matvec for up to 8 rows of x per weight matrix, the tiled
-matmul past that), K = 70,000 (past lavapipe's 65,535 loop iterations had one thread walked K
+workgroup (1, 7, 33, 65, 257), both kernels (matvec for up to 8 rows of x per weight matrix, and up to
+32 in equal groups of 4 to 8, each row with the bits it gets alone; the tiled matmul past that), K = 70,000 (past lavapipe's 65,535 loop iterations had one thread walked K
 alone), batches (batched or shared weights), biases, the decoder's shapes, poisoned outputs (NaN
 never passes), typed errors from the client and from the daemon, and replay graphs.
 
@@ -23,13 +23,13 @@ import pytest
 import gpud_client
 from gpud_client import InvalidArgument, u32
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.matmul import matmul_grid, matvec_grid
+from gpud_protocol.ops.matmul import matmul_grid, matvec_grid, matvec_groups, plan
 
 DTYPES = ["float32", "float16"]
 MIXES = [(x, w) for x in DTYPES for w in DTYPES]
 ACC_TOL = 1e-5
 OUT_TOL = {"float32": 0.0, "float16": 2e-3}
-# (M, N, K): M <= 8 runs the matvec kernel, M > 8 the tiled one
+# (M, N, K): M <= 8 runs the matvec kernel, M > 8 the tiled one (none of these splits into groups of 4..8)
 SIZES = [(1, 1, 1), (1, 7, 257), (2, 257, 33), (8, 33, 7), (9, 33, 257), (33, 7, 65), (65, 129, 16), (257, 70, 33)]
 DECODE = [(896, 896), (128, 896), (4864, 896), (896, 4864)]  # (N, K) of a 0.5B decoder's linear layers
 LONG_K = 70_000
@@ -199,6 +199,32 @@ async def test_shared_weights_unfolded(gpu: gpud_client.Client, kind: str) -> No
     close(await out.numpy(), x, w, True)
 
 
+@pytest.mark.parametrize("wt", [False, True], ids=["kn", "nk"])
+@pytest.mark.parametrize("m", [12, 16, 32])
+async def test_rows_in_groups_give_each_row_its_bits_alone(gpu: gpud_client.Client, m: int, wt: bool) -> None:
+    """Past 8 rows, float32 activations still go to matvec, as equal groups of rows along z: a batch
+    of sequences gives every sequence the bits it gets by itself (what merged decode steps rely on)."""
+    rng = np.random.default_rng()
+    n, k = 37, 264
+    x, w = rand(rng, (m, k), "float32"), rand(rng, (n, k) if wt else (k, n), "float16")
+    got = await product(gpu, x, w, wt)
+    close(got, x, w, wt)
+    tw = gpu.tensor(w)
+    for row in (0, m // 2, m - 1):
+        alone = await gpu.ops.matmul(gpu.tensor(x[row : row + 1]), tw, transpose_w=wt).numpy()
+        np.testing.assert_array_equal(got[row], alone[0])
+
+
+def test_rows_split_into_groups() -> None:
+    """matvec_groups: equal groups of 4 to 8 rows up to 32 rows of one shared w, else None."""
+    for m, groups in [(9, None), (12, (2, 6)), (16, (2, 8)), (20, (4, 5)), (32, (4, 8)), (31, None), (40, None)]:
+        got = matvec_groups(plan((m, 5), (7, 5), True))
+        assert (got and (got.batch, got.m)) == groups, m
+        if got is not None:
+            assert got.out_shape == (m, 7) and got.x_stride == got.m * 5 and got.w_stride == 0
+    assert matvec_groups(plan((2, 8, 5), (2, 7, 5), True)) is None  # a weight matrix per batch
+
+
 async def test_mismatches_are_typed_errors_in_the_client(gpu: gpud_client.Client) -> None:
     f32 = np.float32
     x, w = gpu.tensor(np.ones((4, 5), f32)), gpu.tensor(np.ones((5, 6), f32))
@@ -264,8 +290,11 @@ def test_the_rule_itself() -> None:
     bias = TensorInfo("float16", (6,))
     check([x, w, bias, out], [1, 12, 6, 5, 0, 0, 1, 2])  # folded
     check([x, w, bias, out], [3, 4, 6, 5, 20, 0, 1, 2])  # unfolded
+    check([x, w, bias, out], [2, 6, 6, 5, 30, 0, 1, 2])  # in groups of rows (matvec_groups)
     wrong = [
         ([x, w, bias, out], [3, 4, 6, 5, 0, 0, 1, 2], "sizes"),  # x_stride 0 with batches on z
+        ([x, w, bias, out], [4, 6, 6, 5, 30, 0, 1, 2], "sizes"),  # groups past x's rows
+        ([x, w, bias, out], [2, 6, 6, 5, 24, 0, 1, 2], "sizes"),  # groups that overlap
         ([x, w, bias, out], [1, 12, 6, 5, 0, 0, 0, 2], "K="),
         ([x, w, TensorInfo("float16", (5,)), out], [1, 12, 6, 5, 0, 0, 1, 2], "bias is"),
         ([x, w, bias, TensorInfo("float32", (12, 6))], [1, 12, 6, 5, 0, 0, 1, 0], "out is"),

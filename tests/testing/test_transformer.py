@@ -87,6 +87,45 @@ async def test_merged_sessions_each_decode_their_own_sequence_as_the_reference(g
     await gpu.sync()
 
 
+async def test_merged_rows_get_the_bits_each_sequence_gets_alone(gpu: gpud_client.Client) -> None:
+    """Four sessions stepping together through the shared slot graph: every logit equals, bit for bit,
+    that sequence decoded alone through its own step graph (every op of the step computes a row as it
+    would alone, matmul's groups of rows included)."""
+    prompts = np.array([[3, 141, 59], [26, 5, 35], [8, 97, 9], [32, 38, 4]], np.int32)
+    prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
+    published = await Weights.publish(gpu, CONFIG, SEED, prefix)
+    async with contextlib.AsyncExitStack() as stack:
+        others = [await stack.enter_async_context(gpud_client.connect(gpu.address)) for _ in prompts]
+        decoders = [
+            SharedDecoder(other, CONFIG, await Weights.open(other, CONFIG, prefix), logits=True, graph_name=prefix)
+            for other in others
+        ]
+        await decoders[0]._graph()
+        runs = await asyncio.gather(
+            *(generate(decoder, prompts[i : i + 1], TOKENS, "merged") for i, decoder in enumerate(decoders))
+        )
+        merged = (await gpu.stats())["device"].get("merged_launches", 0)
+        for decoder in decoders:
+            decoder.free()
+        others[0].unpublish_graph(decoders[0].graph_name)
+    alone = Decoder(gpu, CONFIG, published, batch=1, logits=True, graph_name=prefix + "alone")
+    for i, (tokens, logits) in enumerate(runs):
+        want_tokens, want_logits = await generate(alone, prompts[i : i + 1], TOKENS, "graph")
+        np.testing.assert_array_equal(tokens, want_tokens)
+        for step, (got, want) in enumerate(zip(logits, want_logits, strict=True)):
+            np.testing.assert_array_equal(got, want, err_msg=f"sequence {i}, step {step}")
+        alone.free()
+        alone = Decoder(gpu, CONFIG, published, batch=1, logits=True, graph_name=prefix + "alone")
+    alone.free()
+    gpu.unpublish_graph(alone.graph_name)
+    assert merged > 0
+    for name in Weights.names(CONFIG, prefix):
+        gpu.unpublish(name)
+    for tensor in published.t.values():
+        tensor.free()
+    await gpu.sync()
+
+
 async def test_a_published_step_graph_serves_another_session_with_its_own_caches(gpu: gpud_client.Client) -> None:
     prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
     params = await Weights.publish(gpu, CONFIG, SEED, prefix)

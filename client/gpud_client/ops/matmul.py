@@ -23,6 +23,7 @@ from gpud_protocol.ops.matmul import (
     TC_DTYPES,
     matmul_grid,
     matvec_grid,
+    matvec_groups,
     mixes_halves,
     out_dtype,
     plan,
@@ -78,7 +79,9 @@ class MatmulOps(OpsBase):
         try:
             p = plan(tuple(x.shape), tuple(w.shape), wt)
             tensor_cores = xd == wd and xd in TC_DTYPES and self._client.backend == "cuda"
-            if p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores):
+            grouped = None if tensor_cores or p.m <= MATVEC_ROWS else matvec_groups(p)
+            if p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores) or grouped is not None:
+                p = grouped or p  # past 8 rows, groups of rows along z: each row's bits as if alone
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
             elif tensor_cores:  # from 2 rows: matmul_tc's 16-row tiles match cuBLAS where matvec did not
                 wide = wg_kernel(p.m, p.n, p.k, xd) if wt and self._capability(x) == CAPABILITY else None

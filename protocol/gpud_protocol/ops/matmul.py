@@ -16,7 +16,8 @@ tensors (x, w, bias, out) and u32 scalars (batch, m, n, k, x_stride, w_stride, w
 for b < batch, i < m, j < n. bias_kind: 0 none (the bias tensor is not read; the client passes x),
 1 float32, 2 float16, 3 bfloat16 (BIAS_KINDS). A 2-D w shared by a batched x folds the batches into
 the rows (batch 1, m = B*M) so that each weight matrix is read once; the unfolded form (batch B,
-x_stride M*K, w_stride 0) is accepted too.
+x_stride M*K, w_stride 0) is accepted too, and so are the rows of a shared w split into equal
+groups of 4 to 8 (matvec_groups: how up to MATVEC_GROUPED rows go to matvec).
 
 Grids: matvec with wt: one workgroup of 256 threads per 256 / threads_per_row(k) rows of out; without
 wt: one per MATVEC_COLS columns; either count is folded into y past 65,535 (the kernel's group is
@@ -44,6 +45,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 BIAS_KINDS = {"float32": 1, "float16": 2, "bfloat16": 3}  # bias_kind by the bias's dtype; 0: no bias
 MATVEC_ROWS = 8  # the matvec kernels' most rows of x per weight matrix
+MATVEC_GROUPED = 32  # up to this many rows of x, in equal groups of 4..8 (grid z), still go to matvec
 MATVEC_COLS = 64  # matvec without wt: columns of out per workgroup
 TILE = 64  # matmul: a workgroup computes a TILE x TILE block of out
 BLOCK = 256  # threads per workgroup of every matmul kernel
@@ -100,6 +102,20 @@ def plan(x_shape: Sequence[int], w_shape: Sequence[int], wt: bool) -> Plan:
     if wb is None:  # one weight matrix for every batch: the batches are more rows
         return Plan((batch, m, n), 1, batch * m, n, k, 0, 0)
     return Plan((batch, m, n), batch, m, n, k, m * k if xb is not None else 0, n * k)
+
+
+def matvec_groups(p: Plan) -> Plan | None:
+    """The plan that runs rows past MATVEC_ROWS through matvec, as equal groups of 4 to 8 rows along
+    the grid's z (the unfolded form of one shared w), or None where the rows do not split so. Each row
+    is then summed exactly as it would be alone (the order of a row's products does not depend on the
+    rows beside it): a batch of sequences gives each one the bits it gets by itself, and w is read by
+    every group, from L2 where it fits, instead of going through the tiled kernel's FMA tiles."""
+    if p.batch != 1 or p.m > MATVEC_GROUPED:
+        return None
+    rows = next((r for r in range(MATVEC_ROWS, 3, -1) if p.m % r == 0), None)
+    if rows is None:
+        return None
+    return Plan(p.out_shape, p.m // rows, rows, p.n, p.k, rows * p.k, 0)
 
 
 def threads_per_row(k: int) -> int:
@@ -201,6 +217,9 @@ def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK, family: str
         forms = {p.sizes}
         if len(x.shape) == 3 and len(w.shape) == 2:  # shared w, batches not folded into the rows
             forms.add((p.out_shape[0], p.out_shape[1], p.n, p.k, p.out_shape[1] * p.k, 0))
+        grouped = matvec_groups(p)
+        if grouped is not None:  # the rows in equal groups along z (matvec_groups)
+            forms.add(grouped.sizes)
         sizes = tuple(s[:6])
         need(sizes in forms, f"the sizes passed {list(sizes)} do not match the tensors (expected {sorted(forms)})")
         need(bias_kind in (0, *BIAS_KINDS.values()), f"bias_kind is 0, 1, 2 or 3, not {bias_kind}")
