@@ -116,6 +116,31 @@ main() {
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_fused.py tests/testing/test_transformer.py || status=1
             section python3 -m gpud bench decode --backend cuda --quick --clients 1,4 --modes coalesced,graph --json "$OUT/bench-decode-fused.json" || status=1
             ;;
+        merged) # merged decode steps only, K up to 32 (their matmuls in groups of 8 rows past 8)
+            section python3 -m gpud bench decode --backend cuda --clients 1,8,16,32 --modes merged \
+                --json "$OUT/bench-decode-merged-cuda.json" || status=1
+            ;;
+        pdl) # the graph runner's tests, programmatic edges and full ones
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/backends/cuda/test_device.py -k graph || status=1
+            ;;
+        encode) section python3 -m benchmarks.webgpu_encode --json "$OUT/webgpu-encode-vulkan.json" || status=1 ;;
+        pdl-ab) # decode with programmatic dependent launch in graphs (the default) and without, alternating
+            for run in on off on off; do
+                local flag=""
+                [ "$run" = off ] && flag="--no-graph-pdl"
+                GPUD_DAEMON_ARGS="$flag" section python3 -m gpud bench decode --backend cuda --clients 1 --modes graph,window \
+                    --json "$OUT/pdl-$run-single.json" || status=1
+                GPUD_DAEMON_ARGS="$flag" section python3 -m gpud bench decode --backend cuda --clients 8,32 --modes merged \
+                    --json "$OUT/pdl-$run-merged.json" || status=1
+            done
+            ;;
+        decode-profile) # kernel times of one decode step of 1 and of 16 sequences, gpud's and torch's (Nsight Compute)
+            for b in 1 16; do
+                section ncu --target-processes all --clock-control none --metrics gpu__time_duration.sum --csv \
+                    --log-file "$OUT/ncu-decode-b$b.csv" python3 -m benchmarks.decode_profile --batch "$b" >/dev/null || status=1
+                section python3 -m benchmarks.decode_profile --report "$OUT/ncu-decode-b$b.csv" || status=1
+            done
+            ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac

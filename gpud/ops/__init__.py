@@ -34,6 +34,17 @@ def source(family: str, backend: str) -> str:
     return shared + path.read_text() if backend == "cuda" else path.read_text() + shared
 
 
+def waits_for_prior(source: str) -> bool:
+    """Whether `source` is one of the library's CUDA sources, whose every entry point waits for the
+    kernel before it first (pdl.cu): a CUDA graph may start it while that kernel finishes."""
+    return source in _cuda_sources()
+
+
+@functools.cache
+def _cuda_sources() -> frozenset[str]:
+    return frozenset(source(family, "cuda") for family in preludes.CUDA_FAMILIES)
+
+
 def options(spec: KernelSpec, backend: str) -> KernelOptions:
     """A built-in kernel's options: on CUDA its block and dynamic shared memory (WGSL kernels set
     their workgroup size in the source)."""

@@ -208,6 +208,7 @@ __device__ void attend(const Q* q, const KV* k, const KV* v, const int* pos, con
                                     float* part, unsigned int nb, unsigned int nt, unsigned int ns,                \
                                     unsigned int hq, unsigned int hkv, unsigned int d, unsigned int splits,        \
                                     unsigned int causal, unsigned int mask_mode, unsigned int use_pos, float scale) { \
+        gpud_wait_prior();                                                                                            \
         attend(q, k, v, pos, mask, part, nb, nt, ns, hq, hkv, d, splits, causal, mask_mode, use_pos, scale);      \
     }
 
@@ -243,6 +244,7 @@ __device__ void combine(const float* part, O* out, unsigned int n, unsigned int 
 #define COMBINE(NAME, O)                                                                                          \
     extern "C" __global__ void NAME(const float* part, O* out, unsigned int n, unsigned int d,                   \
                                     unsigned int splits) {                                                       \
+        gpud_wait_prior();                                                                                       \
         combine(part, out, n, d, splits);                                                                         \
     }
 
@@ -565,6 +567,7 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
         NAME(const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned char* key_mask, \
              O* out, unsigned int nb, unsigned int nt, unsigned int ns, unsigned int hq, unsigned int hkv,        \
              unsigned int d, unsigned int causal, unsigned int mask_mode, float scale) {                          \
+        gpud_wait_prior();                                                                                        \
         flash<D, O, BF>(q, k, v, key_mask, out, nb, nt, ns, hq, hkv, causal, mask_mode, scale);                   \
     }
 
@@ -603,6 +606,7 @@ __device__ void embed(const unsigned int* ids, const T* table, O* out, unsigned 
 #define EMBEDDING(NAME, T, O)                                                                                     \
     extern "C" __global__ void NAME(const unsigned int* ids, const T* table, O* out, unsigned int n,             \
                                     unsigned int d, unsigned int v, unsigned int ids_mode) {                     \
+        gpud_wait_prior();                                                                                       \
         embed(ids, table, out, n, d, v, ids_mode);                                                                \
     }
 
@@ -653,12 +657,14 @@ __device__ void rotate(const T* x, const int* pos, T* out, unsigned int n, unsig
     extern "C" __global__ void NAME(const T* x, const int* pos, T* out, unsigned int n, unsigned int nt,         \
                                     unsigned int nh, unsigned int d, unsigned int style, float freq_hi,          \
                                     float freq_lo) {                                                             \
+        gpud_wait_prior();                                                                                       \
         rotate(x, pos, out, n, nt, nh, d, style, freq_hi, freq_lo);                                               \
     }
 
 #define ROTARY_INPLACE(NAME, T)                                                                                   \
     extern "C" __global__ void NAME(T* x, const int* pos, unsigned int n, unsigned int nt, unsigned int nh,      \
                                     unsigned int d, unsigned int style, float freq_hi, float freq_lo) {          \
+        gpud_wait_prior();                                                                                       \
         rotate(x, pos, x, n, nt, nh, d, style, freq_hi, freq_lo);                                                 \
     }
 
@@ -687,6 +693,7 @@ __device__ void append(const X* x, const int* pos, C* cache, unsigned int n, uns
 #define KV_APPEND(NAME, C, X)                                                                                     \
     extern "C" __global__ void NAME(const X* x, const int* pos, C* cache, unsigned int n, unsigned int nt,       \
                                     unsigned int l, unsigned int hd) {                                           \
+        gpud_wait_prior();                                                                                       \
         append(x, pos, cache, n, nt, l, hd);                                                                      \
     }
 

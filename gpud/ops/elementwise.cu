@@ -233,6 +233,7 @@ extern "C" __global__ void ew_binary(const unsigned char* x, const unsigned char
                                      unsigned int d2, unsigned int d3, unsigned int d4, unsigned int d5,
                                      unsigned int x_bcast, unsigned int y_bcast, unsigned int x_dtype,
                                      unsigned int y_dtype, unsigned int out_dtype) {
+    gpud_wait_prior();
     unsigned int first, count;
     if (!word_elements(n, out_dtype, first, count)) return;
     if (half_words(count, out_dtype) && x_dtype == out_dtype && y_dtype == out_dtype && (x_bcast | y_bcast) == 0u) {
@@ -256,6 +257,7 @@ extern "C" __global__ void ew_where(const unsigned char* cond, const unsigned ch
                                     unsigned int d5, unsigned int cond_bcast, unsigned int x_bcast,
                                     unsigned int y_bcast, unsigned int cond_dtype, unsigned int x_dtype,
                                     unsigned int y_dtype, unsigned int out_dtype) {
+    gpud_wait_prior();
     unsigned int first, count;
     if (!word_elements(n, out_dtype, first, count)) return;
     const Shape s = {rank, {d0, d1, d2, d3, d4, d5}};
@@ -273,6 +275,7 @@ extern "C" __global__ void ew_where(const unsigned char* cond, const unsigned ch
 
 extern "C" __global__ void ew_unary(const unsigned char* x, unsigned char* out, unsigned int n, unsigned int op,
                                     float a, float b, unsigned int x_dtype, unsigned int out_dtype) {
+    gpud_wait_prior();
     unsigned int first, count;
     if (!word_elements(n, out_dtype, first, count)) return;
     if (half_words(count, out_dtype) && x_dtype == out_dtype) {
@@ -287,6 +290,7 @@ extern "C" __global__ void ew_unary(const unsigned char* x, unsigned char* out, 
 
 extern "C" __global__ void ew_cast(const unsigned char* x, unsigned char* out, unsigned int n, unsigned int x_dtype,
                                    unsigned int out_dtype) {
+    gpud_wait_prior();
     unsigned int first, count;
     if (!word_elements(n, out_dtype, first, count)) return;
     for (unsigned int j = 0; j < count; ++j) {

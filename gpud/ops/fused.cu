@@ -57,6 +57,7 @@ __device__ void add_rmsnorm_row(const X* x, const X* r, const W* weight, X* sum,
 #define ADD_RMSNORM(NAME, X, W)                                                                                   \
     extern "C" __global__ void NAME(const X* x, const X* r, const W* weight, X* sum, X* out, unsigned int rows, \
                                     unsigned int length, float eps) {                                            \
+        gpud_wait_prior();                                                                                       \
         add_rmsnorm_row(x, r, weight, sum, out, rows, length, eps);                                               \
     }
 
@@ -87,6 +88,7 @@ __device__ void silu_and_mul_words(const X* x, X* out, unsigned int n, unsigned 
 
 #define SILU_AND_MUL(NAME, X)                                                                                     \
     extern "C" __global__ void NAME(const X* x, X* out, unsigned int n, unsigned int width) {                    \
+        gpud_wait_prior();                                                                                       \
         silu_and_mul_words(x, out, n, width);                                                                     \
     }
 
@@ -151,6 +153,7 @@ __device__ void rotary_kv(const X* qkv, const int* pos, X* q, C* kc, C* vc, unsi
     extern "C" __global__ void NAME(const X* qkv, const int* pos, X* q, C* k_cache, C* v_cache, unsigned int n, \
                                     unsigned int nt, unsigned int hq, unsigned int hkv, unsigned int d,          \
                                     unsigned int l, unsigned int style, float freq_hi, float freq_lo) {          \
+        gpud_wait_prior();                                                                                       \
         rotary_kv(qkv, pos, q, k_cache, v_cache, n, nt, hq, hkv, d, l, style, freq_hi, freq_lo);                  \
     }
 

@@ -43,21 +43,25 @@ __device__ __forceinline__ void contiguous(const T* x, T* out, const View& p) {
 #define VIEW_OF {n, offset, {s0, s1, s2, s3, s4, s5}, {t0, t1, t2, t3, t4, t5}}
 
 extern "C" __global__ void contiguous_b8(const unsigned char* x, unsigned char* out, VIEW_PARAMS) {
+    gpud_wait_prior();
     View p = VIEW_OF;
     contiguous<unsigned char, 4>(x, out, p);
 }
 
 extern "C" __global__ void contiguous_b16(const unsigned short* x, unsigned short* out, VIEW_PARAMS) {
+    gpud_wait_prior();
     View p = VIEW_OF;
     contiguous<unsigned short, 2>(x, out, p);
 }
 
 extern "C" __global__ void contiguous_b32(const unsigned int* x, unsigned int* out, VIEW_PARAMS) {
+    gpud_wait_prior();
     View p = VIEW_OF;
     contiguous<unsigned int, 1>(x, out, p);
 }
 
 extern "C" __global__ void contiguous_b64(const unsigned long long* x, unsigned long long* out, VIEW_PARAMS) {
+    gpud_wait_prior();
     View p = VIEW_OF;
     contiguous<unsigned long long, 1>(x, out, p);
 }

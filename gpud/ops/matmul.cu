@@ -391,83 +391,97 @@ __device__ __forceinline__ void matmul(const XT* __restrict__ x, const WT* __res
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f32(const float* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f16(const float* x, const half_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_bf16(const float* x, const bf16_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f32(const half_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_f32(const bf16_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_bf16(const bf16_t* x, const bf16_t* w, const void* bias, bf16_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f32(const float* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f16(const float* x, const half_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_bf16(const float* x, const bf16_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f32(const half_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_bf16_f32(const bf16_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_bf16_bf16(const bf16_t* x, const bf16_t* w, const void* bias, bf16_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }

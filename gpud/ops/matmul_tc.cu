@@ -264,59 +264,69 @@ __device__ __forceinline__ void matmul_tc(const half_t* x, const half_t* w, cons
 extern "C" __global__ void __launch_bounds__(256) matmul_tc16x16_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<16, 16, 128, 1, 1, 8, 5, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc16x32_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<16, 32, 128, 1, 1, 4, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc32x32_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<32, 32, 128, 1, 1, 4, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc64x64_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<64, 64, 64, 2, 2, 1, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc128x128_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<128, 128, 32, 2, 4, 1, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc16x16_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<16, 16, 128, 1, 1, 8, 5, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc16x32_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<16, 32, 128, 1, 1, 4, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc32x32_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<32, 32, 128, 1, 1, 4, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc64x64_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<64, 64, 64, 2, 2, 1, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc128x128_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_tc<128, 128, 32, 2, 4, 1, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
 }

@@ -272,47 +272,55 @@ __device__ __forceinline__ void matmul_wg(const u16* __restrict__ x, const u16* 
 extern "C" __global__ void __launch_bounds__(256, 1) matmul_wg128x256_f16_f16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
     unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_wg<2, 256, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) matmul_wg128x64_f16_f16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
     unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_wg<2, 64, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 3) matmul_wg64x64_f16_f16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
     unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_wg<1, 64, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 2) matmul_wg64x64d_f16_f16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
     unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_wg<1, 64, 6, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) matmul_wg128x256_bf16_bf16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
     unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_wg<2, 256, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) matmul_wg128x64_bf16_bf16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
     unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_wg<2, 64, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 3) matmul_wg64x64_bf16_bf16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
     unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_wg<1, 64, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 2) matmul_wg64x64d_bf16_bf16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
     unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    gpud_wait_prior();
     matmul_wg<1, 64, 6, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
 }

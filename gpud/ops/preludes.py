@@ -5,13 +5,20 @@ file without gpud's dependencies."""
 
 from __future__ import annotations
 
+CUDA_FAMILIES = (
+    "attention", "elementwise", "fused", "layout", "matmul", "matmul_tc", "matmul_wg", "reduce", "reduce_axis"
+)  # fmt: skip
+_CUDA: dict[str, tuple[str, ...]] = {
+    **{family: ("cp_async", "products") for family in ("matmul_tc", "matmul_wg")},
+    "attention": ("rotary",),
+    "fused": ("halves", "load_store", "rotary"),
+    "reduce": ("halves", "load_store"),
+    "reduce_axis": ("halves",),
+}
 TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     **{(family, "webgpu"): ("bf16",) for family in ("matmul", "reduce", "reduce_axis")},
     **{(family, "webgpu"): ("bf16", "rotary") for family in ("attention", "fused")},
-    **{(family, "cuda"): ("cp_async", "products") for family in ("matmul_tc", "matmul_wg")},
-    ("attention", "cuda"): ("rotary",),
-    ("fused", "cuda"): ("halves", "load_store", "rotary"),
-    ("reduce", "cuda"): ("halves", "load_store"),
-    ("reduce_axis", "cuda"): ("halves",),
+    # every CUDA entry point starts with gpud_wait_prior() (pdl.cu)
+    **{(family, "cuda"): ("pdl", *_CUDA.get(family, ())) for family in CUDA_FAMILIES},
 }
 NAMES = frozenset(name for names in TABLE.values() for name in names)  # sources that are no family

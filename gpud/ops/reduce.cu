@@ -188,97 +188,117 @@ __device__ void layernorm_row(const X* x, const W* weight, const W* bias, X* out
 
 extern "C" __global__ void reduce_f32(const float* x, float* out, unsigned int rows, unsigned int length,
                                       unsigned int op) {
+    gpud_wait_prior();
     reduce_row(x, out, rows, length, op);
 }
 
 extern "C" __global__ void reduce_f16(const unsigned short* x, float* out, unsigned int rows, unsigned int length,
                                       unsigned int op) {
+    gpud_wait_prior();
     reduce_row(x, out, rows, length, op);
 }
 
 extern "C" __global__ void reduce_bf16(const bf16* x, float* out, unsigned int rows, unsigned int length,
                                        unsigned int op) {
+    gpud_wait_prior();
     reduce_row(x, out, rows, length, op);
 }
 
 extern "C" __global__ void argmax_f32(const float* x, int* out, unsigned int rows, unsigned int length) {
+    gpud_wait_prior();
     argmax_row(x, out, rows, length);
 }
 
 extern "C" __global__ void argmax_f16(const unsigned short* x, int* out, unsigned int rows, unsigned int length) {
+    gpud_wait_prior();
     argmax_row(x, out, rows, length);
 }
 
 extern "C" __global__ void argmax_bf16(const bf16* x, int* out, unsigned int rows, unsigned int length) {
+    gpud_wait_prior();
     argmax_row(x, out, rows, length);
 }
 
 extern "C" __global__ void softmax_f32(const float* x, float* out, unsigned int rows, unsigned int length) {
+    gpud_wait_prior();
     softmax_row(x, (const float*)0, out, rows, length, 1u);
 }
 
 extern "C" __global__ void softmax_f16(const unsigned short* x, unsigned short* out, unsigned int rows,
                                        unsigned int length) {
+    gpud_wait_prior();
     softmax_row(x, (const float*)0, out, rows, length, 1u);
 }
 
 extern "C" __global__ void softmax_bf16(const bf16* x, bf16* out, unsigned int rows, unsigned int length) {
+    gpud_wait_prior();
     softmax_row(x, (const float*)0, out, rows, length, 1u);
 }
 
 extern "C" __global__ void softmax_mask_f32(const float* x, const float* mask, float* out, unsigned int rows,
                                             unsigned int length, unsigned int mask_rows) {
+    gpud_wait_prior();
     softmax_row(x, mask, out, rows, length, mask_rows);
 }
 
 extern "C" __global__ void softmax_mask_f16(const unsigned short* x, const float* mask, unsigned short* out,
                                             unsigned int rows, unsigned int length, unsigned int mask_rows) {
+    gpud_wait_prior();
     softmax_row(x, mask, out, rows, length, mask_rows);
 }
 
 extern "C" __global__ void softmax_mask_bf16(const bf16* x, const float* mask, bf16* out, unsigned int rows,
                                              unsigned int length, unsigned int mask_rows) {
+    gpud_wait_prior();
     softmax_row(x, mask, out, rows, length, mask_rows);
 }
 
 extern "C" __global__ void rmsnorm_f32_f32(const float* x, const float* weight, float* out, unsigned int rows,
                                            unsigned int length, float eps) {
+    gpud_wait_prior();
     rmsnorm_row(x, weight, out, rows, length, eps);
 }
 
 extern "C" __global__ void rmsnorm_f32_f16(const float* x, const unsigned short* weight, float* out,
                                            unsigned int rows, unsigned int length, float eps) {
+    gpud_wait_prior();
     rmsnorm_row(x, weight, out, rows, length, eps);
 }
 
 extern "C" __global__ void rmsnorm_f16_f32(const unsigned short* x, const float* weight, unsigned short* out,
                                            unsigned int rows, unsigned int length, float eps) {
+    gpud_wait_prior();
     rmsnorm_row(x, weight, out, rows, length, eps);
 }
 
 extern "C" __global__ void rmsnorm_f16_f16(const unsigned short* x, const unsigned short* weight,
                                            unsigned short* out, unsigned int rows, unsigned int length, float eps) {
+    gpud_wait_prior();
     rmsnorm_row(x, weight, out, rows, length, eps);
 }
 
 extern "C" __global__ void layernorm_f32_f32(const float* x, const float* weight, const float* bias, float* out,
                                              unsigned int rows, unsigned int length, float eps) {
+    gpud_wait_prior();
     layernorm_row(x, weight, bias, out, rows, length, eps);
 }
 
 extern "C" __global__ void layernorm_f32_f16(const float* x, const unsigned short* weight, const unsigned short* bias,
                                              float* out, unsigned int rows, unsigned int length, float eps) {
+    gpud_wait_prior();
     layernorm_row(x, weight, bias, out, rows, length, eps);
 }
 
 extern "C" __global__ void layernorm_f16_f32(const unsigned short* x, const float* weight, const float* bias,
                                              unsigned short* out, unsigned int rows, unsigned int length, float eps) {
+    gpud_wait_prior();
     layernorm_row(x, weight, bias, out, rows, length, eps);
 }
 
 extern "C" __global__ void layernorm_f16_f16(const unsigned short* x, const unsigned short* weight,
                                              const unsigned short* bias, unsigned short* out, unsigned int rows,
                                              unsigned int length, float eps) {
+    gpud_wait_prior();
     layernorm_row(x, weight, bias, out, rows, length, eps);
 }
 
@@ -286,11 +306,13 @@ extern "C" __global__ void layernorm_f16_f16(const unsigned short* x, const unsi
 #define RMSNORM(name, X, W)                                                                                        \
     extern "C" __global__ void name(const X* x, const W* weight, X* out, unsigned int rows, unsigned int length,   \
                                     float eps) {                                                                 \
+        gpud_wait_prior();                                                                                       \
         rmsnorm_row(x, weight, out, rows, length, eps);                                                          \
     }
 #define LAYERNORM(name, X, W)                                                                                      \
     extern "C" __global__ void name(const X* x, const W* weight, const W* bias, X* out, unsigned int rows,        \
                                     unsigned int length, float eps) {                                            \
+        gpud_wait_prior();                                                                                       \
         layernorm_row(x, weight, bias, out, rows, length, eps);                                                  \
     }
 RMSNORM(rmsnorm_bf16_f32, bf16, float)
@@ -321,14 +343,17 @@ __device__ void normalize_row(const X* x, X* out, unsigned int rows, unsigned in
 
 extern "C" __global__ void normalize_f32(const float* x, float* out, unsigned int rows, unsigned int length,
                                          float eps) {
+    gpud_wait_prior();
     normalize_row(x, out, rows, length, eps);
 }
 
 extern "C" __global__ void normalize_f16(const unsigned short* x, unsigned short* out, unsigned int rows,
                                          unsigned int length, float eps) {
+    gpud_wait_prior();
     normalize_row(x, out, rows, length, eps);
 }
 
 extern "C" __global__ void normalize_bf16(const bf16* x, bf16* out, unsigned int rows, unsigned int length, float eps) {
+    gpud_wait_prior();
     normalize_row(x, out, rows, length, eps);
 }

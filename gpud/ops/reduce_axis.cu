@@ -98,54 +98,63 @@ __device__ __forceinline__ void softmax_axis(const T* x, T* out, const Axis& p) 
 
 extern "C" __global__ void reduce_axis_f32(const float* x, float* out, unsigned int n, unsigned int length,
                                            unsigned int inner, unsigned int op, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     reduce_axis(x, out, op, p);
 }
 
 extern "C" __global__ void reduce_axis_f16(const unsigned short* x, float* out, unsigned int n, unsigned int length,
                                            unsigned int inner, unsigned int op, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     reduce_axis(x, out, op, p);
 }
 
 extern "C" __global__ void argmax_axis_f32(const float* x, int* out, unsigned int n, unsigned int length,
                                            unsigned int inner, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     argmax_axis(x, out, p);
 }
 
 extern "C" __global__ void argmax_axis_f16(const unsigned short* x, int* out, unsigned int n, unsigned int length,
                                            unsigned int inner, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     argmax_axis(x, out, p);
 }
 
 extern "C" __global__ void softmax_axis_f32(const float* x, float* out, unsigned int n, unsigned int length,
                                             unsigned int inner, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     softmax_axis(x, out, p);
 }
 
 extern "C" __global__ void softmax_axis_f16(const unsigned short* x, unsigned short* out, unsigned int n,
                                             unsigned int length, unsigned int inner, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     softmax_axis(x, out, p);
 }
 
 extern "C" __global__ void reduce_axis_bf16(const bf16* x, float* out, unsigned int n, unsigned int length,
                                             unsigned int inner, unsigned int op, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     reduce_axis(x, out, op, p);
 }
 
 extern "C" __global__ void argmax_axis_bf16(const bf16* x, int* out, unsigned int n, unsigned int length,
                                             unsigned int inner, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     argmax_axis(x, out, p);
 }
 
 extern "C" __global__ void softmax_axis_bf16(const bf16* x, bf16* out, unsigned int n, unsigned int length,
                                              unsigned int inner, VIEW_PARAMS) {
+    gpud_wait_prior();
     Axis p = AXIS_OF;
     softmax_axis(x, out, p);
 }

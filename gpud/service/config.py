@@ -110,6 +110,11 @@ class Config:
     )
     graph_cache_size: int = _coalescing(32, "cuda: graphs of repeated launch segments kept (0: never capture)", min=0)
     graph_min_launches: int = _coalescing(16, "cuda: shorter segments are launched one by one", min=1)
+    graph_pdl: bool = _coalescing(
+        True,
+        "cuda (sm_90 and later): in a graph, each library kernel is launched while the one before it finishes "
+        "(programmatic dependent launch)",
+    )
     completion_spin_us: float = _coalescing(
         50.0, "cuda: poll a flush that a readback awaits this long before handing it off", min=0, max=1e6, unit=US
     )

@@ -80,14 +80,29 @@ def problems(lib: ctypes.CDLL, family: str, arch: str) -> list[str]:
     ptx, log = compile_ptx(lib, ops.source(family, "cuda"), arch)
     if ptx is None:
         return [f"{family} ({arch}) does not compile:\n{log}"]
-    entries = set(re.findall(r"\.entry\s+(\w+)\s*\(", ptx))
-    return [
+    bodies = dict(re.findall(r"\.entry\s+(\w+)\s*\((.*?)(?=\.entry\s|\Z)", ptx, re.S))
+    missing = [
         f"{family} ({arch}): no entry point {spec.name}"
         for module in FAMILIES
         if "cuda" in getattr(module, "BACKENDS", ("cuda", "webgpu"))
         for spec in module.SPECS
-        if spec.family == family and spec.name not in entries
+        if spec.family == family and spec.name not in bodies
     ]
+    if not arch.startswith("sm_90"):
+        return missing
+    return missing + [
+        f"{family} ({arch}): {name} reads memory before gpud_wait_prior()"
+        for name, body in bodies.items()
+        if not _waits_first(body)
+    ]
+
+
+def _waits_first(body: str) -> bool:
+    """Whether the entry waits for the kernel before it (griddepcontrol.wait) before any load or store
+    other than of its parameters: what makes a programmatic graph edge into it safe."""
+    wait = body.find("griddepcontrol.wait")
+    access = re.search(r"\b(?:ld|st|cp\.async|atom|red)\.(?!param)", body)
+    return wait >= 0 and (access is None or wait < access.start())
 
 
 def main(names: list[str]) -> int:

@@ -1,9 +1,10 @@
 """Matrix products against numpy in float64, on every backend: fresh random inputs, every mix of
 float32 and float16 operands, w as (K, N) and transposed (N, K), sizes that are not multiples of the
 workgroup (1, 7, 33, 65, 257), both kernels (matvec for up to 8 rows of x per weight matrix, and up to
-32 in equal groups of 4 to 8, each row with the bits it gets alone; the tiled matmul past that), K = 70,000 (past lavapipe's 65,535 loop iterations had one thread walked K
-alone), batches (batched or shared weights), biases, the decoder's shapes, poisoned outputs (NaN
-never passes), typed errors from the client and from the daemon, and replay graphs.
+32 in equal groups of 4 to 8, each row with the bits it gets alone; the tiled matmul past that),
+K = 70,000 (past lavapipe's 65,535 loop iterations had one thread walked K alone), batches (batched or
+shared weights), biases, the decoder's shapes, poisoned outputs (NaN never passes), typed errors from
+the client and from the daemon, and replay graphs.
 
 Tolerances. The references use the operands as stored (float16 inputs are exact in float64), so the
 only errors are float32 accumulation and the rounding of a float16 output:

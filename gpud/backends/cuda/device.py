@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpud import ops
 from gpud.backends.base import Arg, Device, Program, program_key
 from gpud.backends.cuda import compiler
 from gpud.backends.cuda.commands import CudaCommands
@@ -193,6 +194,8 @@ class CudaDevice(CudaCommands):
             self._report_lost(exc)
             raise
         self._modules[module_id] = module
+        if ops.waits_for_prior(source):
+            self._stream.graphs.waiting.add(module_id)
         interface = compiler.interface(parameters, options.writes, launch.sizes is not None)
         program = Program(key, entry, launch, *interface)
         weakref.finalize(program, self._dead_modules.append, module_id).atexit = False  # the list is never replaced
@@ -202,6 +205,7 @@ class CudaDevice(CudaCommands):
         return pack(program.native, program.entry, grid, args, self._max_args)
 
     def _unload(self, module_id: int) -> None:
+        self._stream.graphs.waiting.discard(module_id)
         if (module := self._modules.pop(module_id, None)) is not None:
             self._stream.graphs.forget_all()  # rare; a graph must not outlive a kernel it launches
             (status,) = cu.cuModuleUnload(module)

@@ -8,6 +8,12 @@ launched; later runs of that shape update only the kernel nodes whose argument b
 a new scalar or another session's bound tensor patches those nodes, nothing else) and launch it.
 Shorter runs than `min_launches` are launched one by one; a cache size of 0 never builds graphs.
 
+With `pdl`, the edge into a node whose kernel comes from the op library's CUDA sources (its module in
+`waiting`: every entry point of those waits for the kernel before it first, gpud/ops/pdl.cu) is
+programmatic: its blocks are launched while the kernel before it finishes, hiding the launch gap
+between kernels. Any other kernel (a session's own source) gets a full edge. Where the driver or its
+bindings refuse programmatic edges, the runner says so once and builds full edges from then on.
+
 `issue` runs on whichever thread submits (one submission at a time); unloading a module (loop
 thread) drops every graph, since a graph must not outlive a kernel it launches. `lock` guards the
 caches for both. A graph that leaves the cache may still be used by the submission being issued:
@@ -32,6 +38,15 @@ log = logging.getLogger(__name__)
 Run = Sequence[tuple[Any, ...]]  # packed launches, see `launch.pack`
 
 
+def _add_edge(graph: Any, before: Any, node: Any, edge: Any) -> None:
+    """The edge before -> node, with `edge` data (None: a full edge)."""
+    data = None if edge is None else [edge]
+    if (add := getattr(cu, "cuGraphAddDependencies_v2", None)) is not None:  # cuda-bindings 12
+        check(add(graph, [before], [node], data, 1), "a graph edge")
+    else:  # cuda-bindings 13: the edge data is part of cuGraphAddDependencies
+        check(cu.cuGraphAddDependencies(graph, [before], [node], data, 1), "a graph edge")
+
+
 @dataclasses.dataclass(eq=False)
 class _Graph:
     exec: Any
@@ -50,8 +65,11 @@ class ReplayRun:
 
 
 class GraphRunner:
-    def __init__(self, stream: Any, max_args: int, cache_size: int, min_launches: int) -> None:
+    def __init__(self, stream: Any, max_args: int, cache_size: int, min_launches: int, pdl: bool = False) -> None:
         self.lock = threading.Lock()
+        self.waiting: set[int] = set()  # module ids whose kernels wait for the one before them (the device's)
+        self._pdl = pdl
+        self.programmatic_edges = 0
         self._stream = stream
         self._cache_size = cache_size
         self._min_launches = min_launches
@@ -176,8 +194,11 @@ class GraphRunner:
         try:
             for launch in run:
                 params = self._node_params(launch)
-                dependencies = nodes[-1:]
+                early = bool(nodes) and self._pdl and launch[0] in self.waiting
+                dependencies = [] if early else nodes[-1:]
                 node = check(cu.cuGraphAddKernelNode(graph, dependencies, len(dependencies), params), "a graph node")
+                if early and not self._programmatic_edge(graph, nodes[-1], node):
+                    _add_edge(graph, nodes[-1], node, None)
                 nodes.append(node)
                 node_params.append(params)
             exec_ = check(cu.cuGraphInstantiate(graph, 0), "instantiating a graph")
@@ -185,6 +206,20 @@ class GraphRunner:
             cu.cuGraphDestroy(graph)
             raise
         return _Graph(exec_, graph, nodes, node_params, [launch[-1] for launch in run])
+
+    def _programmatic_edge(self, graph: Any, before: Any, node: Any) -> bool:
+        """Add the programmatic edge before -> node; False (and no more tries) where it is refused."""
+        try:
+            edge = cu.CUgraphEdgeData()
+            edge.type = cu.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+            edge.from_port = cu.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+            _add_edge(graph, before, node, edge)
+        except Exception as exc:
+            log.warning("programmatic dependent launch is off: %s", exc)
+            self._pdl = False
+            return False
+        self.programmatic_edges += 1
+        return True
 
     def _patch(self, graph: _Graph, run: Run) -> None:
         """Update the nodes whose argument bytes differ from what the graph holds."""
@@ -227,4 +262,6 @@ class GraphRunner:
             "graphs_captured": self.built,
             "graph_replays": self.replays,
             "graph_nodes_patched": self.patched_nodes,
+            "graph_pdl": self._pdl,
+            "graph_programmatic_edges": self.programmatic_edges,
         }

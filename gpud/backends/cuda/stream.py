@@ -61,7 +61,13 @@ class Stream:
         self._unload = unload
         self._dead_modules = dead_modules  # the device's: modules of a refused submission go back there
         self.handle = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream")
-        self.graphs = GraphRunner(self.handle, max_args, settings.graph_cache_size, settings.graph_min_launches)
+        self.graphs = GraphRunner(
+            self.handle,
+            max_args,
+            settings.graph_cache_size,
+            settings.graph_min_launches,
+            getattr(settings, "graph_pdl", False),
+        )
         self._spin_s = settings.completion_spin_us / 1e6
         self._poll_s = getattr(settings, "completion_poll_us", 0.0) / 1e6
         flags = cu.CUevent_flags

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
+from gpud import ops
 from gpud.backends import cuda_problem
 from gpud.backends.base import Buffer, Program, SubmissionFailed
 from gpud.backends.cuda import open_device
@@ -75,6 +76,7 @@ class Settings:
     completion_spin_us: float = 50.0
     graph_cache_size: int = 32
     graph_min_launches: int = 16
+    graph_pdl: bool = True
     bind_group_cache_size: int = 8192
     limits: Limits = DEFAULT_LIMITS
 
@@ -608,6 +610,38 @@ async def test_repeated_segments_replay_as_graphs(make: Make) -> None:
     assert stats["graphs_captured"] == 1 and stats["graph_replays"] == 4, stats
     assert stats["graph_nodes_patched"] == 40, stats
     assert stats["graph_cache"]["size"] == 1
+    await finish(rt, lost, [x, y])
+
+
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "full-edges"])
+async def test_library_kernels_in_a_graph_start_while_the_one_before_finishes(make: Make, pdl: bool) -> None:
+    """A graph's edges into the op library's kernels (which wait for the kernel before them first) are
+    programmatic with graph_pdl, full edges into any other kernel; the chain's result is exact either way."""
+    rt, lost = make(graph_pdl=pdl)
+    owner = Owner()
+    library = await compiled(rt, ops.source("elementwise", "cuda"), "ew_unary")
+    own = await compiled(rt, SCALE, "scale")
+    n = 1 << 20
+    x, y = rt.alloc(n * 4), rt.alloc(n * 4)
+    data = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    want = data.copy()
+    for _ in range(3):
+        await drive(rt.upload(x, memoryview(data.tobytes()), owner))
+        for i in range(20):
+            src, dst = (x, y) if i % 2 == 0 else (y, x)
+            if i == 10:  # a session's own kernel in the middle: full edges into it
+                rt.dispatch(rt.prepare(own, blocks(n), scale_args(src, dst, 1.5, n)), owner)
+            else:  # ew_unary "scale": a * x, float32 in and out
+                scalars = [(ArgKind.U32, n), (ArgKind.U32, 0), (ArgKind.F32, 0.5), (ArgKind.F32, 0.0)]
+                args: list[Any] = [src, dst, *scalars, (ArgKind.U32, 0), (ArgKind.U32, 0)]
+                rt.dispatch(rt.prepare(library, blocks(n), args), owner)
+        got = floats(await read(rt, x, owner))
+    for i in range(20):
+        want = want * np.float32(1.5 if i == 10 else 0.5)  # a kernel that read early would miss a factor
+    np.testing.assert_array_equal(got, want)
+    stats = rt.stats()
+    assert stats["graphs_captured"] == 1 and stats["graph_pdl"] == pdl, stats
+    assert stats["graph_programmatic_edges"] == (18 if pdl else 0), stats  # of 19: not the one into `scale`
     await finish(rt, lost, [x, y])
 
 
