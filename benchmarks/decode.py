@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+import gpud_client
 from benchmarks import write_json
 from benchmarks.plot import svg
 from gpud.backends import resolve
@@ -137,6 +138,11 @@ def _torch_rates(config: Config, tokens: int) -> dict[str, Any]:
     return rows
 
 
+async def _device_count(address: str) -> int:
+    async with gpud_client.connect(address) as gpu:
+        return len(gpu.devices)
+
+
 def main(args: argparse.Namespace) -> int:
     backend = resolve(args.backend)
     model = getattr(args, "model", None) or ("qwen2.5-0.5b" if backend == "cuda" else "small")
@@ -154,14 +160,19 @@ def main(args: argparse.Namespace) -> int:
         "modes": {},
     }
     prefix = new_prefix()
-    with daemon(backend, extra_args=("--trace",)) as (address, _proc):
-        published = asyncio.run(publish(address, model, prefix))
+    spread = getattr(args, "devices", "0")
+    with daemon(backend, extra_args=("--trace", "--devices", spread)) as (address, _proc):
+        devices = asyncio.run(_device_count(address))
+        published = asyncio.run(publish(address, model, prefix, devices=devices))
         results.update(published)
-        print(f"{model}: {config.parameters() / 1e6:.0f}M parameters, published in {published['upload_s']:.1f} s")
+        print(
+            f"{model}: {config.parameters() / 1e6:.0f}M parameters, published in {published['upload_s']:.1f} s"
+            + (f" (a copy on each of {devices} devices; clients spread round-robin)" if devices > 1 else "")
+        )
         for mode in getattr(args, "modes", None) or MODES:
             rows = []
             for k in counts:
-                row = run_clients(address, model, prefix, mode, k, tokens)
+                row = run_clients(address, model, prefix, mode, k, tokens, devices=devices)
                 rows.append(row)
                 each = row["per_client_tokens_per_s"]
                 print(
@@ -172,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
                     stages = ", ".join(f"{k} {v:.0f}" for k, v in row["stages_median_us"].items())
                     print(f"          client 0's step, median us: {stages}")
             results["modes"][mode] = rows
-        asyncio.run(unpublish(address, model, prefix))
+        asyncio.run(unpublish(address, model, prefix, devices))
     firsts = {mode: rows[0]["tokens"][0] for mode, rows in results["modes"].items()}
     exact = {mode: tokens for mode, tokens in firsts.items() if mode in EXACT_MODES}
     results["modes_agree"] = len({tuple(t) for t in exact.values()}) <= 1

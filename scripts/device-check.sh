@@ -57,6 +57,12 @@ main() {
         devices-heavy) # the same, with GPU-bound steps (16M floats per tensor)
             section python3 -m gpud bench clients --backend cuda --devices all --size 16777216 --clients 2,4,8 --seconds 3 --json "$OUT/bench-clients-devices-heavy.json" || status=1
             ;;
+        devices-decode) # decode clients spread over every device (the weights once per device), beside one device
+            for spread in 0 all; do
+                section python3 -m gpud bench decode --backend cuda --devices "$spread" --clients 1,2,4,8 --modes graph,merged \
+                    --json "$OUT/bench-decode-devices-$spread.json" || status=1
+            done
+            ;;
         cuda) section python3 -m gpud bench cuda --json "$OUT/bench-cuda.json" || status=1 ;;
         profile) # the daemon under cProfile (slower: never mix with measured runs)
             GPUD_DAEMON_ARGS="--profile $OUT/daemon-cuda.prof" section python3 -m gpud bench cuda --quick || status=1

@@ -191,7 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="clients, decode: comma-separated process counts; soak, embed: one (default 4)",
     )
     bench.add_argument("--seconds", type=float, default=5.0, help="clients: measuring time per count")
-    bench.add_argument("--devices", default="0", help="clients: the daemon's devices (all, or 0,1)")
+    bench.add_argument(
+        "--devices",
+        default="0",
+        help="clients, decode: the daemon's devices (all, or 0,1); decode spreads its clients over them",
+    )
     bench.add_argument("--size", type=int, help="clients: floats per tensor (default 4096; large: GPU-bound steps)")
     bench.add_argument(
         "--model", "--config", choices=MODELS, help="decode, soak: the model's config (default: by device)"

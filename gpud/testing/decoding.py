@@ -40,28 +40,39 @@ def new_prefix() -> str:
     return f"decode/{uuid.uuid4().hex[:12]}/"
 
 
-async def publish(address: str, model: str, prefix: str, seed: int = 0) -> dict[str, Any]:
-    """Upload and publish the weights; how long it took and the device memory it holds."""
+def device_prefix(prefix: str, client: int, devices: int) -> str:
+    """The names client `client` uses: the run's own on one device; over several, the weights and step
+    graphs of device `client % devices` (clients spread round-robin, each device holding one copy)."""
+    return prefix if devices == 1 else f"{prefix}d{client % devices}/"
+
+
+async def publish(address: str, model: str, prefix: str, seed: int = 0, devices: int = 1) -> dict[str, Any]:
+    """Upload and publish the weights (a copy per device over several); how long it took and the device
+    memory one copy holds."""
     async with gpud_client.connect(address) as gpu:
         before = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
         t0 = time.perf_counter()
-        await Weights.publish(gpu, CONFIGS[model], seed, prefix)
+        for device in range(devices):
+            target = None if devices == 1 else device
+            await Weights.publish(gpu, CONFIGS[model], seed, device_prefix(prefix, device, devices), target)
         seconds = time.perf_counter() - t0
         after = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
-        return {"upload_s": seconds, "weights_memory": after - before}
+        return {"upload_s": seconds, "weights_memory": after - before, "devices": devices}
 
 
-async def unpublish(address: str, model: str, prefix: str) -> None:
+async def unpublish(address: str, model: str, prefix: str, devices: int = 1) -> None:
     """Remove the run's weights and step graphs (a name already gone is skipped)."""
     async with gpud_client.connect(address) as gpu:
-        for name in Weights.names(CONFIGS[model], prefix):
-            gpu.unpublish(name)
-            with contextlib.suppress(gpud_client.NotFound):
-                await gpu.sync()
-        for graph in (Decoder.graph_name_for(prefix + "step", batch=1, logits=False), f"{prefix}step-slots{POOL}"):
-            gpu.unpublish_graph(graph)  # the session graph's and the shared (merged) one's
-            with contextlib.suppress(gpud_client.NotFound):
-                await gpu.sync()
+        for names in (device_prefix(prefix, device, devices) for device in range(devices)):
+            graphs = [Decoder.graph_name_for(names + "step", batch=1, logits=False), f"{names}step-slots{POOL}"]
+            for name in Weights.names(CONFIGS[model], names):
+                gpu.unpublish(name)
+                with contextlib.suppress(gpud_client.NotFound):
+                    await gpu.sync()
+            for graph in graphs:
+                gpu.unpublish_graph(graph)  # the session graph's and the shared (merged) one's
+                with contextlib.suppress(gpud_client.NotFound):
+                    await gpu.sync()
 
 
 # Modes whose tokens agree exactly: each computes a row as it would alone. A merged step runs a
@@ -108,7 +119,7 @@ async def _client(
         t0 = time.perf_counter()
         out, _ = await generate(decoder, prompt(seed, config), tokens, mode, on_step=stepped)
         seconds = time.perf_counter() - t0
-        device_stats = (await gpu.stats())["devices"][gpu.device]
+        device_stats = (await gpu.stats())["devices"][params["embed"].device]
         peak = device_stats["memory_in_use"]
         decoder.free()
         return {
@@ -134,14 +145,25 @@ def _process(
 
 
 def run_clients(
-    address: str, model: str, prefix: str, mode: str, k: int, tokens: int, progress: Progress | None = None
+    address: str,
+    model: str,
+    prefix: str,
+    mode: str,
+    k: int,
+    tokens: int,
+    progress: Progress | None = None,
+    devices: int = 1,
 ) -> dict[str, Any]:
-    """K processes decoding `tokens` tokens each in `mode`; their results and the aggregate rate."""
+    """K processes decoding `tokens` tokens each in `mode` (spread round-robin over `devices`, each
+    published by `publish`); their results and the aggregate rate."""
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     start_at = time.time() + WARMUP_S + 0.5 * k
     procs = [
-        ctx.Process(target=_process, args=(address, model, prefix, mode, tokens, seed, start_at, events))
+        ctx.Process(
+            target=_process,
+            args=(address, model, device_prefix(prefix, seed, devices), mode, tokens, seed, start_at, events),
+        )
         for seed in range(k)
     ]
 
@@ -163,4 +185,5 @@ def run_clients(
         "peak_memory": max(r["memory"] for r in rows),
         "stages_median_us": rows[0]["stages_median_us"],  # client 0's
         "device_stats": rows[0]["device_stats"],  # when client 0 finished
+        "devices": devices,
     }

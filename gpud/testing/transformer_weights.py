@@ -111,11 +111,14 @@ class Weights:
         return [prefix + name for name, _shape in weight_shapes(config)]
 
     @classmethod
-    async def publish(cls, gpu: gpud_client.Client, config: Config, seed: int, prefix: str) -> Weights:
-        """Upload every weight (generated from `seed`) and publish each read-only as prefix + name."""
+    async def publish(
+        cls, gpu: gpud_client.Client, config: Config, seed: int, prefix: str, device: int | None = None
+    ) -> Weights:
+        """Upload every weight (generated from `seed`) to `device` (the session's default if None) and
+        publish each read-only as prefix + name."""
         tensors: dict[str, gpud_client.Tensor] = {}
         for name, shape in weight_shapes(config):
-            tensor = gpu.tensor(stacked_weight(config, name, shape, seed))
+            tensor = gpu.tensor(stacked_weight(config, name, shape, seed), device=device)
             gpu.publish(tensor, prefix + name, mode="ro")
             tensors[name] = tensor
             await gpu.flush()  # one weight's upload at a time: the payloads do not pile up in the client
