@@ -58,24 +58,33 @@ async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client
     await gpu.sync()
 
 
-async def test_merged_sessions_each_decode_their_own_sequence_as_the_reference(gpu: gpud_client.Client) -> None:
-    """`merged` mode: a session per sequence, one shared step graph with a KV slot each, stepping at once."""
-    prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
-    published = await Weights.publish(gpu, CONFIG, SEED, prefix)
+async def merged_runs(
+    gpu: gpud_client.Client, prefix: str, prompts: np.ndarray
+) -> tuple[list[tuple[np.ndarray, list[np.ndarray]]], dict[str, int]]:
+    """A session per prompt row, stepping at once through the shared slot graph (built and published
+    by the first, opened by the others): each one's (tokens, logits), and the device's stats."""
     async with contextlib.AsyncExitStack() as stack:
-        others = [await stack.enter_async_context(gpud_client.connect(gpu.address)) for _ in PROMPT]
+        others = [await stack.enter_async_context(gpud_client.connect(gpu.address)) for _ in prompts]
         decoders = [
             SharedDecoder(other, CONFIG, await Weights.open(other, CONFIG, prefix), logits=True, graph_name=prefix)
             for other in others
         ]
-        await decoders[0]._graph()  # built and published once; the other opens it
+        await decoders[0]._graph()
         runs = await asyncio.gather(
-            *(generate(decoder, PROMPT[i : i + 1], TOKENS, "merged") for i, decoder in enumerate(decoders))
+            *(generate(decoder, prompts[i : i + 1], TOKENS, "merged") for i, decoder in enumerate(decoders))
         )
         stats = (await gpu.stats())["device"]
         for decoder in decoders:
             decoder.free()
         others[0].unpublish_graph(decoders[0].graph_name)
+    return list(runs), stats
+
+
+async def test_merged_sessions_each_decode_their_own_sequence_as_the_reference(gpu: gpud_client.Client) -> None:
+    """`merged` mode: a session per sequence, one shared step graph with a KV slot each, stepping at once."""
+    prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
+    published = await Weights.publish(gpu, CONFIG, SEED, prefix)
+    runs, stats = await merged_runs(gpu, prefix, PROMPT)
     tokens = np.concatenate([run[0] for run in runs])
     logits = [np.concatenate(step) for step in zip(*(run[1] for run in runs), strict=True)]
     check(PROMPT, tokens, logits)
@@ -94,31 +103,16 @@ async def test_merged_rows_get_the_bits_each_sequence_gets_alone(gpu: gpud_clien
     prompts = np.array([[3, 141, 59], [26, 5, 35], [8, 97, 9], [32, 38, 4]], np.int32)
     prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
     published = await Weights.publish(gpu, CONFIG, SEED, prefix)
-    async with contextlib.AsyncExitStack() as stack:
-        others = [await stack.enter_async_context(gpud_client.connect(gpu.address)) for _ in prompts]
-        decoders = [
-            SharedDecoder(other, CONFIG, await Weights.open(other, CONFIG, prefix), logits=True, graph_name=prefix)
-            for other in others
-        ]
-        await decoders[0]._graph()
-        runs = await asyncio.gather(
-            *(generate(decoder, prompts[i : i + 1], TOKENS, "merged") for i, decoder in enumerate(decoders))
-        )
-        merged = (await gpu.stats())["device"].get("merged_launches", 0)
-        for decoder in decoders:
-            decoder.free()
-        others[0].unpublish_graph(decoders[0].graph_name)
+    runs, stats = await merged_runs(gpu, prefix, prompts)
     alone = Decoder(gpu, CONFIG, published, batch=1, logits=True, graph_name=prefix + "alone")
-    for i, (tokens, logits) in enumerate(runs):
+    for i, (tokens, logits) in enumerate(runs):  # each run writes the caches before it reads them
         want_tokens, want_logits = await generate(alone, prompts[i : i + 1], TOKENS, "graph")
         np.testing.assert_array_equal(tokens, want_tokens)
         for step, (got, want) in enumerate(zip(logits, want_logits, strict=True)):
             np.testing.assert_array_equal(got, want, err_msg=f"sequence {i}, step {step}")
-        alone.free()
-        alone = Decoder(gpu, CONFIG, published, batch=1, logits=True, graph_name=prefix + "alone")
     alone.free()
     gpu.unpublish_graph(alone.graph_name)
-    assert merged > 0
+    assert stats.get("merged_launches", 0) > 0
     for name in Weights.names(CONFIG, prefix):
         gpu.unpublish(name)
     for tensor in published.t.values():
