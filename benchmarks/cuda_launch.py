@@ -50,6 +50,7 @@ class Settings:
     completion_spin_us: float = 50.0
     graph_cache_size: int = 0  # measure launches, not graph replays
     graph_min_launches: int = 16
+    graph_pdl: bool = False
     bind_group_cache_size: int = 16
     limits: Limits = dataclasses.field(default_factory=Limits)
 

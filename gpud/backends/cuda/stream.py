@@ -62,11 +62,7 @@ class Stream:
         self._dead_modules = dead_modules  # the device's: modules of a refused submission go back there
         self.handle = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream")
         self.graphs = GraphRunner(
-            self.handle,
-            max_args,
-            settings.graph_cache_size,
-            settings.graph_min_launches,
-            getattr(settings, "graph_pdl", False),
+            self.handle, max_args, settings.graph_cache_size, settings.graph_min_launches, settings.graph_pdl
         )
         self._spin_s = settings.completion_spin_us / 1e6
         self._poll_s = getattr(settings, "completion_poll_us", 0.0) / 1e6
