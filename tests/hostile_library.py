@@ -1,10 +1,11 @@
 """test_hostile's generators for the op library and views on the wire (issue 14 §2).
 
-Each tenant registers two built-in kernels (`gpud:ew_binary`, `gpud:ew_cast`) in its setup and keeps
-tensors of its own for them (`Lib`); the generators here send raw dispatches of those kernels with
-lying scalars, tensors and grids, and tensor refs as views `[handle, offset, [shape], [strides]]`
-that reach outside their base. Every one must fail with the code predicted, naming the op, and never
-run: a valid add and cast now and then, and the tenant's readbacks, check the library's tensors.
+Each tenant registers built-in kernels (`gpud:ew_binary`, `gpud:ew_cast`, two fused ones and
+`gpud:matvec_f32_f32`) in its setup and keeps tensors of its own for them (`Lib`); the generators here
+send raw dispatches of those kernels with lying scalars, tensors and grids, and tensor refs as views
+`[handle, offset, [shape], [strides]]` that reach outside their base. Every one must fail with the
+code predicted, naming the op, and never run: a valid add, cast and matvec now and then, and the
+tenant's readbacks, check the library's tensors.
 
 The generators take the tenant and its batch builder (test_hostile's `Tenant` and `Builder`) and
 the expectation makers (`Expectations`), so this module imports nothing from the test.
@@ -42,6 +43,7 @@ class Lib:
     cast: int | None = None
     silu: int | None = None  # fused silu_and_mul_f32
     rope: int | None = None  # fused rotary_kv_append_f32_f32
+    matvec: int | None = None  # matvec_f32_f32, on 16 x 16 views of the flat tensors
     x: int = 0
     y: int = 0
     out: int = 0
@@ -76,6 +78,7 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
         ("ew_cast", "cast"),
         ("silu_and_mul_f32", "silu"),
         ("rotary_kv_append_f32_f32", "rope"),
+        ("matvec_f32_f32", "matvec"),
     )
     for name, field in kernels:
         b.op(Opcode.KERNEL, [t.new_handle(), f"gpud:{name}", name, {}], e.ok("kernel", name), then=registered(field))
@@ -110,8 +113,11 @@ def library(t: Any, b: Any, e: Expectations) -> None:
     rng = t.rng
     tensors = [[TENSOR, lib.x], [TENSOR, lib.y], [TENSOR, lib.out]]
     scalars = binary_scalars()
-    kind = rng.randrange(18)
+    kind = rng.randrange(19)
     what, args, codes, names = "", tensors + scalars, (INVALID,), "ew_binary"
+    if kind == 17:
+        _matvec(t, b, e)
+        return
     if kind == 0:  # a valid add, its result read back
         b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.ok("dispatch", "add (ew_binary)"))
         t.tensors[lib.out].data = (lib.x_values + lib.y_values).astype(np.float32).tobytes()
@@ -210,6 +216,34 @@ def library(t: Any, b: Any, e: Expectations) -> None:
             "unknown",
         )
     b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.fails("dispatch", what, *codes, names=names))
+
+
+ROWS = 16  # the matvec's x, w and out: 16 x 16 views of the flat tensors (x, y, out)
+
+
+def _matvec(t: Any, b: Any, e: Expectations) -> None:
+    """matvec on 16 x 16 views: its rows as two groups of 8 along z (matvec_groups), valid and checked,
+    or sizes whose groups lie (past x's rows, overlapping, more than 8 rows a group), refused."""
+    lib: Lib = t.lib
+    if lib.matvec is None:
+        return
+    x, w, out = ([h, 0, [ROWS, ROWS], [ROWS, 1]] for h in (lib.x, lib.y, lib.out))
+    sizes = {
+        "two groups of 8": [2, 8, ROWS, ROWS, 8 * ROWS, 0],
+        "groups past x's rows": [4, 8, ROWS, ROWS, 8 * ROWS, 0],
+        "groups that overlap": [2, 8, ROWS, ROWS, 4 * ROWS, 0],
+        "16 rows in one group": [1, ROWS, ROWS, ROWS, 0, 0],
+    }
+    what = t.rng.choice(list(sizes))
+    args = [[TENSOR, x], [TENSOR, w], [TENSOR, x], [TENSOR, out], *([U32, v] for v in [*sizes[what], 1, 0])]
+    if what != "two groups of 8":
+        b.op(Opcode.DISPATCH, [lib.matvec, [2, 1, 2], args, None], e.fails("dispatch", what, INVALID, names="matvec"))
+        return
+    if lib.x_values is None or lib.y_values is None:
+        return
+    b.op(Opcode.DISPATCH, [lib.matvec, [2, 1, 2], args, None], e.ok("dispatch", f"matvec: {what}"))
+    xs, ws = (v.reshape(ROWS, ROWS).astype(np.float64) for v in (lib.x_values, lib.y_values))
+    t.tensors[lib.out].data = (xs @ ws.T).astype(np.float32).tobytes()  # integers below 2^24: exact
 
 
 # ---------------------------------------------------------------------------- views on the wire
