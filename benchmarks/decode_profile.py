@@ -53,9 +53,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--batch", type=int, default=1, help="sequences gpud's session decodes together")
     parser.add_argument("--report", type=Path)
+    parser.add_argument("--by-grid", action="store_true", help="report: a row per kernel and grid (layer shapes)")
     args = parser.parse_args()
     if args.report:
-        report(args.report, STEPS, "step")
+        report(args.report, STEPS, "step", args.by_grid)
     else:
         run(args.batch)
 

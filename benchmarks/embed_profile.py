@@ -48,18 +48,18 @@ def run(weights: Path, sentences: int) -> None:
         embed(batch.ids, batch.mask)
 
 
-def report(path: Path, per: int = FORWARDS, unit: str = "forward") -> None:
-    """Microseconds per `unit` (`per` of them profiled) by kernel, gpud's (the daemon's process) and
-    torch's, largest first."""
+def report(path: Path, per: int = FORWARDS, unit: str = "forward", by_grid: bool = False) -> None:
+    """Microseconds per `unit` (`per` of them profiled) by kernel (and grid, `by_grid`: one row per
+    shape a kernel ran at), gpud's (the daemon's process) and torch's, largest first."""
     rows = list(csv.reader(line for line in path.read_text().splitlines() if line.startswith('"')))
     header = rows[0]
     name_at, pid_at, value_at = header.index("Kernel Name"), header.index("Process ID"), header.index("Metric Value")
-    unit_at = header.index("Metric Unit")
+    unit_at, grid_at = header.index("Metric Unit"), header.index("Grid Size")
     scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
     times: dict[tuple[str, str], float] = defaultdict(float)
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for row in rows[1:]:
-        kernel = re.sub(r"\(.*", "", row[name_at])[:60]
+        kernel = re.sub(r"\(.*", "", row[name_at])[:60] + (f" grid {row[grid_at]}" if by_grid else "")
         key = (row[pid_at], kernel)
         times[key] += float(row[value_at].replace(",", "")) * scale.get(row[unit_at], 1.0) / per
         counts[key] += 1
