@@ -60,8 +60,7 @@ def damage(ring: R.Ring, replies: R.Ring, kind: str, rng: random.Random) -> None
         struct.pack_into("<II", data, own % capacity, body, count)
         words[R.REQUEST_WRITTEN] = own + 8 + R.padded(body if body < capacity else 8)
     elif kind == "lengths_lie":
-        ring.produce([proto.PING, b"x" * 40])
-        struct.pack_into("<I", data, (own % capacity) + 8, rng.randrange(41, 1 << 32))
+        publish_lying_lengths(ring, rng.randrange(41, 1 << 32))
     elif kind == "random_records":
         size = rng.randrange(8, 2048, 8)
         at = own % capacity
@@ -80,6 +79,18 @@ def damage(ring: R.Ring, replies: R.Ring, kind: str, rng: random.Random) -> None
     else:  # reply_read_ahead: the daemon finds it when it next puts a reply in the ring
         replies._words[R.REPLY_READ] = rng.randrange(1 << 40, 1 << 60)
         replies.set_slot(R.CLIENT_POLLS_UNTIL, 1 << 62)
+
+
+def publish_lying_lengths(ring: R.Ring, lie: int) -> None:
+    """Publish a ping plus 40 bytes whose first frame length is `lie` (more than the record holds).
+
+    The record is stored whole before the written index moves: a lie patched in after `produce` races
+    a daemon that polls the ring, which may take the honest record first and rightly keep the session.
+    """
+    at = ring._put(ring._own % ring.capacity, struct.pack("<II", 8 + len(proto.PING) + 40, 2))
+    at = ring._put(at, struct.pack("<II", lie, 40))
+    ring._put(at, proto.PING + b"x" * 40)
+    ring._words[R.REQUEST_WRITTEN] = ring._own + R.ALIGN + R.padded(8 + len(proto.PING) + 40)
 
 
 async def abuser(address: str, index: int, lives: int, seed: int, report: Report, counts: dict[str, int]) -> None:

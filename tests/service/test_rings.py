@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import hostile_rings
 import msgpack
 import numpy as np
 import pytest
@@ -139,8 +140,7 @@ async def test_a_client_that_breaks_its_own_ring_loses_only_its_session(fake: Da
                 struct.pack_into("<II", requests._data, own % capacity, 1 << 30, 1)
                 words[R.REQUEST_WRITTEN] = own + 64
             elif damage == "lengths_lie":
-                requests.produce([proto.PING])
-                struct.pack_into("<I", requests._data, (own % capacity) + 8, 999)
+                hostile_rings.publish_lying_lengths(requests, 999)
             elif damage == "reply_read_ahead":
                 words[R.REPLY_READ] = 1 << 50
                 ring.replies.set_slot(R.CLIENT_POLLS_UNTIL, 1 << 62)  # asks for its replies in the ring
