@@ -152,6 +152,8 @@ class Rpc(Transport):
                     continue
                 if (frames := self._incoming.try_recv()) is not None:
                     self._on_message(frames)
+                else:
+                    os.sched_yield()
         finally:
             if ring is not None:
                 ring.listen(0)  # from now on the daemon replies by ZeroMQ, which wakes the reader

@@ -120,7 +120,8 @@ class Config:
     )
     gil_switch_us: float = _coalescing(
         500.0,
-        "several devices: how long a thread runs Python before another may (sys.setswitchinterval)",
+        "how long a thread runs Python before another may (sys.setswitchinterval): a completion that another "
+        "thread reports waits at most about this long for a busy loop thread",
         above=0,
         max=1e5,
         unit=US,

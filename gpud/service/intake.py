@@ -20,6 +20,7 @@ peers in turn, one message each, so by then every peer with a message waiting ha
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -86,6 +87,7 @@ class Intake:
                 rings.awake_until(time.monotonic_ns() + int(spin_s * 1e9))
             while time.perf_counter() < deadline:
                 await asyncio.sleep(0)  # replies and completions run in between
+                os.sched_yield()
                 if rings and (messages := rings.poll(MAX_DRAIN // 2)):
                     return messages, reader.try_recv()
                 if (frames := reader.try_recv()) is not None:

@@ -91,10 +91,10 @@ class Server:
             )
             for rt in self.runtimes:
                 rt.neighbours = list(self.runtimes)
-            if len(self.runtimes) > 1:
-                # Each device's submit worker and completion thread take the GIL back after every driver
-                # call; at the default 5 ms interval the loop thread holds it that long first.
-                sys.setswitchinterval(config.gil_switch_us / 1e6)
+            # Submit workers, completion threads and wgpu's poll thread take the GIL back after every
+            # driver call; at Python's 5 ms interval a busy loop thread (or one polling the rings) holds
+            # it that long first, and each completion waits behind it.
+            sys.setswitchinterval(config.gil_switch_us / 1e6)
             # Long-lived startup objects need no more scanning, and the hot path allocates many
             # short-lived tuples: a larger first generation cuts collection pauses by about a quarter.
             gc.freeze()

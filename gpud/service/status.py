@@ -88,7 +88,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
         "backend": runtimes[0].device.kind if runtimes else "",
         "state": "stopping" if daemon.lifecycle.stopping else "serving",
         "uptime_s": round(now - daemon.started_at, 3),
-        "gil_switch_us": round(sys.getswitchinterval() * 1e6, 1),  # gil_switch_us with several devices
+        "gil_switch_us": round(sys.getswitchinterval() * 1e6, 1),
         "health": {
             "healthy": assessed.healthy,
             "problems": list(assessed.problems),

@@ -109,6 +109,14 @@ async def test_stats_counts_ops_flushes_pools_and_readback_latency() -> None:
         assert "downloads " in result.stdout and "kernel cache:" in result.stdout
 
 
+async def test_one_device_gets_the_gil_switch_interval_too() -> None:
+    # A loop thread polling the rings holds the GIL; wgpu's poll thread and the completion threads
+    # report only once they get it back, so one device needs the short interval as several do.
+    with spawn.daemon("fake", extra_args=("--devices", "0", "--gil-switch-us", "250")) as (address, _proc):
+        status = await asyncio.to_thread(admin.query, address)
+    assert len(status["devices"]) == 1 and status["gil_switch_us"] == 250.0
+
+
 def test_status_of_nothing_is_one_line_and_exit_1(tmp_path: Path) -> None:
     result = _gpud("status", "--address", f"ipc://{tmp_path}/none.sock")
     assert result.returncode == 1 and "Traceback" not in result.stderr
