@@ -104,7 +104,7 @@ class Dispatching(SessionState):
     def _prepare(self, op: proto.Dispatch, entry: proto.DispatchEntry | None) -> Any:
         kernel = self.kernels.get(op.kernel)
         if kernel is None:
-            raise NotFound(f"unknown kernel handle {op.kernel}")
+            raise NotFound(self.kernels.unknown(op.kernel))
         handles = self.handles
         args: list[Any] = []
         tensor_handles: list[int] = []

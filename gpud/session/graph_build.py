@@ -195,7 +195,7 @@ def _programs(
             continue
         kernel = session.kernels.get(step.kernel)
         if kernel is None:
-            raise NotFound(f"unknown kernel handle {step.kernel}")
+            raise NotFound(session.kernels.unknown(step.kernel))
         program = kernel.programs.get(rt.index)
         if program is None:
             got = rt.program(kernel.source, kernel.entry, kernel.options)

@@ -17,6 +17,7 @@ from gpud_protocol.ops import KernelSpec, OpError, TensorInfo
 
 KernelKey = tuple[str, str, KernelOptions]
 VERIFIED_KEPT = 256  # distinct calls of one kernel whose passing of its rule is kept
+FAILURES_KEPT = 64  # handles whose registration failed, with why: what a dispatch naming one is told
 
 
 @dataclasses.dataclass(eq=False)
@@ -93,6 +94,7 @@ class KernelTable:
         self.capacity = capacity
         self._by_handle: dict[int, KernelRef] = {}
         self._by_key: dict[KernelKey, KernelRef] = {}
+        self._failures: LruCache[int, str] = LruCache(FAILURES_KEPT)
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -102,6 +104,16 @@ class KernelTable:
 
     def get(self, handle: int) -> KernelRef | None:
         return self._by_handle.get(handle)
+
+    def failed(self, handle: int, entry: str, why: str) -> None:
+        """The registration of `handle` failed: a dispatch that names it is told why, not just that the
+        handle is unknown (the op library registers its kernels unawaited, so its user sees the
+        dispatch's error first)."""
+        self._failures.put(handle, f"kernel {entry} (handle {handle}) could not be registered: {why}")
+
+    def unknown(self, handle: int) -> str:
+        """Why a dispatch naming `handle` finds no kernel."""
+        return self._failures.get(handle) or f"unknown kernel handle {handle}"
 
     def find(self, source: str, entry: str, options: KernelOptions) -> KernelRef | None:
         """The kernel this session registered already with the same source, entry and options."""
@@ -129,17 +141,20 @@ class KernelTable:
             return existing
         self.check_room()
         kernel = KernelRef(handle, source, entry, options, program, {device: program}, builtin)
+        self._failures.pop(handle)
         self._by_handle[handle] = kernel
         self._by_key[dedup] = kernel
         return kernel
 
     def alias(self, handle: int, kernel: KernelRef) -> None:
         """Another handle for a registered kernel (a client that registered it again under a new one)."""
+        self._failures.pop(handle)
         self._by_handle[handle] = kernel
 
     def clear(self) -> None:
         self._by_handle.clear()
         self._by_key.clear()
+        self._failures.clear()
 
 
 def _key(source: str, entry: str, options: KernelOptions) -> KernelKey:

@@ -153,11 +153,15 @@ class Session(Holdings, Transfers, Dispatching, Requests):
         spec = proto.OPS[_OPCODE_OF[type(op)]]
         if isinstance(exc, Unacknowledged):  # a request answered with an earlier failure
             f = exc.failure
+            if type(op) is proto.RegisterKernel:
+                self.kernels.failed(op.handle, op.entry, f.text())
             self._send([proto.encode_error_reply(op.seq, f.code, f.text(), f.seq, f.op)])
             return
         if not isinstance(exc, GpudError):
             log.error("session %s: op #%s (%s) failed inside gpud", self.id, op.seq, spec.name, exc_info=exc)
             exc = InternalError(f"{type(exc).__name__}: {exc}")
+        if type(op) is proto.RegisterKernel:
+            self.kernels.failed(op.handle, op.entry, exc.message)
         self._report(op.seq, spec.name, spec.request, exc.code, exc.message)
 
     def _report(self, seq: int, opname: str, request: bool, code: ErrorCode, message: str) -> None:
