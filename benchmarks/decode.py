@@ -146,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
     backend = resolve(args.backend)
     model = getattr(args, "model", None) or ("qwen2.5-0.5b" if backend == "cuda" else "small")
     config = CONFIGS[model]
-    tokens = 8 if args.quick else 64
+    tokens = min(8 if args.quick else 64, config.max_len - PROMPT)  # the model's positions bound them (tiny: 32)
     counts = [int(k) for k in str(args.clients).split(",")]
     results: dict[str, Any] = {
         "benchmark": "decode",
