@@ -105,11 +105,17 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.backend, args.clients, args.tokens, args.model)
 
 
+LIBRARY_BENCHES = ("decode", "embed", "ops", "soak")  # the fake backend has no op-library sources
+
+
 def _bench(args: argparse.Namespace) -> int:
     # The benchmarks live in the repository's benchmarks/ folder, not in the installed daemon.
     root = Path(__file__).resolve().parents[2]
     if not (root / "benchmarks" / "__init__.py").exists():
         return _fail("gpud bench runs from a checkout of the gpud repository (benchmarks/ is not installed)")
+    if args.backend == "fake" and args.which in LIBRARY_BENCHES:
+        lacks = "runs the op library, which the fake backend lacks (--backend cuda or webgpu)"
+        return _fail(f"gpud bench {args.which} {lacks}")
     sys.path.insert(0, str(root))
     module = importlib.import_module(f"benchmarks.{args.which}")
     code: int = module.main(args)
