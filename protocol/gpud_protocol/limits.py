@@ -13,6 +13,7 @@ DTYPE_SIZES: dict[str, int] = {
     "float64": 8,
     "int8": 1,
     "uint8": 1,
+    "bool": 1,
     "int16": 2,
     "uint16": 2,
     "int32": 4,

@@ -25,7 +25,7 @@ CASES = [  # B, T, S, Hq, Hkv: rows past a block of 4, odd keys, grouped heads, 
     (1, 13, 20, 4, 2),
     (3, 10, 5, 3, 3),
 ]
-MASKS = ["uint8", "int32", "float32", "int64"]
+MASKS = ["uint8", "int32", "float32", "int64", "bool"]
 
 
 def cpu_only(gpu: gpud_client.Client) -> None:

@@ -14,10 +14,12 @@ import pytest
 
 import gpud_client
 from gpud_client import InvalidArgument
+from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 from gpud_protocol.ops.dtypes import DTYPES
 
-INTS = [d for d, entry in DTYPES.items() if entry.kind != "float"]
-ALL = [d for d in DTYPES if d != "bfloat16"]  # numpy has no bfloat16: its casts are test_bfloat16.py's
+INTS = [d for d, entry in DTYPES.items() if entry.kind != "float" and d != "bool"]
+# numpy has no bfloat16: its casts are test_bfloat16.py's; bool is a source only (its test below)
+ALL = [d for d in DTYPES if d not in ("bfloat16", "bool")]
 
 
 def poison(gpu: gpud_client.Client, shape: tuple[int, ...], dtype: str) -> gpud_client.Tensor:
@@ -117,3 +119,24 @@ async def test_a_cast_to_a_dtype_outside_the_table_names_the_op(gpu: gpud_client
     with pytest.raises(InvalidArgument, match="out is int8, the cast is to int32") as info:
         gpu.ops.cast(x, "int32", out=gpu.empty((3,), "int8"))
     assert info.value.op == "cast"
+
+
+async def test_bool_casts_to_every_dtype_and_nothing_casts_to_bool(gpu: gpud_client.Client) -> None:
+    keep = np.random.default_rng().random(1001) < 0.5
+    x = gpu.tensor(keep)
+    assert x.dtype == np.dtype(bool)
+    np.testing.assert_array_equal(await x.numpy(), keep)
+    for dst in ALL:
+        got = await gpu.ops.cast(x, dst, out=poison(gpu, keep.shape, dst)).numpy()
+        np.testing.assert_array_equal(got, keep.astype(dst), err_msg=f"bool -> {dst}")
+    with pytest.raises(InvalidArgument, match="a cast to bool is not supported") as info:
+        gpu.ops.cast(gpu.tensor(np.ones(3, np.float32)), bool)
+    assert info.value.op == "cast"
+
+
+def test_the_daemon_refuses_a_cast_into_a_bool_tensor() -> None:
+    # A raw dispatch could write 2 into a bool: numpy would read a bool that is neither True nor False.
+    spec, f32, flag = KERNELS["ew_cast"], TensorInfo("float32", (3,)), TensorInfo("bool", (3,))
+    with pytest.raises(OpError, match="a cast to bool is not supported"):
+        spec.verify([f32, flag], [3, DTYPES["float32"].code, DTYPES["bool"].code])
+    spec.verify([flag, f32], [3, DTYPES["bool"].code, DTYPES["float32"].code])

@@ -174,7 +174,7 @@ async def test_clamp_is_torch_clamp(gpu: gpud_client.Client, dtype: str) -> None
         close(await out.numpy(), ref, dtype, nan=np.isnan(a))
 
 
-COND_DTYPES = ["uint8", "int8", "int32", "int64", "float32", "float16"]
+COND_DTYPES = ["bool", "uint8", "int8", "int32", "int64", "float32", "float16"]
 
 
 @pytest.mark.parametrize("cond_dtype", COND_DTYPES)

@@ -533,7 +533,7 @@ def test_largest_handle_accepted() -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype", ["float128", "object", "O", "complex64", "bool", "", "f4", 5, None, 1.5, [], {}, ["x"]]
+    "dtype", ["float128", "object", "O", "complex64", "bool_", "", "f4", 5, None, 1.5, [], {}, ["x"]]
 )
 def test_bad_dtype(dtype: Any) -> None:
     error = op_error([Opcode.ALLOC, 1, 1, dtype, [4], 0])

@@ -59,7 +59,7 @@ class AttentionOps(SplitAttentionOps):
         attention_decode). causal: query t sees the keys s <= t + (S - T). mask: an additive float32
         mask (T, S) for every batch row (leading dims of 1 allowed), or one per batch row (B, T, S)
         or (B, 1, T, S); a value <= -1e30 (-inf, float32's minimum) hides its key. key_mask: a
-        padding mask (B, S) (uint8, int32, int64 or float32), nonzero where a key takes part
+        padding mask (B, S) (bool, uint8, int32, int64 or float32), nonzero where a key takes part
         (Hugging Face's attention_mask); not together with mask. A query that sees no key gives
         zeros. q, k, v: float32, float16 or bfloat16 (k and v alike; not float16 with bfloat16). Returns
         (B, T, Hq, D) in q's dtype (as torch's SDPA), or writes `out` (float32, float16 or bfloat16).

@@ -18,7 +18,7 @@ from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
 from gpud_protocol.ops.dtypes import DTYPES, FLOATS, result_dtype, threads
-from gpud_protocol.ops.elementwise import BINARY_OPS, UNARY_OPS
+from gpud_protocol.ops.elementwise import BINARY_OPS, CAST_TO_BOOL, UNARY_OPS
 from gpud_protocol.ops.elementwise4 import WIDTH, binary4_applies, unary4_applies
 
 UNKNOWN = 2**32 - 1  # the code of a dtype outside the table: the op's check refuses it by name
@@ -51,7 +51,8 @@ class ElementwiseOps(OpsBase):
 
     def where(self, cond: Any, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
         """x where cond is nonzero, else y (numpy.where, torch.where), the three broadcast together.
-        cond may be of any dtype (a float is tested by value: NaN is nonzero); x and y are floats."""
+        cond may be of any dtype, bool included (a float is tested by value: NaN is nonzero); x and y
+        are floats."""
         operands = {"cond": cond, "x": x, "y": y}
         self._check_dtypes("where", {"x": x, "y": y})
         dtypes = [dtype_name(t) for t in operands.values()]
@@ -102,6 +103,8 @@ class ElementwiseOps(OpsBase):
         for what, name in (("x", src), ("the target dtype", dst)):
             if name not in DTYPES:
                 raise InvalidArgument(f"{what} is {name}; cast takes {list(DTYPES)}", op="cast")
+        if dst == "bool":
+            raise InvalidArgument(CAST_TO_BOOL, op="cast")
         if out is not None and dtype_name(out) != dst:
             raise InvalidArgument(f"out is {dtype_name(out)}, the cast is to {dst}", op="cast")
         result = self._out(out, tuple(x.shape), dst, x, graph)

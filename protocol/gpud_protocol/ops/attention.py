@@ -66,7 +66,7 @@ MAX_SPLITS = 1024
 FREQ_BITS = 12  # significant bits of freq_hi: j * freq_hi is exact for j < 2^12 (D <= 8192)
 MAX_ROTARY_DIM = 8192
 HIDDEN = -1e30  # a mask value at or below this hides its key
-KEY_MASK_MODES = {"uint8": 3, "int32": 4, "float32": 5, "int64": 6}  # mask_mode of a key mask (B, S), by dtype
+KEY_MASK_MODES = {"uint8": 3, "bool": 3, "int32": 4, "float32": 5, "int64": 6}  # a key mask's mask_mode by dtype
 ID_MODES = {"int32": 0, "uint32": 1, "int64": 2, "uint64": 3}  # embedding's ids_mode, by the ids' dtype
 MAX_LOOP = 65_535  # iterations of one shader loop (lavapipe cuts longer loops there)
 

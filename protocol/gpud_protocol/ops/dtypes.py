@@ -31,6 +31,9 @@ DTYPES: dict[str, DType] = {
     "int64": DType(8, 8, "int"),
     "uint64": DType(9, 8, "uint"),
     "bfloat16": DType(10, 2, "float"),  # the top 16 bits of a float32; numpy has no such dtype
+    # numpy's bool, one byte of 0 or 1: the kernels read it as uint8 (a cond, a mask, a cast's source);
+    # none writes it (the cast's rule refuses it as a target: truncating 2.5 would store 2).
+    "bool": DType(5, 1, "uint"),
 }
 FLOATS = tuple(name for name, d in DTYPES.items() if d.kind == "float")  # what arithmetic takes
 WIDEST = "float32"  # holds every other float dtype exactly: the result of mixing two

@@ -30,6 +30,7 @@ from gpud_protocol.ops.dtypes import DTYPES, FLOATS
 BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4, "maximum": 5, "minimum": 6}
 UNARY_OPS = {"scale": 0, "exp": 1, "rsqrt": 2, "silu": 3, "gelu": 4, "gelu_tanh": 5, "tanh": 6, "clamp": 7}
 FAMILY = "elementwise"
+CAST_TO_BOOL = "a cast to bool is not supported: make the mask on the host, or keep it numeric (nonzero is true)"
 
 
 def _u32s(*names: str) -> tuple[tuple[str, str], ...]:
@@ -116,6 +117,7 @@ def _cast() -> KernelSpec:
         x, out = t
         n, *codes = s
         _dtypes(names, t, codes)
+        need(out.dtype != "bool", CAST_TO_BOOL)
         need(x.shape == out.shape, f"out is {list(out.shape)}, x is {list(x.shape)}")
         need(n == x.size, f"n is {n}, x has {x.size} elements")
 
