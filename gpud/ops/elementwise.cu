@@ -119,7 +119,6 @@ __device__ __forceinline__ void store_f(unsigned char* p, unsigned int c, size_t
     }
 }
 
-__device__ __forceinline__ bool is_nan(float v) { return v != v; }
 
 __device__ __forceinline__ float binary_op(float a, float b, unsigned int op) {
     switch (op) {

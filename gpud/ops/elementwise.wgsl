@@ -44,10 +44,6 @@ fn index(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return gid.x + gid.y * groups.x * BLOCK;
 }
 
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
 // ---------------------------------------------------------------- conversions on the bits
 
 fn half_to_f32(h: u32) -> f32 {

@@ -11,12 +11,15 @@ CUDA_FAMILIES = (
 _CUDA: dict[str, tuple[str, ...]] = {
     **{family: ("cp_async", "products") for family in ("matmul_tc", "matmul_wg")},
     "attention": ("rotary",),
+    "elementwise": ("nan",),
     "fused": ("halves", "load_store", "rotary"),
-    "reduce": ("halves", "load_store"),
-    "reduce_axis": ("halves",),
+    "reduce": ("halves", "load_store", "nan"),
+    "reduce_axis": ("halves", "nan"),
 }
 TABLE: dict[tuple[str, str], tuple[str, ...]] = {
-    **{(family, "webgpu"): ("bf16",) for family in ("matmul", "reduce", "reduce_axis")},
+    ("matmul", "webgpu"): ("bf16",),
+    **{(family, "webgpu"): ("bf16", "nan") for family in ("reduce", "reduce_axis")},
+    ("elementwise", "webgpu"): ("nan",),
     **{(family, "webgpu"): ("bf16", "rotary") for family in ("attention", "fused")},
     # every CUDA entry point starts with gpud_wait_prior() (pdl.cu)
     **{(family, "cuda"): ("pdl", *_CUDA.get(family, ())) for family in CUDA_FAMILIES},

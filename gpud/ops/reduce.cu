@@ -18,7 +18,7 @@ struct Sum {
 };
 struct Max {
     __device__ float identity() const { return __int_as_float(0xff800000); }  // -inf
-    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+    __device__ float operator()(float a, float b) const { return max_nan(a, b); }
 };
 
 // Every thread's v combined over the block (blockDim.x a multiple of 32, at most 1024); every
@@ -36,9 +36,9 @@ __device__ float block_reduce(float v, Op op) {
     return v;
 }
 
-// The (value, index) pair with the larger value, the smaller index on ties.
+// The (value, index) pair with the larger value (NaN first), the smaller index on ties.
 __device__ __forceinline__ void argmax_merge(float& v, unsigned int& i, float w, unsigned int j) {
-    if (w > v || (w == v && j < i)) {
+    if (wins(w, j, v, i)) {
         v = w;
         i = j;
     }
@@ -106,7 +106,7 @@ __device__ void reduce_row(const X* x, float* out, unsigned int rows, unsigned i
     float total;
     if (op == 2) {
         float m = load(x, base);  // element 0 is every thread's: the max needs no -inf to start from
-        for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) m = fmaxf(m, load(x, base + j));
+        for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) m = max_nan(m, load(x, base + j));
         total = block_reduce(m, Max());
     } else {
         float acc = 0.0f;
@@ -126,7 +126,7 @@ __device__ void argmax_row(const X* x, int* out, unsigned int rows, unsigned int
     unsigned int at = 0;
     for (unsigned int j = threadIdx.x; j < length; j += blockDim.x) {
         float v = load(x, base + j);
-        if (v > best) {
+        if (above(v, best)) {
             best = v;
             at = j;
         }
@@ -147,7 +147,7 @@ __device__ void softmax_row(const X* x, const float* mask, X* out, unsigned int 
     for (unsigned int j = threadIdx.x; j < length; j += blockDim.x)
         online(m, s, load(x, base + j) + (mask ? mask[mbase + j] : 0.0f));
     block_online(m, s);
-    float scale = s > 0.0f ? 1.0f / s : 0.0f;  // a row of only -inf: zeros, not NaN
+    float scale = s > 0.0f || is_nan(s) ? 1.0f / s : 0.0f;  // only -inf: zeros, not NaN; NaN: all NaN
     for (unsigned int j = threadIdx.x; j < length; j += blockDim.x)
         store(out, base + j, expf(load(x, base + j) + (mask ? mask[mbase + j] : 0.0f) - m) * scale);
 }

@@ -43,7 +43,7 @@ fn tree_max(t: u32, v: f32) -> f32 {
     workgroupBarrier();
     for (var s = BLOCK / 2u; s > 0u; s = s >> 1u) {
         if (t < s) {
-            red[t] = max(red[t], red[t + s]);
+            red[t] = max_nan(red[t], red[t + s]);
         }
         workgroupBarrier();
     }
@@ -52,7 +52,7 @@ fn tree_max(t: u32, v: f32) -> f32 {
     return total;
 }
 
-// The index of the largest v, the smallest such index on ties.
+// The index of the largest v (the first NaN if any), the smallest such index on ties.
 fn tree_argmax(t: u32, v: f32, i: u32) -> u32 {
     red[t] = v;
     redi[t] = i;
@@ -61,7 +61,7 @@ fn tree_argmax(t: u32, v: f32, i: u32) -> u32 {
         if (t < s) {
             let w = red[t + s];
             let j = redi[t + s];
-            if (w > red[t] || (w == red[t] && j < redi[t])) {
+            if (wins(w, j, red[t], redi[t])) {
                 red[t] = w;
                 redi[t] = j;
             }
@@ -101,9 +101,10 @@ fn tree_online(t: u32, ms: vec2<f32>) -> vec2<f32> {
     return total;
 }
 
-// 1 / the softmax's sum, or 0 for a row of only -inf (its outputs are zeros, not NaN).
+// 1 / the softmax's sum, or 0 for a row of only -inf (its outputs are zeros, not NaN); a row holding
+// NaN has a NaN sum, and all its outputs are NaN (as numpy's).
 fn inverse_sum(ms: vec2<f32>) -> f32 {
-    return select(0.0, 1.0 / ms.y, ms.y > 0.0);
+    return select(0.0, 1.0 / ms.y, ms.y > 0.0 || is_nan(ms.y));
 }
 
 @group(0) @binding(0) var<storage, read> reduce_f32_x: array<f32>;
@@ -123,7 +124,7 @@ fn reduce_f32(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     if (reduce_f32_p.op == 2u) {
         var m = reduce_f32_x[base];  // element 0 is every thread's: the max needs no -inf to start from
         for (var j = t; j < n; j += BLOCK) {
-            m = max(m, reduce_f32_x[base + j]);
+            m = max_nan(m, reduce_f32_x[base + j]);
         }
         total = tree_max(t, m);
     } else {
@@ -158,7 +159,7 @@ fn reduce_f16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     if (reduce_f16_p.op == 2u) {
         var m = f32(reduce_f16_x[base]);  // element 0 is every thread's: the max needs no -inf to start from
         for (var j = t; j < n; j += BLOCK) {
-            m = max(m, f32(reduce_f16_x[base + j]));
+            m = max_nan(m, f32(reduce_f16_x[base + j]));
         }
         total = tree_max(t, m);
     } else {
@@ -193,7 +194,7 @@ fn argmax_f32(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     var at = 0u;
     for (var j = t; j < n; j += BLOCK) {
         let v = argmax_f32_x[base + j];
-        if (v > best) {
+        if (above(v, best)) {
             best = v;
             at = j;
         }
@@ -221,7 +222,7 @@ fn argmax_f16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     var at = 0u;
     for (var j = t; j < n; j += BLOCK) {
         let v = f32(argmax_f16_x[base + j]);
-        if (v > best) {
+        if (above(v, best)) {
             best = v;
             at = j;
         }
@@ -623,7 +624,7 @@ fn reduce_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
     if (reduce_bf16_p.op == 2u) {
         var m = bf16_at(reduce_bf16_x[base >> 1u], base);  // element 0 is every thread's: no -inf to start from
         for (var j = t; j < n; j += BLOCK) {
-            m = max(m, bf16_at(reduce_bf16_x[(base + j) >> 1u], base + j));
+            m = max_nan(m, bf16_at(reduce_bf16_x[(base + j) >> 1u], base + j));
         }
         total = tree_max(t, m);
     } else {
@@ -658,7 +659,7 @@ fn argmax_bf16(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
     var at = 0u;
     for (var j = t; j < n; j += BLOCK) {
         let v = bf16_at(argmax_bf16_x[(base + j) >> 1u], base + j);
-        if (v > best) {
+        if (above(v, best)) {
             best = v;
             at = j;
         }

@@ -43,7 +43,7 @@ __device__ __forceinline__ void reduce_axis(const T* x, float* out, unsigned int
     float total;
     if (op == 2) {
         total = load(x, base);
-        for (unsigned int r = 1; r < p.length; ++r) total = fmaxf(total, load(x, base + r * p.s_length));
+        for (unsigned int r = 1; r < p.length; ++r) total = max_nan(total, load(x, base + r * p.s_length));
     } else {
         total = 0.0f;
         for (unsigned int r = 0; r < p.length; ++r) total += load(x, base + r * p.s_length);
@@ -61,7 +61,7 @@ __device__ __forceinline__ void argmax_axis(const T* x, int* out, const Axis& p)
     unsigned int at = 0;
     for (unsigned int r = 1; r < p.length; ++r) {
         float v = load(x, base + r * p.s_length);
-        if (v > best) {  // strictly: ties keep the first index
+        if (above(v, best)) {  // strictly: ties keep the first index (and the first NaN wins)
             best = v;
             at = r;
         }
@@ -84,7 +84,7 @@ __device__ __forceinline__ void softmax_axis(const T* x, T* out, const Axis& p) 
             s += expf(v - m);
         }
     }
-    float scale = s > 0.0f ? 1.0f / s : 0.0f;  // a row of only -inf: zeros, not NaN
+    float scale = s > 0.0f || is_nan(s) ? 1.0f / s : 0.0f;  // only -inf: zeros, not NaN; NaN: all NaN
     unsigned int first = (k / p.inner) * p.length * p.inner + k % p.inner;
     for (unsigned int r = 0; r < p.length; ++r)
         store(out, first + r * p.inner, expf(load(x, base + r * p.s_length) - m) * scale);

@@ -61,7 +61,7 @@ fn reduce_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     if (p.op == 2u) {
         total = f32(reduce_axis_f32_x[base]);
         for (var r = 1u; r < p.length; r++) {
-            total = max(total, f32(reduce_axis_f32_x[base + r * p.s_length]));
+            total = max_nan(total, f32(reduce_axis_f32_x[base + r * p.s_length]));
         }
     } else {
         total = 0.0;
@@ -103,7 +103,7 @@ fn argmax_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     var at = 0u;
     for (var r = 1u; r < p.length; r++) {
         let v = f32(argmax_axis_f32_x[base + r * p.s_length]);
-        if (v > best) {  // strictly: ties keep the first index
+        if (above(v, best)) {  // strictly: ties keep the first index (and the first NaN wins)
             best = v;
             at = r;
         }
@@ -139,7 +139,7 @@ fn softmax_axis_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     for (var r = 0u; r < p.length; r++) {
         ms = online(ms, f32(softmax_axis_f32_x[base + r * p.s_length]));
     }
-    let scale = select(0.0, 1.0 / ms.y, ms.y > 0.0);  // a row of only -inf: zeros, not NaN
+    let scale = select(0.0, 1.0 / ms.y, ms.y > 0.0 || is_nan(ms.y));  // only -inf: zeros; NaN: NaN
     let first = (k / p.inner) * p.length * p.inner + k % p.inner;
     for (var r = 0u; r < p.length; r++) {
         let v = f32(softmax_axis_f32_x[base + r * p.s_length]);
@@ -175,7 +175,7 @@ fn reduce_axis_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     if (p.op == 2u) {
         total = f32(reduce_axis_f16_x[base]);
         for (var r = 1u; r < p.length; r++) {
-            total = max(total, f32(reduce_axis_f16_x[base + r * p.s_length]));
+            total = max_nan(total, f32(reduce_axis_f16_x[base + r * p.s_length]));
         }
     } else {
         total = 0.0;
@@ -217,7 +217,7 @@ fn argmax_axis_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     var at = 0u;
     for (var r = 1u; r < p.length; r++) {
         let v = f32(argmax_axis_f16_x[base + r * p.s_length]);
-        if (v > best) {  // strictly: ties keep the first index
+        if (above(v, best)) {  // strictly: ties keep the first index (and the first NaN wins)
             best = v;
             at = r;
         }
@@ -253,7 +253,7 @@ fn softmax_axis_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     for (var r = 0u; r < p.length; r++) {
         ms = online(ms, f32(softmax_axis_f16_x[base + r * p.s_length]));
     }
-    let scale = select(0.0, 1.0 / ms.y, ms.y > 0.0);  // a row of only -inf: zeros, not NaN
+    let scale = select(0.0, 1.0 / ms.y, ms.y > 0.0 || is_nan(ms.y));  // only -inf: zeros; NaN: NaN
     let first = (k / p.inner) * p.length * p.inner + k % p.inner;
     for (var r = 0u; r < p.length; r++) {
         let v = f32(softmax_axis_f16_x[base + r * p.s_length]);
@@ -289,7 +289,7 @@ fn reduce_axis_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     if (p.op == 2u) {
         total = bf16_at(reduce_axis_bf16_x[base >> 1u], base);
         for (var r = 1u; r < p.length; r++) {
-            total = max(total, bf16_at(reduce_axis_bf16_x[(base + r * p.s_length) >> 1u], base + r * p.s_length));
+            total = max_nan(total, bf16_at(reduce_axis_bf16_x[(base + r * p.s_length) >> 1u], base + r * p.s_length));
         }
     } else {
         total = 0.0;
@@ -331,7 +331,7 @@ fn argmax_axis_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     var at = 0u;
     for (var r = 1u; r < p.length; r++) {
         let v = bf16_at(argmax_axis_bf16_x[(base + r * p.s_length) >> 1u], base + r * p.s_length);
-        if (v > best) {  // strictly: ties keep the first index
+        if (above(v, best)) {  // strictly: ties keep the first index (and the first NaN wins)
             best = v;
             at = r;
         }
@@ -367,7 +367,7 @@ fn softmax_axis_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     for (var r = 0u; r < p.length; r++) {
         ms = online(ms, bf16_at(softmax_axis_bf16_x[(base + r * p.s_length) >> 1u], base + r * p.s_length));
     }
-    let scale = select(0.0, 1.0 / ms.y, ms.y > 0.0);  // a row of only -inf: zeros, not NaN
+    let scale = select(0.0, 1.0 / ms.y, ms.y > 0.0 || is_nan(ms.y));  // only -inf: zeros; NaN: NaN
     let first = (k / p.inner) * p.length * p.inner + k % p.inner;
     for (var r = 0u; r < p.length; r++) {
         let v = bf16_at(softmax_axis_bf16_x[(base + r * p.s_length) >> 1u], base + r * p.s_length);
