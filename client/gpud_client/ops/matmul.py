@@ -9,12 +9,14 @@ matmul_<x>_<w>."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.base import OpsBase, Planned, info_of
 from gpud_protocol.ops import OpError, TensorInfo
+from gpud_protocol.ops.broadcast import broadcast_shapes
 from gpud_protocol.ops.matmul import (
     BIAS_KINDS,
     DTYPES,
@@ -50,10 +52,35 @@ class MatmulOps(OpsBase):
         float32, float16 and bfloat16 operands in any mix but float16 with bfloat16 (cast one, as torch
         asks), accumulated in float32; out is x's dtype when w shares it, else float32 (a 16-bit out is
         rounded once, to nearest even). bias: float32, float16 or bfloat16. Shape (M, N), or (B, M, N)
-        when x or w is batched. On CUDA, float16 or bfloat16 x and w with more than 8 rows per weight
-        matrix run on the tensor cores: the same exact products summed in float32, in another order."""
-        plan = self._matmul_plan(x, w, bool(transpose_w), bias, out)
-        return self._execute(plan, [x, w, x if bias is None else bias], out, x, graph)  # no bias: x stands in
+        when x or w is batched; numpy.matmul's other shapes too (`numpy_forms`): a 1-D x or w, and
+        batch axes past one, broadcast where one side's are all ones or both sides' are the same. On
+        CUDA, float16 or bfloat16 x and w with more than 8 rows per weight matrix run on the tensor
+        cores: the same exact products summed in float32, in another order."""
+        xs, ws = x.shape, w.shape
+        if 2 <= len(xs) <= 3 and 2 <= len(ws) <= 3 and (len(xs) == 2 or len(ws) == 2 or xs[0] == ws[0]):
+            plan = self._matmul_plan(x, w, bool(transpose_w), bias, out)
+            return self._execute(plan, [x, w, x if bias is None else bias], out, x, graph)  # no bias: x stands in
+        return self._matmul_numpy(x, w, bool(transpose_w), bias, out, graph)
+
+    def _matmul_numpy(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, graph: Any) -> Any:
+        """numpy.matmul's other shapes (1-D operands, more batch axes, a batch of one broadcast) as
+        views in the forms the kernels take, into an output of numpy's shape."""
+        xd, wd = dtype_name(x), dtype_name(w)
+        if xd not in DTYPES or wd not in DTYPES or mixes_halves(xd, wd):
+            return self.matmul(x, w, transpose_w=wt)  # its error names the dtypes
+        try:
+            x_form, w_form, out_form, shape = numpy_forms(tuple(x.shape), tuple(w.shape), wt)
+        except OpError as exc:
+            raise InvalidArgument(str(exc), op="matmul") from None
+        if out is not None and tuple(out.shape) != shape:
+            raise InvalidArgument(f"out is {list(out.shape)}, the product is {list(shape)}", op="matmul")
+        result = self._out(out, shape, out_dtype(xd, wd), x, graph)
+        try:
+            xv, wv, ov = x.reshape(x_form), w.reshape(w_form), result.reshape(out_form)
+        except InvalidArgument as exc:
+            raise InvalidArgument(str(exc), op="matmul") from None
+        self.matmul(xv, wv, transpose_w=wt, bias=bias, out=ov, graph=graph)
+        return result
 
     def _matmul_plan(self, x: Any, w: Any, wt: bool, bias: Any, out: Any) -> Planned:
         """The plan of `matmul` for these operands (checked when made; see `nn.Linear`, which keeps its own)."""
@@ -104,3 +131,37 @@ class MatmulOps(OpsBase):
     def _capability(self, like: Any) -> str:
         """The compute capability of the device `like` lives on ("9.0"), "" where the daemon does not say."""
         return str(self._device_info(like).get("compute_capability", ""))
+
+
+def numpy_forms(
+    xs: tuple[int, ...], ws: tuple[int, ...], wt: bool
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """numpy.matmul of x and w in the forms the kernels take: (x's form, w's form, the product's
+    form, numpy's shape of the product). A 1-D x is one row and a 1-D w one column, their axis
+    dropped from the product; batch axes broadcast where one side's are all ones or both sides' are
+    the same (then they fold into one). OpError names what else numpy would broadcast."""
+    if not xs or not ws:
+        raise OpError(f"x is {list(xs)} and w {list(ws)}: no 0-d operand (numpy's rule too)")
+    x2 = (1, *xs) if len(xs) == 1 else xs
+    w2 = ((1, *ws) if wt else (*ws, 1)) if len(ws) == 1 else ws
+    xb, wb = x2[:-2], w2[:-2]
+    try:
+        batch = broadcast_shapes(xb, wb)
+    except OpError:
+        raise OpError(f"batch axes {list(xb)} of x and {list(wb)} of w do not broadcast") from None
+    m, k = x2[-2:]
+    n = w2[-2] if wt else w2[-1]
+    shape = (*batch, *((m,) if len(xs) > 1 else ()), *((n,) if len(ws) > 1 else ()))
+    x_rows, w_mats = math.prod(xb), math.prod(wb)
+    if x_rows == w_mats == 1:
+        return (m, k), w2[-2:], (m, n), shape
+    if w_mats == 1:  # one weight matrix: x's batches are more rows
+        return (x_rows, m, k), w2[-2:], (x_rows, m, n), shape
+    if x_rows == 1:  # one x for every weight matrix
+        return (m, k), (w_mats, *w2[-2:]), (w_mats, m, n), shape
+    if (1,) * (len(batch) - len(xb)) + xb != (1,) * (len(batch) - len(wb)) + wb:
+        raise OpError(
+            f"batch axes {list(xb)} of x and {list(wb)} of w: gpud broadcasts batch axes where one side's "
+            "are all ones or both sides' are the same (make the other side's copies with gpu.ops.contiguous)"
+        )
+    return (x_rows, m, k), (w_mats, *w2[-2:]), (x_rows, m, n), shape
