@@ -80,6 +80,16 @@ async def test_out_bias_and_graphs_take_numpy_shapes(gpu: gpud_client.Client) ->
     np.testing.assert_allclose(got["y"], x[0, 0, 0] @ w, rtol=1e-5, atol=1e-5)
 
 
+async def test_a_transposed_w_is_read_in_place(gpu: gpud_client.Client) -> None:
+    rng = np.random.default_rng()
+    q, k = rng.standard_normal((2, 3, 5, 8)).astype(np.float32), rng.standard_normal((2, 3, 7, 8)).astype(np.float32)
+    scores = gpu.ops.matmul(gpu.tensor(q), gpu.tensor(k).transpose(-1, -2))  # q @ k.T, as torch users write it
+    np.testing.assert_allclose(await scores.numpy(), q @ np.swapaxes(k, -1, -2), rtol=1e-5, atol=1e-5)
+    w = rng.standard_normal((8, 6)).astype(np.float32)  # a Linear's weight seen as (K, N), asked as (N, K)
+    got = gpu.ops.matmul(gpu.tensor(q), gpu.tensor(w).transpose(0, 1), transpose_w=True)
+    np.testing.assert_allclose(await got.numpy(), q @ w, rtol=1e-5, atol=1e-5)
+
+
 async def test_what_gpud_does_not_broadcast_is_refused_naming_matmul(gpu: gpud_client.Client) -> None:
     x, w = gpu.empty((2, 1, 4, 8)), gpu.empty((3, 8, 5))
     with pytest.raises(InvalidArgument, match=r"matmul: batch axes \[2, 1\] of x and \[3\] of w") as info:

@@ -53,10 +53,15 @@ class MatmulOps(OpsBase):
         asks), accumulated in float32; out is x's dtype when w shares it, else float32 (a 16-bit out is
         rounded once, to nearest even). bias: float32, float16 or bfloat16. Shape (M, N), or (B, M, N)
         when x or w is batched; numpy.matmul's other shapes too (`numpy_forms`): a 1-D x or w, and
-        batch axes past one, broadcast where one side's are all ones or both sides' are the same. On
+        batch axes past one, broadcast where one side's are all ones or both sides' are the same. A w
+        that is a dense tensor's last two axes swapped (`k.transpose(-1, -2)`) is read in place. On
         CUDA, float16 or bfloat16 x and w with more than 8 rows per weight matrix run on the tensor
         cores: the same exact products summed in float32, in another order."""
         xs, ws = x.shape, w.shape
+        if len(ws) >= 2 and not getattr(w, "is_contiguous", True):
+            flipped = w.transpose(-1, -2)  # w = k.transpose(-1, -2) of a dense k: that k, the other layout
+            if flipped.is_contiguous:
+                return self.matmul(x, flipped, transpose_w=not transpose_w, bias=bias, out=out, graph=graph)
         if 2 <= len(xs) <= 3 and 2 <= len(ws) <= 3 and (len(xs) == 2 or len(ws) == 2 or xs[0] == ws[0]):
             plan = self._matmul_plan(x, w, bool(transpose_w), bias, out)
             return self._execute(plan, [x, w, x if bias is None else bias], out, x, graph)  # no bias: x stands in
