@@ -5,6 +5,7 @@ of 8 long runs a thread per row (gpud_protocol.ops.rows)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -19,22 +20,26 @@ from gpud_protocol.ops.rows import rows_apply, rows_grid
 
 
 class ReduceOps(OpsBase):
-    def sum(self, x: Any, axis: int | None = -1, *, out: Any = None, graph: Any = None) -> Any:
+    def sum(self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
         """The sum over `axis` (default the last; negative counts from the end; None: every element):
-        x's shape without that axis (numpy's keepdims=False), float32."""
-        return self._reduce("sum", x, axis, out, graph)
+        x's shape without that axis, or with it as 1 with `keepdims` (numpy's), float32."""
+        return self._kept("sum", x, axis, out, graph) if keepdims else self._reduce("sum", x, axis, out, graph)
 
-    def mean(self, x: Any, axis: int | None = -1, *, out: Any = None, graph: Any = None) -> Any:
+    def mean(self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
         """The mean over `axis` (as `sum`), float32."""
-        return self._reduce("mean", x, axis, out, graph)
+        return self._kept("mean", x, axis, out, graph) if keepdims else self._reduce("mean", x, axis, out, graph)
 
-    def max(self, x: Any, axis: int | None = -1, *, out: Any = None, graph: Any = None) -> Any:
-        """The maximum over `axis` (as `sum`), float32."""
-        return self._reduce("max", x, axis, out, graph)
+    def max(self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
+        """The maximum over `axis` (as `sum`; NaN where the axis holds one, as numpy's), float32."""
+        return self._kept("max", x, axis, out, graph) if keepdims else self._reduce("max", x, axis, out, graph)
 
-    def argmax(self, x: Any, axis: int | None = -1, *, out: Any = None, graph: Any = None) -> Any:
+    def argmax(
+        self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None
+    ) -> Any:
         """The first index of the maximum over `axis` (as `sum`; None: the index into x flattened, as
-        numpy's), int32 (rows without NaN)."""
+        numpy's; the first NaN's where the axis holds one), int32."""
+        if keepdims:
+            return self._kept("argmax", x, axis, out, graph)
         p = plan("argmax", x, axis)
         result = self._out(out, p.reduced, "int32", x, graph)
         if p.empty:
@@ -116,6 +121,19 @@ class ReduceOps(OpsBase):
         except OpError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
         return dtype, rows, length
+
+    def _kept(self, op: str, x: Any, axis: int | None, out: Any, graph: Any) -> Any:
+        """numpy's keepdims=True: the result made with the reduced axis (every axis, for None) as 1, the
+        op writing a view of it without that axis."""
+        p = plan(op, x, axis)
+        ndim = len(x.shape)
+        shape = (1,) * ndim if axis is None else tuple(1 if i == int(axis) % ndim else d for i, d in enumerate(x.shape))
+        if out is not None and tuple(out.shape) != shape:
+            raise InvalidArgument(f"out is {list(out.shape)}, the result is {list(shape)}", op=op)
+        result = self._out(out, shape, "int32" if op == "argmax" else "float32", x, graph)
+        reducer = self.argmax if op == "argmax" else functools.partial(self._reduce, op)
+        reducer(x, axis, out=result.reshape(p.reduced), graph=graph)
+        return result
 
     def _reduce(self, op: str, x: Any, axis: int | None, out: Any, graph: Any) -> Any:
         if axis is None:  # over a flat view of x, made here (recorded, in a graph): not kept

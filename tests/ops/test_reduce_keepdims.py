@@ -1,0 +1,48 @@
+"""keepdims=True as numpy has it: sum, mean, max and argmax keep the reduced axis (every axis, for
+axis=None) with size 1, so the result broadcasts back against x (x - x.mean(-1, keepdims=True));
+into `out=` of that shape, and in a replay graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpud_client
+from gpud_client import InvalidArgument
+
+OPS = ["sum", "mean", "max", "argmax"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op", OPS)
+async def test_keepdims_is_numpys(gpu: gpud_client.Client, op: str, dtype: str) -> None:
+    x = np.random.default_rng().standard_normal((3, 4, 300)).astype(dtype)
+    t = gpu.tensor(x)
+    for axis in (None, 0, 1, 2, -1, -3):
+        got = await getattr(gpu.ops, op)(t, axis=axis, keepdims=True).numpy()
+        want = getattr(np, op)(x.astype(np.float64), axis=axis, keepdims=True)
+        assert got.shape == want.shape, (axis, got.shape, want.shape)
+        if op == "argmax":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-4 * np.abs(x).sum(), err_msg=f"axis {axis}")
+
+
+async def test_a_kept_mean_broadcasts_back_into_out_and_graphs(gpu: gpud_client.Client) -> None:
+    x = np.random.default_rng().standard_normal((5, 8)).astype(np.float32)
+    t = gpu.tensor(x)
+    centred = gpu.ops.sub(t, gpu.ops.mean(t, axis=-1, keepdims=True))
+    np.testing.assert_allclose(await centred.numpy(), x - x.mean(-1, keepdims=True), atol=1e-6)
+    out = gpu.tensor(np.full((5, 1), np.nan, np.float32))
+    assert gpu.ops.max(t, axis=1, keepdims=True, out=out) is out
+    np.testing.assert_array_equal(await out.numpy(), x.max(1, keepdims=True))
+    with pytest.raises(InvalidArgument, match=r"out is \[5\], the result is \[5, 1\]") as info:
+        gpu.ops.sum(t, axis=1, keepdims=True, out=gpu.empty((5,)))
+    assert info.value.op == "sum"
+
+    g = gpu.graph("kept")
+    v = g.input("v", (5, 8), "float32")
+    g.output("c", gpu.ops.sub(v, gpu.ops.mean(v, axis=-1, keepdims=True, graph=g), graph=g))
+    step = await g.build()
+    got = await step.replay(v=x)
+    np.testing.assert_allclose(got["c"], x - x.mean(-1, keepdims=True), atol=1e-6)
