@@ -191,7 +191,12 @@ def dtype_name(tensor: Any) -> str:
         name: str = tensor.dtype_name
         return name
     except AttributeError:
-        return name_of(tensor.dtype)
+        dtype = getattr(tensor, "dtype", None)
+    if dtype is None:  # a Python number, a list: no tensor
+        from gpud_client.operands import not_a_tensor
+
+        raise not_a_tensor(tensor)
+    return name_of(dtype)
 
 
 __all__ = [

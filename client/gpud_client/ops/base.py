@@ -19,6 +19,7 @@ from gpud_client import packing
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument, PermissionDenied
 from gpud_client.memo import Memo
+from gpud_client.operands import foreign, not_a_tensor
 from gpud_client.values import F32, Kernel, Scalar
 from gpud_protocol.ops import KERNELS, KernelSpec, OpError, TensorInfo
 from gpud_protocol.views import is_contiguous
@@ -196,6 +197,8 @@ def info_of(tensor: Any) -> TensorInfo:
 
 def _info(tensor: Any) -> TensorInfo:
     """What the op's rule sees: dtype, shape, and a view's offset and strides (None: contiguous)."""
+    if foreign(tensor):
+        raise not_a_tensor(tensor)
     dtype = dtype_name(tensor)
     shape = tuple(tensor.shape)
     strides = getattr(tensor, "strides", None)  # a recording's tensors have none: dense

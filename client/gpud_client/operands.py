@@ -1,0 +1,49 @@
+"""What an op says of an operand that is no tensor of gpud's: a Python or numpy number, or a numpy
+array (host memory), which numpy and torch would take. Found where a tensor's dtype or geometry is
+first read; the message names the op the user called and the argument, found on the call stack (the
+error path alone pays for that)."""
+
+from __future__ import annotations
+
+import sys
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+from gpud_client.errors import InvalidArgument
+
+
+def foreign(*values: Any) -> bool:
+    """Is any of `values` no tensor of gpud's (a number, a numpy array: host values)?"""
+    return any(not hasattr(v, "shape") or isinstance(v, np.ndarray | np.generic) for v in values)
+
+
+def not_a_tensor(value: Any) -> InvalidArgument:
+    """The error for `value`, an operand that is no tensor, naming the op and the argument it was."""
+    op, name = _caller(value)
+    what = name or "an operand"
+    if isinstance(value, np.ndarray):
+        why = f"{what} is a numpy array (host memory), not a tensor: upload it with gpu.tensor(...) first"
+    elif isinstance(value, int | float | bool | np.generic):
+        number = value.item() if isinstance(value, np.generic) else value
+        why = (
+            f"{what} is the number {number!r}, not a tensor: the ops take tensors (a 0-d one: "
+            f"gpu.tensor(np.float32({number!r})); scale(x, a) multiplies by a number)"
+        )
+    else:
+        why = f"{what} is {type(value).__name__}, not a tensor"
+    return InvalidArgument(why, op=op)
+
+
+def _caller(value: Any) -> tuple[str | None, str | None]:
+    """(the public op method on the stack that was given `value`, the parameter it was given as)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        code = frame.f_code.co_name
+        if owner is not None and code[:1] != "_" and type(owner).__module__.startswith("gpud_client.ops"):
+            names = [k for k, v in frame.f_locals.items() if v is value and k != "self"]
+            return code, (names[0] if names else None)
+        frame = frame.f_back
+    return None, None
