@@ -121,12 +121,17 @@ def values_dtype(dtype: HostDType) -> np.dtype[Any]:
     return np.dtype(np.float32) if isinstance(dtype, BFloat16) else dtype
 
 
+_BOOL = np.dtype(bool)
+
+
 def from_storage(raw: np.ndarray[Any, Any], dtype: HostDType, copy: bool = False) -> np.ndarray[Any, Any]:
     """Elements stored as `dtype` (`raw`: their bytes, or an array of the storage dtype) as host values:
     a view of `raw` unless `copy` (bfloat16: always a new float32 array)."""
     stored = raw.view(storage_dtype(dtype))
     if isinstance(dtype, BFloat16):
         return bits_to_float32(stored)
+    if dtype == _BOOL:  # any byte but 0 is True: a tensor another session wrote may hold 2, which numpy's bool must not
+        return raw.view(np.uint8) != 0
     return stored.copy() if copy else stored
 
 

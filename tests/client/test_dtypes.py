@@ -17,6 +17,7 @@ from gpud_client.dtypes import (
     bits_to_float32,
     exact_bits,
     float32_to_bits,
+    from_storage,
     host_dtype,
     is_bfloat16,
     name_of,
@@ -155,3 +156,9 @@ def test_ml_dtypes_bfloat16_is_taken_as_it_is() -> None:
     nan = np.array([0x7F800001, 0xFFA50000, 0x7FC00000], np.uint32).view(np.float32)  # NaN too
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(float32_to_bits(nan), nan.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+def test_a_bool_reads_back_as_true_or_false_whatever_byte_it_holds() -> None:
+    # A bool tensor another session published may hold any byte: numpy's bool must be 0 or 1.
+    got = from_storage(np.array([0, 1, 2, 255], np.uint8), np.dtype(bool))
+    assert got.dtype == np.dtype(bool) and got.view(np.uint8).tolist() == [0, 1, 1, 1]
