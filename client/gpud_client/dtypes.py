@@ -131,7 +131,8 @@ def from_storage(raw: np.ndarray[Any, Any], dtype: HostDType, copy: bool = False
     if isinstance(dtype, BFloat16):
         return bits_to_float32(stored)
     if dtype == _BOOL:  # any byte but 0 is True: a tensor another session wrote may hold 2, which numpy's bool must not
-        return raw.view(np.uint8) != 0
+        flags: np.ndarray[Any, Any] = raw.view(np.uint8) != 0
+        return flags
     return stored.copy() if copy else stored
 
 
