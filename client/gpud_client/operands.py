@@ -13,10 +13,12 @@ import numpy as np
 
 from gpud_client.errors import InvalidArgument
 
+_HOST = (np.ndarray, np.generic)
 
-def foreign(*values: Any) -> bool:
-    """Is any of `values` no tensor of gpud's (a number, a numpy array: host values)?"""
-    return any(not hasattr(v, "shape") or isinstance(v, np.ndarray | np.generic) for v in values)
+
+def foreign(value: Any) -> bool:
+    """Is `value` no tensor of gpud's (a number, a numpy array: host values)?"""
+    return not hasattr(value, "shape") or isinstance(value, _HOST)
 
 
 def not_a_tensor(value: Any) -> InvalidArgument:

@@ -14,7 +14,6 @@ from typing import Any
 
 from gpud_client.dtypes import dtype_name, name_of
 from gpud_client.errors import InvalidArgument
-from gpud_client.operands import foreign, not_a_tensor
 from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
@@ -55,8 +54,6 @@ class ElementwiseOps(OpsBase):
         cond may be of any dtype, bool included (a float is tested by value: NaN is nonzero); x and y
         are floats."""
         operands = {"cond": cond, "x": x, "y": y}
-        if foreign(cond, x, y):
-            raise not_a_tensor(next(t for t in operands.values() if foreign(t)))
         self._check_dtypes("where", {"x": x, "y": y})
         dtypes = [dtype_name(t) for t in operands.values()]
         shape = self._broadcast("where", *operands.values())
@@ -117,8 +114,6 @@ class ElementwiseOps(OpsBase):
         return result
 
     def _binary(self, op: str, x: Any, y: Any, out: Any, graph: Any) -> Any:
-        if foreign(x, y):
-            raise not_a_tensor(x if foreign(x) else y)
         key = ("_binary", op, info_of(x), info_of(y), None if out is None else info_of(out))
         return self._execute(self._plan(key, self._plan_binary, op, x, y, out), [x, y], out, x, graph)
 
