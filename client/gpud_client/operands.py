@@ -1,7 +1,7 @@
-"""What an op says of an operand that is no tensor of gpud's: a Python or numpy number, or a numpy
-array (host memory), which numpy and torch would take. Found where a tensor's dtype or geometry is
-first read; the message names the op the user called and the argument, found on the call stack (the
-error path alone pays for that)."""
+"""What an op says of an operand that is no tensor of gpud's: a numpy array (host memory), or a number
+where the op takes none (the elementwise ops take numbers: gpud_client.ops.constants). Found where a
+tensor's dtype or geometry is first read; the message names the op the user called and the argument,
+found on the call stack (the error path alone pays for that)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def not_a_tensor(value: Any) -> InvalidArgument:
     elif isinstance(value, int | float | bool | np.generic):
         number = value.item() if isinstance(value, np.generic) else value
         why = (
-            f"{what} is the number {number!r}, not a tensor: the ops take tensors (a 0-d one: "
-            f"gpu.tensor(np.float32({number!r})); scale(x, a) multiplies by a number)"
+            f"{what} is the number {number!r}, not a tensor: this op takes tensors there (a 0-d one: "
+            f"gpu.tensor(np.float32({number!r})))"
         )
     else:
         why = f"{what} is {type(value).__name__}, not a tensor"
@@ -44,7 +44,7 @@ def _caller(value: Any) -> tuple[str | None, str | None]:
     while frame is not None:
         owner = frame.f_locals.get("self")
         code = frame.f_code.co_name
-        if owner is not None and code[:1] != "_" and type(owner).__module__.startswith("gpud_client.ops"):
+        if owner is not None and code[:1] != "_" and type(owner).__module__ == "gpud_client.ops":  # gpu.ops
             names = [k for k, v in frame.f_locals.items() if v is value and k != "self"]
             return code, (names[0] if names else None)
         frame = frame.f_back

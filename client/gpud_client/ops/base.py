@@ -20,6 +20,7 @@ from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument, PermissionDenied
 from gpud_client.memo import Memo
 from gpud_client.operands import foreign, not_a_tensor
+from gpud_client.ops.constants import Constants
 from gpud_client.values import F32, Kernel, Scalar
 from gpud_protocol.ops import KERNELS, KernelSpec, OpError, TensorInfo
 from gpud_protocol.views import is_contiguous
@@ -57,6 +58,7 @@ class OpsBase:
         self._client = client
         self._kernels: dict[str, Kernel] = {}
         self._plans: Memo[tuple[Any, ...], Any] = Memo(PLANS_KEPT)  # Planned, or Launch (`_run`), by call
+        self._constants = Constants(client)  # numbers given as operands, as 0-d tensors
 
     def _software(self, like: Any) -> bool:
         """Whether `like` (a tensor, or a recording's) lives on a WebGPU adapter that runs on the CPU

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpud_client.dtypes import dtype_name, name_of
 from gpud_client.errors import InvalidArgument
+from gpud_client.operands import foreign
 from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
@@ -53,6 +54,8 @@ class ElementwiseOps(OpsBase):
         """x where cond is nonzero, else y (numpy.where, torch.where), the three broadcast together.
         cond may be of any dtype, bool included (a float is tested by value: NaN is nonzero); x and y
         are floats."""
+        if foreign(x) or foreign(y):  # numbers as 0-d tensors of the other's dtype
+            x, y = self._constants.operands(x, y, graph=graph)
         operands = {"cond": cond, "x": x, "y": y}
         self._check_dtypes("where", {"x": x, "y": y})
         dtypes = [dtype_name(t) for t in operands.values()]
@@ -114,7 +117,11 @@ class ElementwiseOps(OpsBase):
         return result
 
     def _binary(self, op: str, x: Any, y: Any, out: Any, graph: Any) -> Any:
-        key = ("_binary", op, info_of(x), info_of(y), None if out is None else info_of(out))
+        try:  # a session's or a recording's tensors
+            key = ("_binary", op, x.info, y.info, None if out is None else info_of(out))
+        except AttributeError:  # a number among them (a 0-d tensor then), or a TensorInfo
+            x, y = self._constants.operands(x, y, graph=graph)
+            key = ("_binary", op, info_of(x), info_of(y), None if out is None else info_of(out))
         return self._execute(self._plan(key, self._plan_binary, op, x, y, out), [x, y], out, x, graph)
 
     def _plan_binary(self, op: str, x: Any, y: Any, out: Any) -> Planned:

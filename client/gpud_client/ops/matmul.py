@@ -14,6 +14,7 @@ from typing import Any
 
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
+from gpud_client.operands import not_a_tensor
 from gpud_client.ops.base import OpsBase, Planned, info_of
 from gpud_protocol.ops import OpError, TensorInfo
 from gpud_protocol.ops.broadcast import broadcast_shapes
@@ -57,7 +58,10 @@ class MatmulOps(OpsBase):
         that is a dense tensor's last two axes swapped (`k.transpose(-1, -2)`) is read in place. On
         CUDA, float16 or bfloat16 x and w with more than 8 rows per weight matrix run on the tensor
         cores: the same exact products summed in float32, in another order."""
-        xs, ws = x.shape, w.shape
+        try:
+            xs, ws = x.shape, w.shape
+        except AttributeError:
+            raise not_a_tensor(w if hasattr(x, "shape") else x) from None
         if len(ws) >= 2 and not getattr(w, "is_contiguous", True):
             flipped = w.transpose(-1, -2)  # w = k.transpose(-1, -2) of a dense k: that k, the other layout
             if flipped.is_contiguous:
