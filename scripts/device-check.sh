@@ -147,6 +147,12 @@ main() {
                 section python3 -m benchmarks.decode_profile --report "$OUT/ncu-decode-b$b.csv" || status=1
             done
             ;;
+        ring-decode) # the decode clients over the shared-memory ring (GPUD_RING=1) beside ZeroMQ, alternating
+            for run in zmq-1 ring-1 zmq-2 ring-2; do
+                GPUD_RING=$([ "${run%-*}" = ring ] && echo 1 || echo 0) section python3 -m gpud bench decode --backend cuda \
+                    --clients 1,8 --modes graph,window --json "$OUT/decode-$run.json" || status=1
+            done
+            ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac
