@@ -34,9 +34,10 @@ def reference(x: np.ndarray, dispatches: int) -> np.ndarray:
     return kernels.chain_reference(x, dispatches)
 
 
-async def _gpud_ways(address: str, x0: np.ndarray, reps: int, n: int, chain: int) -> dict[str, Any]:
-    """(a) replay and (b) coalesced through one gpud; results checked against numpy."""
-    async with gpud_client.connect(address) as gpu:
+async def _gpud_ways(address: str, x0: np.ndarray, reps: int, n: int, chain: int, ring: bool = False) -> dict[str, Any]:
+    """(a) replay and (b) coalesced through one gpud (over the shared-memory ring with `ring`); results
+    checked against numpy."""
+    async with gpud_client.connect(address, ring=ring) as gpu:
         source, options = kernels.axpb_source(gpu.backend)
         k = await gpu.kernel(source, "axpb", **options)  # type: ignore[arg-type]
         n32 = gpud_client.u32(n)
@@ -192,6 +193,7 @@ def main(args: argparse.Namespace) -> int:
                 "dispatches": chain,
                 "gpud_replay": _us(measured["replay"]),
                 "gpud_coalesced": _us(measured["coalesced"]),
+                "gpud_replay_ring": _us(asyncio.run(_gpud_ways(address, x0, reps, n, chain, ring=True))["replay"]),
                 "empty_replay_round_trip": _us(measured["empty_replay"]),
                 "replay_stages_median_us": measured["stages_median_us"],
                 "daemon": measured["device_stats"],
@@ -243,7 +245,7 @@ async def _empty(address: str, reps: int, spin_us: float) -> list[float]:
 def _print(name: str, row: dict[str, Any]) -> None:
     print(f"\n{name}: {row['dispatches']} dependent dispatches on {row['n']} floats, per step (us)")
     replay = row["gpud_replay"]["p50"]
-    ways = ["gpud_replay", "gpud_coalesced", "torch_eager", "torch_cuda_graph", "cuda_python_loop"]
+    ways = ["gpud_replay", "gpud_replay_ring", "gpud_coalesced", "torch_eager", "torch_cuda_graph", "cuda_python_loop"]
     ways += ["wgpu_submit_per_dispatch", "wgpu_one_pass", "empty_replay_round_trip"]
     for way in ways:
         if way in row:
@@ -253,7 +255,9 @@ def _print(name: str, row: dict[str, Any]) -> None:
     if "torch_cuda_graph" in row:
         row["replay_vs_torch_cuda_graph"] = replay / row["torch_cuda_graph"]["p50"]
         row["torch_eager_vs_replay"] = row["torch_eager"]["p50"] / replay
+        row["ring_replay_vs_torch_cuda_graph"] = row["gpud_replay_ring"]["p50"] / row["torch_cuda_graph"]["p50"]
         print(f"  replay / torch CUDA graph = {row['replay_vs_torch_cuda_graph']:.2f} (target <= 1.3)")
+        print(f"  replay over the ring / torch CUDA graph = {row['ring_replay_vs_torch_cuda_graph']:.2f}")
         print(f"  torch eager / replay = {row['torch_eager_vs_replay']:.2f} (target >= 5)")
     stages = ", ".join(f"{k} {v:.1f}" for k, v in row["replay_stages_median_us"].items())
     print(f"  replay stages, median us: {stages}")
