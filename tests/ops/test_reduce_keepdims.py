@@ -1,6 +1,6 @@
-"""keepdims=True as numpy has it: sum, mean, max and argmax keep the reduced axis (every axis, for
-axis=None) with size 1, so the result broadcasts back against x (x - x.mean(-1, keepdims=True));
-into `out=` of that shape, and in a replay graph."""
+"""numpy's axes: keepdims=True keeps the reduced axis (every axis, for axis=None) with size 1 in sum,
+mean, max and argmax, so the result broadcasts back against x (x - x.mean(-1, keepdims=True)); sum,
+mean and max take a tuple of axes; into `out=` of numpy's shape, and in a replay graph."""
 
 from __future__ import annotations
 
@@ -46,3 +46,26 @@ async def test_a_kept_mean_broadcasts_back_into_out_and_graphs(gpu: gpud_client.
     step = await g.build()
     got = await step.replay(v=x)
     np.testing.assert_allclose(got["c"], x - x.mean(-1, keepdims=True), atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+async def test_a_tuple_of_axes_is_numpys(gpu: gpud_client.Client, op: str) -> None:
+    x = np.random.default_rng().standard_normal((3, 4, 5, 6)).astype(np.float32)
+    t = gpu.tensor(x)
+    for axes in [(0, 1), (1, 3), (0, 2, 3), (-1, -2), (3, 0), (0, 1, 2, 3), (2,)]:
+        for keepdims in (False, True):
+            got = await getattr(gpu.ops, op)(t, axis=axes, keepdims=keepdims).numpy()
+            want = getattr(np, op)(x.astype(np.float64), axis=axes, keepdims=keepdims)
+            assert got.shape == want.shape, (axes, keepdims)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"axis {axes}")
+    g = gpu.graph(f"axes-{op}")
+    v = g.input("v", x.shape, "float32")
+    g.output("r", getattr(gpu.ops, op)(v, axis=(0, 2), keepdims=True, graph=g))
+    got = (await (await g.build()).replay(v=x))["r"]
+    np.testing.assert_allclose(got, getattr(np, op)(x.astype(np.float64), axis=(0, 2), keepdims=True), atol=1e-4)
+    for axes, message in [((1, 1), "once"), ((), "at least one"), ((0, 9), "out of range"), ((0, 1.5), "axis")]:
+        with pytest.raises(InvalidArgument, match=message) as info:
+            getattr(gpu.ops, op)(t, axis=axes)
+        assert info.value.op == op
+    with pytest.raises(InvalidArgument, match=r"axis is \(0, 1\): an int or None") as info:
+        gpu.ops.argmax(t, axis=(0, 1))  # numpy's argmax takes one axis too

@@ -5,6 +5,7 @@ per output), which take any axis of any view without a copy."""
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, NamedTuple
 
 from gpud_client.dtypes import dtype_name
@@ -48,7 +49,10 @@ def plan(op: str, x: Any, axis: int | None) -> Plan:
         if len(x.shape) == 0:
             raise InvalidArgument("x must have at least one axis (the one reduced), or pass axis=None", op=op)
         try:
-            axis = axis_index(int(axis), len(x.shape))
+            axis = axis_index(operator.index(axis), len(x.shape))
+        except TypeError:
+            why = f"axis is {axis!r}: an int or None (sum, mean and max take a tuple too)"
+            raise InvalidArgument(why, op=op) from None
         except ValueError as exc:
             raise InvalidArgument(f"{exc} of x {list(x.shape)}", op=op) from None
         reduced = tuple(x.shape[:axis]) + tuple(x.shape[axis + 1 :])

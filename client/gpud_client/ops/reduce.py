@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any
 
 from gpud_client.dtypes import dtype_name
@@ -17,21 +18,25 @@ from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
 from gpud_protocol.ops.reduce_axis import grid as axis_grid
 from gpud_protocol.ops.rows import rows_apply, rows_grid
+from gpud_protocol.views import axis_index
+
+Axes = int | tuple[int, ...] | None
 
 
 class ReduceOps(OpsBase):
-    def sum(self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
-        """The sum over `axis` (default the last; negative counts from the end; None: every element):
-        x's shape without that axis, or with it as 1 with `keepdims` (numpy's), float32."""
-        return self._kept("sum", x, axis, out, graph) if keepdims else self._reduce("sum", x, axis, out, graph)
+    def sum(self, x: Any, axis: Axes = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
+        """The sum over `axis` (default the last; negative counts from the end; a tuple: those axes;
+        None: every element): x's shape without them, or with them as 1 with `keepdims` (numpy's),
+        float32."""
+        return self._over("sum", x, axis, keepdims, out, graph)
 
-    def mean(self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
+    def mean(self, x: Any, axis: Axes = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
         """The mean over `axis` (as `sum`), float32."""
-        return self._kept("mean", x, axis, out, graph) if keepdims else self._reduce("mean", x, axis, out, graph)
+        return self._over("mean", x, axis, keepdims, out, graph)
 
-    def max(self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
-        """The maximum over `axis` (as `sum`; NaN where the axis holds one, as numpy's), float32."""
-        return self._kept("max", x, axis, out, graph) if keepdims else self._reduce("max", x, axis, out, graph)
+    def max(self, x: Any, axis: Axes = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
+        """The maximum over `axis` (as `sum`; NaN where the axes hold one, as numpy's), float32."""
+        return self._over("max", x, axis, keepdims, out, graph)
 
     def argmax(
         self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None
@@ -121,6 +126,41 @@ class ReduceOps(OpsBase):
         except OpError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
         return dtype, rows, length
+
+    def _over(self, op: str, x: Any, axis: Axes, keepdims: bool, out: Any, graph: Any) -> Any:
+        if isinstance(axis, tuple | list):
+            return self._over_axes(op, x, tuple(axis), keepdims, out, graph)
+        return self._kept(op, x, axis, out, graph) if keepdims else self._reduce(op, x, axis, out, graph)
+
+    def _over_axes(self, op: str, x: Any, axes: tuple[Any, ...], keepdims: bool, out: Any, graph: Any) -> Any:
+        """numpy's tuple of axes: one axis after another, the highest first (a mean of means is the
+        mean: each has as many elements), into numpy's shape; the partial results freed as they go."""
+        ndim = len(x.shape)
+        try:
+            picked = sorted({axis_index(operator.index(a), ndim) for a in axes})
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"axis {axes}: {exc}", op=op) from None
+        if len(picked) != len(axes) or not picked:
+            raise InvalidArgument(f"axis {axes} must name each axis of x {list(x.shape)} once, and at least one", op=op)
+        if len(picked) == 1:
+            return self._over(op, x, picked[0], keepdims, out, graph)
+        if len(picked) == ndim:
+            return self._over(op, x, None, keepdims, out, graph)
+        reduced = tuple(d for i, d in enumerate(x.shape) if i not in picked)
+        shape = tuple(1 if i in picked else d for i, d in enumerate(x.shape)) if keepdims else reduced
+        if out is not None and tuple(out.shape) != shape:
+            raise InvalidArgument(f"out is {list(out.shape)}, the result is {list(shape)}", op=op)
+        part = x
+        for a in reversed(picked[1:]):
+            made = self._reduce(op, part, a, None, graph)
+            if part is not x and graph is None:
+                part.free()  # queued after the reduction that reads it
+            part = made
+        result = self._out(out, shape, "float32", x, graph)
+        self._reduce(op, part, picked[0], result.reshape(reduced) if keepdims else result, graph)
+        if graph is None:
+            part.free()
+        return result
 
     def _kept(self, op: str, x: Any, axis: int | None, out: Any, graph: Any) -> Any:
         """numpy's keepdims=True: the result made with the reduced axis (every axis, for None) as 1, the
