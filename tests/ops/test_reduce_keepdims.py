@@ -4,13 +4,15 @@ mean and max take a tuple of axes; into `out=` of numpy's shape, and in a replay
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 import gpud_client
 from gpud_client import InvalidArgument
 
-OPS = ["sum", "mean", "max", "argmax"]
+OPS = ["sum", "mean", "max", "argmax", "min", "argmin"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -63,9 +65,29 @@ async def test_a_tuple_of_axes_is_numpys(gpu: gpud_client.Client, op: str) -> No
     g.output("r", getattr(gpu.ops, op)(v, axis=(0, 2), keepdims=True, graph=g))
     got = (await (await g.build()).replay(v=x))["r"]
     np.testing.assert_allclose(got, getattr(np, op)(x.astype(np.float64), axis=(0, 2), keepdims=True), atol=1e-4)
-    for axes, message in [((1, 1), "once"), ((), "at least one"), ((0, 9), "out of range"), ((0, 1.5), "axis")]:
+    refused: list[tuple[Any, str]] = [
+        ((1, 1), "once"),
+        ((), "at least one"),
+        ((0, 9), "out of range"),
+        ((0, 1.5), "axis"),
+    ]
+    for axes, message in refused:
         with pytest.raises(InvalidArgument, match=message) as info:
             getattr(gpu.ops, op)(t, axis=axes)
         assert info.value.op == op
     with pytest.raises(InvalidArgument, match=r"axis is \(0, 1\): an int or None") as info:
-        gpu.ops.argmax(t, axis=(0, 1))  # numpy's argmax takes one axis too
+        gpu.ops.argmax(t, axis=(0, 1))  # type: ignore[arg-type]  # numpy's argmax takes one axis too
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+async def test_min_and_argmin_are_numpys(gpu: gpud_client.Client, dtype: str) -> None:
+    x = np.random.default_rng().integers(-3, 4, (3, 4, 300)).astype(dtype)  # ties everywhere
+    x[0, 1, 7] = np.nan  # NaN is the minimum of its row, as numpy's min says
+    t = gpu.tensor(x)
+    for axis in (None, 0, 1, -1, (0, 2)):
+        for keepdims in (False, True):
+            got = await gpu.ops.min(t, axis=axis, keepdims=keepdims).numpy()
+            np.testing.assert_array_equal(got, np.min(x.astype(np.float32), axis=axis, keepdims=keepdims))
+            if not isinstance(axis, tuple):
+                got = await gpu.ops.argmin(t, axis=axis, keepdims=keepdims).numpy()
+                np.testing.assert_array_equal(got, np.argmin(x, axis=axis, keepdims=keepdims), f"axis {axis}")

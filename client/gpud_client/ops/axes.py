@@ -51,7 +51,7 @@ def plan(op: str, x: Any, axis: int | None) -> Plan:
         try:
             axis = axis_index(operator.index(axis), len(x.shape))
         except TypeError:
-            why = f"axis is {axis!r}: an int or None (sum, mean and max take a tuple too)"
+            why = f"axis is {axis!r}: an int or None (sum, mean, max and min take a tuple too)"
             raise InvalidArgument(why, op=op) from None
         except ValueError as exc:
             raise InvalidArgument(f"{exc} of x {list(x.shape)}", op=op) from None

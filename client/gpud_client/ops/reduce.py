@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+from collections.abc import Callable
 from typing import Any
 
 from gpud_client.dtypes import dtype_name
@@ -24,6 +25,8 @@ Axes = int | tuple[int, ...] | None
 
 
 class ReduceOps(OpsBase):
+    scale: Callable[..., Any]  # ElementwiseOps's (gpu.ops has both): min and argmin negate with it
+
     def sum(self, x: Any, axis: Axes = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
         """The sum over `axis` (default the last; negative counts from the end; a tuple: those axes;
         None: every element): x's shape without them, or with them as 1 with `keepdims` (numpy's),
@@ -37,6 +40,27 @@ class ReduceOps(OpsBase):
     def max(self, x: Any, axis: Axes = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
         """The maximum over `axis` (as `sum`; NaN where the axes hold one, as numpy's), float32."""
         return self._over("max", x, axis, keepdims, out, graph)
+
+    def min(self, x: Any, axis: Axes = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None) -> Any:
+        """The minimum over `axis` (as `max`), float32: -max(-x), exact (negation is)."""
+        negated = self.scale(x, -1.0, graph=graph)
+        top = self.max(negated, axis, keepdims=keepdims, graph=graph)
+        result = self.scale(top, -1.0, out=out, graph=graph)
+        if graph is None:
+            negated.free()
+            top.free()
+        return result
+
+    def argmin(
+        self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None
+    ) -> Any:
+        """The first index of the minimum over `axis` (as `argmax`; the first NaN's where the axis holds
+        one, as numpy's), int32: argmax(-x)."""
+        negated = self.scale(x, -1.0, graph=graph)
+        result = self.argmax(negated, axis, keepdims=keepdims, out=out, graph=graph)
+        if graph is None:
+            negated.free()
+        return result
 
     def argmax(
         self, x: Any, axis: int | None = -1, *, keepdims: bool = False, out: Any = None, graph: Any = None
