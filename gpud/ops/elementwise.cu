@@ -120,6 +120,21 @@ __device__ __forceinline__ void store_f(unsigned char* p, unsigned int c, size_t
 }
 
 
+// numpy's comparisons (op 7 to 12), 1.0f or 0.0f, stored as a bool: with NaN only not_equal holds.
+__device__ __forceinline__ float compare(float a, float b, unsigned int op) {
+    if (is_nan(a) || is_nan(b)) return op == 12 ? 1.0f : 0.0f;
+    bool holds;
+    switch (op) {
+        case 7: holds = a > b; break;
+        case 8: holds = a >= b; break;
+        case 9: holds = a < b; break;
+        case 10: holds = a <= b; break;
+        case 11: holds = a == b; break;
+        default: holds = a != b;
+    }
+    return holds ? 1.0f : 0.0f;
+}
+
 __device__ __forceinline__ float binary_op(float a, float b, unsigned int op) {
     switch (op) {
         case 0: return a + b;
@@ -128,6 +143,7 @@ __device__ __forceinline__ float binary_op(float a, float b, unsigned int op) {
         case 4: return a / (1.0f + expf(-a)) * b;
         case 5: return is_nan(a) || is_nan(b) ? (is_nan(a) ? a : b) : fmaxf(a, b);
         case 6: return is_nan(a) || is_nan(b) ? (is_nan(a) ? a : b) : fminf(a, b);
+        case 7: case 8: case 9: case 10: case 11: case 12: return compare(a, b, op);
         default: return a / b;
     }
 }

@@ -260,6 +260,23 @@ fn offsets(e: u32, rank: u32, d: array<u32, 6>, masks: vec3<u32>) -> vec3<u32> {
 
 // ---------------------------------------------------------------- the ops
 
+// numpy's comparisons (op 7 to 12), 1.0 or 0.0, stored as a bool: with NaN only not_equal holds.
+fn compare(a: f32, b: f32, op: u32) -> f32 {
+    if (is_nan(a) || is_nan(b)) {
+        return select(0.0, 1.0, op == 12u);
+    }
+    var holds = a != b;
+    switch op {
+        case 7u: { holds = a > b; }
+        case 8u: { holds = a >= b; }
+        case 9u: { holds = a < b; }
+        case 10u: { holds = a <= b; }
+        case 11u: { holds = a == b; }
+        default: {}
+    }
+    return select(0.0, 1.0, holds);
+}
+
 fn binary(a: f32, b: f32, op: u32) -> f32 {
     switch op {
         case 0u: { return a + b; }
@@ -278,6 +295,7 @@ fn binary(a: f32, b: f32, op: u32) -> f32 {
             }
             return min(a, b);
         }
+        case 7u, 8u, 9u, 10u, 11u, 12u: { return compare(a, b, op); }
         default: { return a / b; }
     }
 }

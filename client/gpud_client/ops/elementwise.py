@@ -19,7 +19,7 @@ from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
 from gpud_protocol.ops.dtypes import DTYPES, FLOATS, result_dtype, threads
-from gpud_protocol.ops.elementwise import BINARY_OPS, CAST_TO_BOOL, UNARY_OPS
+from gpud_protocol.ops.elementwise import BINARY_OPS, CAST_TO_BOOL, COMPARISONS, UNARY_OPS
 from gpud_protocol.ops.elementwise4 import WIDTH, binary4_applies, unary4_applies
 
 UNKNOWN = 2**32 - 1  # the code of a dtype outside the table: the op's check refuses it by name
@@ -41,6 +41,26 @@ class ElementwiseOps(OpsBase):
     def silu_mul(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
         """silu(x) * y, in one pass (the gate of a SwiGLU MLP)."""
         return self._binary("silu_mul", x, y, out, graph)
+
+    def greater(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """x > y elementwise, broadcast, as bool (numpy.greater; false where either is NaN)."""
+        return self._binary("greater", x, y, out, graph)
+
+    def greater_equal(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        return self._binary("greater_equal", x, y, out, graph)
+
+    def less(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        return self._binary("less", x, y, out, graph)
+
+    def less_equal(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        return self._binary("less_equal", x, y, out, graph)
+
+    def equal(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        return self._binary("equal", x, y, out, graph)
+
+    def not_equal(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """x != y as bool (numpy.not_equal: true where either is NaN)."""
+        return self._binary("not_equal", x, y, out, graph)
 
     def maximum(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
         """The larger of x and y, elementwise; NaN if either is NaN (numpy.maximum, torch.maximum)."""
@@ -128,7 +148,8 @@ class ElementwiseOps(OpsBase):
         self._check_dtypes(op, {"x": x, "y": y})
         dtypes = [dtype_name(x), dtype_name(y)]
         shape = self._broadcast(op, x, y)
-        result = TensorInfo(result_dtype(*dtypes), shape) if out is None else out
+        produced = "bool" if op in COMPARISONS else result_dtype(*dtypes)
+        result = TensorInfo(produced, shape) if out is None else out
         lay = self._layout(op, result, x, y)
         n = math.prod(result.shape)
         codes = [_code(d) for d in (*dtypes, dtype_name(result))]

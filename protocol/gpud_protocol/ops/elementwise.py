@@ -27,7 +27,9 @@ from gpud_protocol.ops import KernelSpec, TensorInfo, need
 from gpud_protocol.ops.broadcast import DIMS, broadcast_layout
 from gpud_protocol.ops.dtypes import DTYPES, FLOATS
 
-BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4, "maximum": 5, "minimum": 6}
+# numpy's comparisons: float operands, a bool out (1 or 0; false wherever NaN is, but not_equal)
+COMPARISONS = {"greater": 7, "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
+BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4, "maximum": 5, "minimum": 6, **COMPARISONS}
 UNARY_OPS = {"scale": 0, "exp": 1, "rsqrt": 2, "silu": 3, "gelu": 4, "gelu_tanh": 5, "tanh": 6, "clamp": 7}
 FAMILY = "elementwise"
 CAST_TO_BOOL = "a cast to bool is not supported: make the mask on the host, or keep it numeric (nonzero is true)"
@@ -69,7 +71,11 @@ def _binary() -> KernelSpec:
 
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         n, op, *rest = s
-        _floats(names, t)
+        _floats(names[:2], t[:2])
+        if op in COMPARISONS.values():
+            need(t[2].dtype == "bool", f"out is {t[2].dtype}: a comparison writes bool")
+        else:
+            _floats(names[2:], t[2:])
         _dtypes(names, t, rest[-3:])
         _broadcast(t, n, rest[:-3])
         need(op in BINARY_OPS.values(), f"unknown binary op {op}")
