@@ -157,6 +157,10 @@ __device__ __forceinline__ float unary_op(float x, unsigned int op, float a, flo
         case 4: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
         case 5: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
         case 7: return is_nan(x) ? x : fminf(fmaxf(x, a), b);
+        case 8: return sqrtf(x);
+        case 9: return logf(x);
+        case 10: return fabsf(x);
+        case 11: return 1.0f / (1.0f + expf(-x));
         default: return tanhf(x);
     }
 }

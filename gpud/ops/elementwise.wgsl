@@ -321,6 +321,11 @@ fn erf(x: f32) -> f32 {
     return s * y;
 }
 
+// A quiet NaN made at run time from x (WGSL refuses a constant NaN).
+fn quiet_nan(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) | 0x7fc00000u);
+}
+
 fn unary(x: f32, op: u32, a: f32, b: f32) -> f32 {
     switch op {
         case 0u: { return a * x; }
@@ -335,6 +340,15 @@ fn unary(x: f32, op: u32, a: f32, b: f32) -> f32 {
             }
             return min(max(x, a), b);
         }
+        case 8u: { return select(sqrt(x), quiet_nan(x), x < 0.0 || is_nan(x)); }
+        case 9u: {
+            if (x < 0.0 || is_nan(x)) {
+                return quiet_nan(x);
+            }
+            return select(log(x), bitcast<f32>(bitcast<u32>(x) | 0xff800000u), x == 0.0);  // log(±0) = -inf
+        }
+        case 10u: { return bitcast<f32>(bitcast<u32>(x) & 0x7fffffffu); }
+        case 11u: { return 1.0 / (1.0 + exp(-x)); }
         default: { return safe_tanh(x); }
     }
 }

@@ -62,6 +62,11 @@ UNARY: dict[str, Callable[[Any], Any]] = {
     "gelu": lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2))),
     "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3))),
     "tanh": np.tanh,
+    "sqrt": np.sqrt,
+    "log": np.log,
+    "abs": np.abs,
+    "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+    "negative": np.negative,
 }
 
 
@@ -137,7 +142,7 @@ async def test_unary_ops(gpu: gpud_client.Client, op: str, dtype: str) -> None:
     rng = np.random.default_rng()
     for shape in [(1,), *SAME, (1000,)]:
         a = rng.standard_normal(shape) * 3
-        if op == "rsqrt":
+        if op in ("rsqrt", "sqrt", "log"):
             a = np.abs(a) + 0.1
         if op == "exp" and dtype == "float16":
             a = np.clip(a, -10, 10)  # exp(11.1) is past float16's largest, 65504
@@ -158,6 +163,18 @@ async def test_unary_into_another_float_dtype(gpu: gpud_client.Client) -> None:
     out = poisoned(gpu, a.shape, "float16")
     gpu.ops.scale(gpu.tensor(a.astype(np.float32)), -1.5, out=out)
     close(await out.numpy(), a.astype(np.float64) * -1.5, "float16")
+
+
+async def test_the_edges_of_sqrt_log_abs_sigmoid_are_numpys(gpu: gpud_client.Client) -> None:
+    x = np.array([-2.0, -0.0, 0.0, 1e-30, 0.5, 1.0, 2.0, 100.0, np.inf, -np.inf, np.nan], np.float32)
+    t = gpu.tensor(x)
+    with np.errstate(all="ignore"):
+        for op in ("sqrt", "log", "abs", "sigmoid", "negative"):
+            got = await getattr(gpu.ops, op)(t).numpy()
+            want = UNARY[op](x.astype(np.float64)).astype(np.float32)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=op)  # NaN where numpy's is
+            numbers = ~np.isnan(want)
+            np.testing.assert_array_equal(np.signbit(got)[numbers], np.signbit(want)[numbers], err_msg=op)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

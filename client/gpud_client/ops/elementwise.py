@@ -109,6 +109,26 @@ class ElementwiseOps(OpsBase):
     def tanh(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
         return self._unary("tanh", x, out, graph)
 
+    def sqrt(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """numpy.sqrt: NaN below zero, -0.0 kept."""
+        return self._unary("sqrt", x, out, graph)
+
+    def log(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """numpy.log: -inf at zero, NaN below it."""
+        return self._unary("log", x, out, graph)
+
+    def abs(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """numpy.abs: the sign bit cleared (NaN stays NaN)."""
+        return self._unary("abs", x, out, graph)
+
+    def sigmoid(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """torch.sigmoid: 1 / (1 + exp(-x))."""
+        return self._unary("sigmoid", x, out, graph)
+
+    def negative(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """numpy.negative: -x (scale by -1, exact)."""
+        return self._unary("scale", x, out, graph, -1.0)
+
     def clamp(
         self, x: Any, min: float | None = None, max: float | None = None, *, out: Any = None, graph: Any = None
     ) -> Any:

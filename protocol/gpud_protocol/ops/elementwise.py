@@ -30,7 +30,10 @@ from gpud_protocol.ops.dtypes import DTYPES, FLOATS
 # numpy's comparisons: float operands, a bool out (1 or 0; false wherever NaN is, but not_equal)
 COMPARISONS = {"greater": 7, "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
 BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4, "maximum": 5, "minimum": 6, **COMPARISONS}
-UNARY_OPS = {"scale": 0, "exp": 1, "rsqrt": 2, "silu": 3, "gelu": 4, "gelu_tanh": 5, "tanh": 6, "clamp": 7}
+UNARY_OPS = {
+    **{"scale": 0, "exp": 1, "rsqrt": 2, "silu": 3, "gelu": 4, "gelu_tanh": 5, "tanh": 6, "clamp": 7},
+    **{"sqrt": 8, "log": 9, "abs": 10, "sigmoid": 11},
+}
 FAMILY = "elementwise"
 CAST_TO_BOOL = "a cast to bool is not supported: make the mask on the host, or keep it numeric (nonzero is true)"
 
