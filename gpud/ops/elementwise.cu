@@ -144,6 +144,10 @@ __device__ __forceinline__ float binary_op(float a, float b, unsigned int op) {
         case 5: return is_nan(a) || is_nan(b) ? (is_nan(a) ? a : b) : fmaxf(a, b);
         case 6: return is_nan(a) || is_nan(b) ? (is_nan(a) ? a : b) : fminf(a, b);
         case 7: case 8: case 9: case 10: case 11: case 12: return compare(a, b, op);
+        case 13: case 14: case 15: {  // numpy's logical ops: nonzero is true, NaN too
+            const bool p = is_nan(a) || a != 0.0f, q = is_nan(b) || b != 0.0f;
+            return (op == 13 ? p && q : op == 14 ? p || q : p != q) ? 1.0f : 0.0f;
+        }
         default: return a / b;
     }
 }

@@ -277,6 +277,13 @@ fn compare(a: f32, b: f32, op: u32) -> f32 {
     return select(0.0, 1.0, holds);
 }
 
+// numpy's logical ops (op 13 to 15), 1.0 or 0.0: nonzero is true, NaN too.
+fn logical(a: f32, b: f32, op: u32) -> f32 {
+    let p = is_nan(a) || a != 0.0;
+    let q = is_nan(b) || b != 0.0;
+    return select(0.0, 1.0, select(select(p != q, p || q, op == 14u), p && q, op == 13u));
+}
+
 fn binary(a: f32, b: f32, op: u32) -> f32 {
     switch op {
         case 0u: { return a + b; }
@@ -296,6 +303,7 @@ fn binary(a: f32, b: f32, op: u32) -> f32 {
             return min(a, b);
         }
         case 7u, 8u, 9u, 10u, 11u, 12u: { return compare(a, b, op); }
+        case 13u, 14u, 15u: { return logical(a, b, op); }
         default: { return a / b; }
     }
 }

@@ -1,7 +1,8 @@
 """numpy's comparisons (greater, greater_equal, less, less_equal, equal, not_equal): float operands of
 any mix, broadcast, numbers as weak scalars, a bool out; NaN compares false but for not_equal, -0.0
 equals 0.0; odd sizes (a bool's last word shared with what follows), poisoned outputs; the rule
-refuses any out but bool, in the client and in the daemon."""
+refuses any out but bool, in the client and in the daemon. numpy's logical ops (logical_and, _or,
+_xor, _not) on operands of any dtype (nonzero is true, NaN too), a bool out."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import gpud_client
 from gpud_client import InvalidArgument
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 from gpud_protocol.ops.dtypes import DTYPES
-from gpud_protocol.ops.elementwise import COMPARISONS
+from gpud_protocol.ops.elementwise import COMPARISONS, LOGICAL
 
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 2.5, 65504.0, 1e-8]
 
@@ -47,15 +48,33 @@ async def test_a_comparison_feeds_where_and_records_into_a_graph(gpu: gpud_clien
 
 async def test_a_comparison_writes_bool_only(gpu: gpud_client.Client) -> None:
     t = gpu.tensor(np.ones(4, np.float32))
-    with pytest.raises(InvalidArgument, match="a comparison writes bool") as info:
+    with pytest.raises(InvalidArgument, match="a comparison or logical op writes bool") as info:
         gpu.ops.greater(t, t, out=gpu.empty((4,), "float32"))
     assert info.value.op == "greater"
     spec = KERNELS["ew_binary"]
     f32, flag = TensorInfo("float32", (4,)), TensorInfo("bool", (4,))
     layout = [1, 4, 1, 1, 1, 1, 1, 0, 0]
     codes = [DTYPES["float32"].code] * 2
-    with pytest.raises(OpError, match="a comparison writes bool"):
+    with pytest.raises(OpError, match="a comparison or logical op writes bool"):
         spec.verify([f32, f32, f32], [4, COMPARISONS["equal"], *layout, *codes, DTYPES["float32"].code])
     with pytest.raises(OpError, match="out is bool"):  # and arithmetic never writes one
         spec.verify([f32, f32, flag], [4, 0, *layout, *codes, DTYPES["bool"].code])
     spec.verify([f32, f32, flag], [4, COMPARISONS["equal"], *layout, *codes, DTYPES["bool"].code])
+
+
+@pytest.mark.parametrize("op", list(LOGICAL))
+async def test_logical_ops_are_numpys_on_every_dtype(gpu: gpud_client.Client, op: str) -> None:
+    rng = np.random.default_rng()
+    operands = [
+        rng.random((3, 1, 9)) < 0.5,  # bool
+        rng.choice([0.0, -0.0, np.nan, 1.5, -np.inf], (4, 9)).astype(np.float16),
+        rng.integers(-2, 3, (1, 4, 9)).astype(np.int64),
+        rng.choice([0.0, 1e-30, np.nan], (9,)).astype(np.float32),
+    ]
+    for a in operands:
+        for b in operands:
+            got = await getattr(gpu.ops, op)(gpu.tensor(a), gpu.tensor(b)).numpy()
+            assert got.dtype == np.dtype(bool)
+            np.testing.assert_array_equal(got, getattr(np, op)(a, b), f"{a.dtype} {b.dtype}")
+    for a in operands:
+        np.testing.assert_array_equal(await gpu.ops.logical_not(gpu.tensor(a)).numpy(), np.logical_not(a))

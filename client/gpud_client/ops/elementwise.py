@@ -19,7 +19,7 @@ from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
 from gpud_protocol.ops.dtypes import DTYPES, FLOATS, result_dtype, threads
-from gpud_protocol.ops.elementwise import BINARY_OPS, CAST_TO_BOOL, COMPARISONS, UNARY_OPS
+from gpud_protocol.ops.elementwise import BINARY_OPS, BOOL_OUT, CAST_TO_BOOL, LOGICAL, UNARY_OPS
 from gpud_protocol.ops.elementwise4 import WIDTH, binary4_applies, unary4_applies
 
 UNKNOWN = 2**32 - 1  # the code of a dtype outside the table: the op's check refuses it by name
@@ -61,6 +61,20 @@ class ElementwiseOps(OpsBase):
     def not_equal(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
         """x != y as bool (numpy.not_equal: true where either is NaN)."""
         return self._binary("not_equal", x, y, out, graph)
+
+    def logical_and(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """numpy.logical_and of operands of any dtype (nonzero is true, NaN too), as bool."""
+        return self._binary("logical_and", x, y, out, graph)
+
+    def logical_or(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        return self._binary("logical_or", x, y, out, graph)
+
+    def logical_xor(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        return self._binary("logical_xor", x, y, out, graph)
+
+    def logical_not(self, x: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """numpy.logical_not, as bool: x == 0 (NaN is true, so its not is false)."""
+        return self._binary("logical_xor", x, True, out, graph)
 
     def maximum(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
         """The larger of x and y, elementwise; NaN if either is NaN (numpy.maximum, torch.maximum)."""
@@ -165,10 +179,11 @@ class ElementwiseOps(OpsBase):
         return self._execute(self._plan(key, self._plan_binary, op, x, y, out), [x, y], out, x, graph)
 
     def _plan_binary(self, op: str, x: Any, y: Any, out: Any) -> Planned:
-        self._check_dtypes(op, {"x": x, "y": y})
+        if op not in LOGICAL:
+            self._check_dtypes(op, {"x": x, "y": y})
         dtypes = [dtype_name(x), dtype_name(y)]
         shape = self._broadcast(op, x, y)
-        produced = "bool" if op in COMPARISONS else result_dtype(*dtypes)
+        produced = "bool" if op in BOOL_OUT else result_dtype(*dtypes)
         result = TensorInfo(produced, shape) if out is None else out
         lay = self._layout(op, result, x, y)
         n = math.prod(result.shape)

@@ -29,7 +29,10 @@ from gpud_protocol.ops.dtypes import DTYPES, FLOATS
 
 # numpy's comparisons: float operands, a bool out (1 or 0; false wherever NaN is, but not_equal)
 COMPARISONS = {"greater": 7, "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
-BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4, "maximum": 5, "minimum": 6, **COMPARISONS}
+# numpy's logical ops: operands of any dtype (nonzero is true, NaN too), a bool out
+LOGICAL = {"logical_and": 13, "logical_or": 14, "logical_xor": 15}
+BOOL_OUT = {**COMPARISONS, **LOGICAL}
+BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4, "maximum": 5, "minimum": 6, **BOOL_OUT}
 UNARY_OPS = {
     **{"scale": 0, "exp": 1, "rsqrt": 2, "silu": 3, "gelu": 4, "gelu_tanh": 5, "tanh": 6, "clamp": 7},
     **{"sqrt": 8, "log": 9, "abs": 10, "sigmoid": 11},
@@ -74,9 +77,10 @@ def _binary() -> KernelSpec:
 
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         n, op, *rest = s
-        _floats(names[:2], t[:2])
-        if op in COMPARISONS.values():
-            need(t[2].dtype == "bool", f"out is {t[2].dtype}: a comparison writes bool")
+        if op not in LOGICAL.values():
+            _floats(names[:2], t[:2])
+        if op in BOOL_OUT.values():
+            need(t[2].dtype == "bool", f"out is {t[2].dtype}: a comparison or logical op writes bool")
         else:
             _floats(names[2:], t[2:])
         _dtypes(names, t, rest[-3:])
