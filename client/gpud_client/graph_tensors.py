@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import gpud_protocol as proto
 from gpud_client.dtypes import HostDType, host_dtype, name_of
 from gpud_client.errors import InvalidArgument
+from gpud_client.operators import Operators
 from gpud_protocol import ArgKind
 from gpud_protocol.ops import TensorInfo
 
@@ -24,7 +25,7 @@ class Recorder(Protocol):
     def view(self, tensor: Any, shape: int | Sequence[Any]) -> GraphTensor: ...
 
 
-class GraphTensor:
+class GraphTensor(Operators):
     """A tensor of a recording: an input, a bound tensor or an intermediate."""
 
     def __init__(self, graph: Recorder, kind: int, index: int, dtype: HostDType, shape: tuple[int, ...]) -> None:
@@ -40,6 +41,9 @@ class GraphTensor:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
+
+    def _ops(self) -> Any:
+        return self.graph._client.ops  # type: ignore[attr-defined]  # gpud_client.graphs.Graph's
 
     def reshape(self, *shape: int | Sequence[int]) -> GraphTensor:
         """The same memory with another shape (-1: inferred), as in `Tensor.reshape`."""

@@ -10,6 +10,7 @@ import numpy as np
 import gpud_protocol as proto
 from gpud_client.dtypes import HostDType, from_storage, name_of, values_dtype
 from gpud_client.memo import Memo
+from gpud_client.operators import Operators
 from gpud_client.pool import Origin, Pool
 from gpud_client.scope import Scoped
 from gpud_client.scope import made as scope_made
@@ -52,7 +53,7 @@ class Owner(Scoped, Protocol):
     def upload(self, tensor: Tensor, array: Any) -> None: ...
 
 
-class Tensor(TensorViews):
+class Tensor(TensorViews, Operators):
     """A device tensor owned by a session (or opened from a resident name). Zero-filled when made.
 
     A view (`reshape`, `transpose`, `permute`, `narrow`: gpud_client.views) is a Tensor too: its `base`
@@ -132,6 +133,9 @@ class Tensor(TensorViews):
     def base(self) -> Tensor:
         """The tensor whose memory this is: itself, or a view's tensor."""
         return self if self._base is None else self._base
+
+    def _ops(self) -> Any:
+        return self._client.ops  # type: ignore[attr-defined]  # gpud_client.Client's
 
     @property
     def freed(self) -> bool:

@@ -1,0 +1,70 @@
+"""Python's operators on tensors, as numpy's and torch's: `x + y`, `2.0 * x`, `x @ w`, `-x`, `x > 0`,
+each the op of `gpu.ops` of that name (numbers as weak scalars; a recording's tensors record into
+their graph). `==` and `!=` stay identity (tensors are kept in sets and dicts): use `ops.equal`. numpy
+arrays defer to these (`__array_ufunc__ = None`), so `host + x` is the op's clear refusal of host
+memory rather than an array of objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Operators:
+    __slots__ = ()
+    __array_ufunc__ = None
+
+    def _ops(self) -> Any:
+        """gpu.ops of the client this tensor belongs to."""
+        raise NotImplementedError
+
+    def _call(self, op: str, *operands: Any) -> Any:
+        graph = next((g for g in (getattr(o, "graph", None) for o in operands) if g is not None), None)
+        return getattr(self._ops(), op)(*operands, graph=graph)
+
+    def __add__(self, other: Any) -> Any:
+        return self._call("add", self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        return self._call("add", other, self)
+
+    def __sub__(self, other: Any) -> Any:
+        return self._call("sub", self, other)
+
+    def __rsub__(self, other: Any) -> Any:
+        return self._call("sub", other, self)
+
+    def __mul__(self, other: Any) -> Any:
+        return self._call("mul", self, other)
+
+    def __rmul__(self, other: Any) -> Any:
+        return self._call("mul", other, self)
+
+    def __truediv__(self, other: Any) -> Any:
+        return self._call("div", self, other)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        return self._call("div", other, self)
+
+    def __matmul__(self, other: Any) -> Any:
+        return self._call("matmul", self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        return self._call("matmul", other, self)
+
+    def __neg__(self) -> Any:
+        return self._call("negative", self)
+
+    def __abs__(self) -> Any:
+        return self._call("abs", self)
+
+    def __gt__(self, other: Any) -> Any:
+        return self._call("greater", self, other)
+
+    def __ge__(self, other: Any) -> Any:
+        return self._call("greater_equal", self, other)
+
+    def __lt__(self, other: Any) -> Any:
+        return self._call("less", self, other)
+
+    def __le__(self, other: Any) -> Any:
+        return self._call("less_equal", self, other)
