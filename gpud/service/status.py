@@ -196,6 +196,8 @@ def _device(rt: DeviceRuntime, stalled: float) -> dict[str, Any]:
         "download_staging_misses": down.get("misses", 0),
         "download_staging_waits": down["exhausted_waits"],
     }
+    if (groups := stats.get("bind_group_cache")) is not None:  # webgpu
+        counters |= {f"bind_group_{k}": groups[k] for k in ("hits", "misses", "evictions")}
     latencies = sorted(rt.readback_latencies)
     return {
         "index": rt.index,

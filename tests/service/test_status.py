@@ -299,3 +299,16 @@ def test_a_flag_overrides_the_file(tmp_path: Path) -> None:
     path.write_text("[gpud]\nlease_s = 2.0\nhealth_stall_s = 9.0\n")
     loaded = config.Config.load(path, lease_s=3.0)  # as `gpud serve --config FILE --lease-s 3`
     assert loaded.lease_s == 3.0 and loaded.health_stall_s == 9.0
+
+
+async def test_webgpu_devices_count_bind_group_hits_and_misses() -> None:
+    with spawn.daemon("webgpu", extra_args=("--devices", "0")) as (address, _proc):
+        async with gpud_client.connect(address) as gpu:
+            k = await axpb(gpu)
+            x, y = gpu.tensor(np.arange(64, dtype=np.float32)), gpu.empty(64)
+            for _ in range(3):
+                run_axpb(gpu, k, x, y, 2.0, 1.0)
+                await y.numpy()
+        counters = (await asyncio.to_thread(admin.query, address))["devices"][0]["counters"]
+    assert counters["bind_group_misses"] >= 1 and counters["bind_group_hits"] >= 1
+    assert counters["bind_group_evictions"] == 0
