@@ -4,7 +4,8 @@ wgpu validates a command buffer only at `finish()`: one invalid dispatch there w
 whole submission, other sessions' work included. So every new combination of pipeline and bound
 buffers is first encoded into an encoder of its own and finished (a probe of no workgroups): wgpu's
 own verdict lands on the op that caused it. Scalars go through one uniform buffer with a 256-byte
-slot per dispatch position, written by one `write_buffer` right before the submit.
+slot per distinct scalar bytes in the pending command buffer (dispatches with equal scalars share
+one), written by one `write_buffer` right before the submit.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Dispatcher:
         )
         self.uniform_host = bytearray(slots * SLOT_BYTES)
         self.used = 0  # slots used by the pending command buffer
+        self._slot_of: dict[bytes, int] = {}  # its scalars' bytes -> their slot (at most `slots`)
         self._max_binding = max_binding
         self._bind_groups: LruCache[tuple[Any, ...], Any] = LruCache(bind_group_cache, self._forget)
         self._keys_of_buffer: defaultdict[Any, set[tuple[Any, ...]]] = defaultdict(set)
@@ -127,10 +129,16 @@ class Dispatcher:
         pipeline, layout, kernel_id, tensors, packer, values, grid = packed
         slot = -1
         if packer is not None:
-            slot = self.used
-            assert slot < self.slots, "the runtime flushes before the uniform slots run out"
-            packer.pack_into(self.uniform_host, slot * SLOT_BYTES, *values)
-            self.used += 1
+            # Dispatches with the same scalars (a decode step's layers, another session's step) share
+            # a slot: fewer slots to write, and the slot, part of the bind group's key, repeats from
+            # one command buffer to the next, so that key is found again (keyed on the bytes: -0.0 is not 0.0).
+            data = packer.pack(*values)
+            slot = self._slot_of.get(data, -1)
+            if slot < 0:
+                slot = self._slot_of[data] = self.used
+                assert slot < self.slots, "the runtime flushes before the uniform slots run out"
+                self.uniform_host[slot * SLOT_BYTES : slot * SLOT_BYTES + len(data)] = data
+                self.used += 1
         bind_group = None
         if tensors or packer is not None:
             bind_group = self._bind_groups.get((kernel_id, slot, *tensors))
@@ -146,6 +154,7 @@ class Dispatcher:
     def take_uniforms(self) -> bytes | None:
         """The slots the pending command buffer used (written right before its submit)."""
         used, self.used = self.used, 0
+        self._slot_of.clear()
         return bytes(self.uniform_host[: used * SLOT_BYTES]) if used else None
 
     def forget_buffer(self, native: Any) -> None:

@@ -69,6 +69,7 @@ def test_completions_are_reported_in_submission_order() -> None:
 
     reports = OrderedReports()
     seen: list[tuple[int, BaseException | None]] = []
+
     def reporter(i: int) -> Callable[[BaseException | None], None]:
         return lambda error: seen.append((i, error))
 
@@ -150,3 +151,36 @@ def test_freed_buffers_leave_no_bind_group_keys_behind() -> None:
         dispatcher.bind_group(object(), 1, [(weights, 0, 16), (scratch, 0, 16)], 0)
         dispatcher.forget_buffer(scratch)
     assert not dispatcher._keys_of_buffer, "freed buffers are still reachable through other buffers' keys"
+
+
+def test_dispatches_with_the_same_scalars_share_a_uniform_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slot per distinct scalar bytes in a command buffer: the slot, part of a bind group's key,
+    then repeats from one command buffer to the next (a decode step's bind groups are found again)."""
+    from gpud.backends.webgpu import dispatch
+    from gpud_protocol import ArgKind
+
+    bound: list[int] = []
+    monkeypatch.setattr(dispatch, "_SET_PIPELINE", lambda _compute, _pipeline: None)
+    monkeypatch.setattr(dispatch, "_SET_BIND_GROUP", lambda _compute, group: bound.append(group))
+    monkeypatch.setattr(dispatch, "_DISPATCH", lambda _compute, _x, _y, _z: None)
+
+    class Stub:
+        def create_buffer(self, **_: Any) -> object:
+            return object()
+
+        def create_bind_group(self, **kwargs: Any) -> int:
+            offset: int = kwargs["entries"][-1]["resource"]["offset"]  # the uniform slot's
+            return offset
+
+    dispatcher = dispatch.Dispatcher(Stub(), 8, 64, 1 << 30)
+    packer = dispatch.scalar_struct((int(ArgKind.U32), int(ArgKind.F32)))
+    tensors = ((object(), 0, 16),)
+    for values in [(4, 1.0), (4, 1.0), (5, 1.0), (4, 1.0), (4, -0.0), (4, 0.0)]:
+        dispatcher.encode(None, ("pipeline", "layout", 1, tensors, packer, values, (1, 1, 1)), [None])
+    slot = dispatch.SLOT_BYTES
+    assert bound == [0, 0, slot, 0, 2 * slot, 3 * slot]  # -0.0 has other bytes than 0.0: a slot of its own
+    uniforms = dispatcher.take_uniforms()
+    assert uniforms is not None and len(uniforms) == 4 * slot
+    assert uniforms[2 * slot : 2 * slot + 8] == packer.pack(4, -0.0)
+    dispatcher.encode(None, ("pipeline", "layout", 1, tensors, packer, (5, 1.0), (1, 1, 1)), [None])
+    assert bound[-1] == 0 and dispatcher.used == 1  # a new command buffer numbers its slots afresh
