@@ -15,6 +15,9 @@ from typing import Any
 
 import zmq
 
+# As plain ints: pyzmq's enums make every `get(EVENTS) & POLLIN` build flag objects (a third of a poll).
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
 
 class SocketReader:
     def __init__(self, sock: zmq.Socket[Any]) -> None:
@@ -26,10 +29,10 @@ class SocketReader:
 
     def try_recv(self) -> list[zmq.Frame] | None:
         """One message if one is waiting, else None (asking EVENTS first: no exception to raise)."""
-        if not int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
+        if not int(self._sock.get(_EVENTS)) & _POLLIN:
             return None
         try:
-            return self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            return self._sock.recv_multipart(flags=_NOBLOCK, copy=False)
         except zmq.Again:
             return None
 
@@ -38,7 +41,7 @@ class SocketReader:
             if (frames := self.try_recv()) is not None:
                 return frames
             self._ready.clear()
-            if int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            if int(self._sock.get(_EVENTS)) & _POLLIN:
                 continue  # arrived between the read and the clear
             await self._ready.wait()
 
@@ -47,7 +50,7 @@ class SocketReader:
         if (frames := self.try_recv()) is not None:
             return frames
         self._ready.clear()
-        if int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
+        if int(self._sock.get(_EVENTS)) & _POLLIN:
             return self.try_recv()
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
@@ -57,7 +60,7 @@ class SocketReader:
 
     def poke(self) -> None:
         """Call after sending on the socket: wake the receiver if a message is waiting."""
-        if int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
+        if int(self._sock.get(_EVENTS)) & _POLLIN:
             self._ready.set()
 
     def close(self) -> None:
