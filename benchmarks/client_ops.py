@@ -49,6 +49,14 @@ def _cases(gpu: gpud_client.Client, kernel: gpud_client.Kernel, tensors: dict[st
         for _ in range(calls):
             ops.add(x, y, out=z)
 
+    def add_number(calls: int) -> None:
+        for _ in range(calls):
+            ops.add(x, 1.0)
+
+    def operator(calls: int) -> None:
+        for _ in range(calls):
+            x + y  # the operator is what is timed
+
     def linear_call(calls: int) -> None:
         for _ in range(calls):
             linear(h)
@@ -69,6 +77,8 @@ def _cases(gpu: gpud_client.Client, kernel: gpud_client.Kernel, tensors: dict[st
         "gpu.dispatch (raw, 4 args)": dispatch,
         "ops.add (new output)": add,
         "ops.add (out=)": add_out,
+        "ops.add(x, 1.0) (a number)": add_number,
+        "x + y (the operator)": operator,
         "nn.Linear 384->384 (B, S, H)": linear_call,
         "nn.LayerNorm (B, S, H)": layernorm,
         "Tensor.reshape (a view)": reshape,

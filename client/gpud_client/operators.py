@@ -18,7 +18,10 @@ class Operators:
         raise NotImplementedError
 
     def _call(self, op: str, *operands: Any) -> Any:
-        graph = next((g for g in (getattr(o, "graph", None) for o in operands) if g is not None), None)
+        graph = None
+        for o in operands:  # a recording's tensor records the op (a session's tensor has graph None)
+            if (graph := getattr(o, "graph", None)) is not None:
+                break
         return getattr(self._ops(), op)(*operands, graph=graph)
 
     def __add__(self, other: Any) -> Any:

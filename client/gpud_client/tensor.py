@@ -134,6 +134,8 @@ class Tensor(TensorViews, Operators):
         """The tensor whose memory this is: itself, or a view's tensor."""
         return self if self._base is None else self._base
 
+    graph = None  # a session's tensor belongs to no recording (gpud_client.operators)
+
     def _ops(self) -> Any:
         return self._client.ops  # type: ignore[attr-defined]  # gpud_client.Client's
 

@@ -28,17 +28,26 @@ NUMBERS = (int, float, bool, np.integer, np.floating, np.bool_)
 class Constants:
     def __init__(self, client: ClientBase) -> None:
         self._client = client
-        self._kept: LruCache[tuple[str, int, str], Tensor] = LruCache(KEPT, lambda _key, t: t.free())
+        self._kept: LruCache[tuple[str, int, Any], Tensor] = LruCache(KEPT, lambda _key, t: t.free())
         self._recorded: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], Any]] = weakref.WeakKeyDictionary()
 
     def operands(self, *values: Any, graph: Any = None) -> list[Any]:
         """`values` with each number as a tensor like the first operand that is no number; a value
         that is neither (a numpy array, a list) is refused naming the op and the argument."""
-        like = next((v for v in values if not isinstance(v, NUMBERS)), None)
+        like = None
         for v in values:
-            if foreign(v) and (like is None or not isinstance(v, NUMBERS)):
+            if not isinstance(v, NUMBERS):
+                like = v
+                break
+        out = []
+        for v in values:
+            if isinstance(v, NUMBERS) and like is not None:
+                out.append(self.of(v, like, graph))
+            elif foreign(v):
                 raise not_a_tensor(v)
-        return [self.of(v, like, graph) if isinstance(v, NUMBERS) else v for v in values]
+            else:
+                out.append(v)
+        return out
 
     def of(self, value: Any, like: Any, graph: Any = None) -> Any:
         """`value` as a 0-d tensor of `like`'s float dtype (else float32), on `like`'s device."""
@@ -47,7 +56,8 @@ class Constants:
             return self._recorded_constant(float(value), dtype, graph)
         device = getattr(like, "device", None)
         where = self._client.device if device is None else int(device)
-        key = (dtype, where, float(value).hex())
+        # the number itself, but for zeros (-0.0 equals 0.0) and NaN (equal to nothing): their bits
+        key = (dtype, where, value if value == value and value else float(value).hex())
         tensor = self._kept.get(key)
         if tensor is None or tensor.freed:
             client: Any = self._client
