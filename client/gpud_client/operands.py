@@ -27,6 +27,8 @@ def not_a_tensor(value: Any) -> InvalidArgument:
     what = name or "an operand"
     if isinstance(value, np.ndarray):
         why = f"{what} is a numpy array (host memory), not a tensor: upload it with gpu.tensor(...) first"
+    elif isinstance(value, int) and not -(2**1024) < value < 2**1024:
+        why = f"{what} is an integer of {value.bit_length()} bits, past every float dtype"
     elif isinstance(value, int | float | bool | np.generic):
         number = value.item() if isinstance(value, np.generic) else value
         why = (

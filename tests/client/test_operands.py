@@ -66,6 +66,7 @@ async def test_what_is_no_tensor_is_refused_naming_the_op_and_argument(gpu: gpud
     host = np.ones(4, np.float32)
     cases: list[tuple[Callable[[], Any], str, str]] = [
         (lambda: gpu.ops.add(1.0, 2.0), "add", "x is the number 1.0, not a tensor"),
+        (lambda: gpu.ops.add(t, 10**400), "add", "y is an integer of 1329 bits, past every float dtype"),
         (lambda: gpu.ops.add(t, host), "add", r"y is a numpy array \(host memory\)"),
         (lambda: gpu.ops.where(t, host, t), "where", "x is a numpy array"),
         (lambda: gpu.ops.matmul(t.reshape(2, 2), host.reshape(2, 2)), "matmul", "w is a numpy array"),

@@ -42,7 +42,10 @@ class Constants:
         out = []
         for v in values:
             if isinstance(v, NUMBERS) and like is not None:
-                out.append(self.of(v, like, graph))
+                try:
+                    out.append(self.of(v, like, graph))
+                except OverflowError:  # an int past every float
+                    raise not_a_tensor(v) from None
             elif foreign(v):
                 raise not_a_tensor(v)
             else:
