@@ -13,13 +13,14 @@ from gpud_client.ops.attention import AttentionOps
 from gpud_client.ops.base import OpsBase
 from gpud_client.ops.elementwise import ElementwiseOps
 from gpud_client.ops.fused import FusedOps
+from gpud_client.ops.joining import JoinOps
 from gpud_client.ops.layout import LayoutOps
 from gpud_client.ops.matmul import MatmulOps
 from gpud_client.ops.reduce import ReduceOps
 from gpud_client.ops.tokens import TokenOps
 
 
-class Ops(ElementwiseOps, MatmulOps, ReduceOps, TokenOps, FusedOps, AttentionOps, LayoutOps, OpsBase):
+class Ops(ElementwiseOps, MatmulOps, ReduceOps, TokenOps, FusedOps, AttentionOps, LayoutOps, JoinOps, OpsBase):
     """`gpu.ops`: one method per op, grouped by family."""
 
 
