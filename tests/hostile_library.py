@@ -22,6 +22,7 @@ import numpy as np
 from gpud_protocol import ErrorCode, Opcode
 from gpud_protocol.ops.broadcast import broadcast_layout
 from gpud_protocol.ops.dtypes import DTYPES
+from gpud_protocol.ops.elementwise import BINARY_OPS
 
 INVALID, NOT_FOUND, PERMISSION = ErrorCode.INVALID_ARGUMENT, ErrorCode.NOT_FOUND, ErrorCode.PERMISSION_DENIED
 TENSOR, F32, U32 = 0, 1, 3
@@ -48,6 +49,7 @@ class Lib:
     y: int = 0
     out: int = 0
     ints: int = 0
+    flags: int = 0  # bool [N]: what a comparison writes
     x_values: np.ndarray[Any, Any] | None = None
     y_values: np.ndarray[Any, Any] | None = None
 
@@ -60,9 +62,10 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
     lib.y_values = rng.integers(-1000, 1000, N).astype(np.float32)
     lib.x, lib.y, lib.out = (t.alloc(b, "float32", (N,)) for _ in range(3))
     lib.ints = t.alloc(b, "int32", (N,))
+    lib.flags = t.alloc(b, "bool", (N,))
     t.upload(b, lib.x, lib.x_values.tobytes())
     t.upload(b, lib.y, lib.y_values.tobytes())
-    for h in (lib.x, lib.y, lib.out, lib.ints):
+    for h in (lib.x, lib.y, lib.out, lib.ints, lib.flags):
         t.tensors[h].published = True  # keeps the other generators from writing or freeing them
 
     def registered(field: str) -> Callable[[Any, bool], None]:
@@ -113,10 +116,13 @@ def library(t: Any, b: Any, e: Expectations) -> None:
     rng = t.rng
     tensors = [[TENSOR, lib.x], [TENSOR, lib.y], [TENSOR, lib.out]]
     scalars = binary_scalars()
-    kind = rng.randrange(19)
+    kind = rng.randrange(20)
     what, args, codes, names = "", tensors + scalars, (INVALID,), "ew_binary"
     if kind == 17:
         _matvec(t, b, e)
+        return
+    if kind == 18:
+        _compare(t, b, e)
         return
     if kind == 0:  # a valid add, its result read back
         b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.ok("dispatch", "add (ew_binary)"))
@@ -156,7 +162,8 @@ def library(t: Any, b: Any, e: Expectations) -> None:
         )
         args, what = tensors + scalars[:2] + [[U32, v] for v in layout] + scalars[11:], f"a lying layout {layout}"
     elif kind == 9:
-        args, what = [*tensors, [U32, N], [U32, rng.choice([7, 99, 2**32 - 1])], *scalars[2:]], "an unknown op code"
+        unknown = rng.choice([len(BINARY_OPS), 99, 2**32 - 1])
+        args, what = [*tensors, [U32, N], [U32, unknown], *scalars[2:]], "an unknown op code"
     elif kind == 10:  # tensors that break the rule: another shape, another dtype
         other = rng.choice([t.pick(lambda i: i.shape != (N,)), lib.ints])
         if other is None:
@@ -216,6 +223,38 @@ def library(t: Any, b: Any, e: Expectations) -> None:
             "unknown",
         )
     b.op(Opcode.DISPATCH, [lib.binary, [1, 1, 1], args, None], e.fails("dispatch", what, *codes, names=names))
+
+
+def _compare(t: Any, b: Any, e: Expectations) -> None:
+    """ew_binary's comparisons: x > y into a bool tensor, valid and checked; or what they may not
+    write: a comparison into float32, an add into bool, a cast into bool, all refused."""
+    lib: Lib = t.lib
+    if lib.x_values is None or lib.y_values is None:
+        return
+    f32, flag = _code("float32"), _code("bool")
+    layout = broadcast_layout((N,), (N,), (N,)).scalars()
+    x, y = [TENSOR, lib.x], [TENSOR, lib.y]
+
+    def binary(op: str, out: int, out_code: int) -> list[Any]:
+        return [x, y, [TENSOR, out], *([U32, v] for v in [N, BINARY_OPS[op], *layout, f32, f32, out_code])]
+
+    case = t.rng.randrange(4)
+    if case == 0:
+        b.op(
+            Opcode.DISPATCH,
+            [lib.binary, [1, 1, 1], binary("greater", lib.flags, flag), None],
+            e.ok("dispatch", "greater"),
+        )
+        t.tensors[lib.flags].data = (lib.x_values > lib.y_values).astype(np.uint8).tobytes()
+        return
+    if case == 1:
+        what, args, kernel = "a comparison into float32", binary("less", lib.out, f32), lib.binary
+    elif case == 2:
+        what, args, kernel = "an add into bool", binary("add", lib.flags, flag), lib.binary
+    else:
+        what, kernel = "a cast into bool", lib.cast
+        args = [x, [TENSOR, lib.flags], [U32, N], [U32, f32], [U32, flag]]
+    b.op(Opcode.DISPATCH, [kernel, [1, 1, 1], args, None], e.fails("dispatch", what, INVALID, names="ew_"))
 
 
 ROWS = 16  # the matvec's x, w and out: 16 x 16 views of the flat tensors (x, y, out)
