@@ -153,6 +153,12 @@ main() {
                     --clients 1,8 --modes graph,window --json "$OUT/decode-$run.json" || status=1
             done
             ;;
+        surface) # the numpy surface on both backends (cuda, and webgpu through the NVIDIA Vulkan driver)
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin tests/ops/test_reduce_nan.py \
+                tests/ops/test_compare.py tests/ops/test_elementwise.py tests/ops/test_casts.py tests/ops/test_joining.py \
+                tests/ops/test_matmul_numpy.py tests/ops/test_reduce_keepdims.py tests/ops/test_written_as_numpy.py \
+                tests/client/test_operands.py tests/client/test_operators.py || status=1
+            ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac
