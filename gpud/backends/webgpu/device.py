@@ -168,7 +168,7 @@ class WebGpuDevice(Device):
         scalars = list(packed[5])
         for _position, slot, index, _kind in variables:
             scalars[slot] = values[index]
-        return (*packed[:5], tuple(scalars), packed[6])
+        return (*packed[:5], tuple(scalars), packed[6], packed[4].pack(*scalars))
 
     # ------------------------------------------------------------------ encoding
 

@@ -72,16 +72,17 @@ class Dispatcher:
                 values.append(arg[1])  # type: ignore[index]
         _check_aliasing(tensors, native.access, program.entry)
         packer = scalar_struct(tuple(kinds)) if kinds else None
+        data = None
         if packer is not None:
             try:
-                packer.pack(*values)
+                data = packer.pack(*values)
             except (struct.error, OverflowError) as exc:
                 raise InvalidArgument(f"scalar out of range for {program.entry}: {exc}") from None
         key = (native.id, *tensors)
         if key not in self._probed:
             self._probe(native, tensors, packer is not None, program.entry)
             self._probed.put(key, True)
-        return (native.pipeline, native.layout, native.id, tuple(tensors), packer, tuple(values), grid)
+        return (native.pipeline, native.layout, native.id, tuple(tensors), packer, tuple(values), grid, data)
 
     def _probe(self, native: Pipeline, tensors: list[Any], scalars: bool, entry: str) -> None:
         """Encode the dispatch (of no workgroups) into an encoder of its own and finish it: wgpu's
@@ -126,13 +127,12 @@ class Dispatcher:
 
     def encode(self, compute: Any, packed: tuple[Any, ...], current: list[Any]) -> None:
         """Append the dispatch to the open pass; `current` holds the pipeline set in it."""
-        pipeline, layout, kernel_id, tensors, packer, values, grid = packed
+        pipeline, layout, kernel_id, tensors, _packer, _values, grid, data = packed
         slot = -1
-        if packer is not None:
+        if data is not None:
             # Dispatches with the same scalars (a decode step's layers, another session's step) share
             # a slot: fewer slots to write, and the slot, part of the bind group's key, repeats from
             # one command buffer to the next, so that key is found again (keyed on the bytes: -0.0 is not 0.0).
-            data = packer.pack(*values)
             slot = self._slot_of.get(data, -1)
             if slot < 0:
                 slot = self._slot_of[data] = self.used
@@ -140,7 +140,7 @@ class Dispatcher:
                 self.uniform_host[slot * SLOT_BYTES : slot * SLOT_BYTES + len(data)] = data
                 self.used += 1
         bind_group = None
-        if tensors or packer is not None:
+        if tensors or data is not None:
             bind_group = self._bind_groups.get((kernel_id, slot, *tensors))
             if bind_group is None:
                 bind_group = self.bind_group(layout, kernel_id, tensors, slot)

@@ -176,11 +176,15 @@ def test_dispatches_with_the_same_scalars_share_a_uniform_slot(monkeypatch: pyte
     packer = dispatch.scalar_struct((int(ArgKind.U32), int(ArgKind.F32)))
     tensors = ((object(), 0, 16),)
     for values in [(4, 1.0), (4, 1.0), (5, 1.0), (4, 1.0), (4, -0.0), (4, 0.0)]:
-        dispatcher.encode(None, ("pipeline", "layout", 1, tensors, packer, values, (1, 1, 1)), [None])
+        dispatcher.encode(
+            None, ("pipeline", "layout", 1, tensors, packer, values, (1, 1, 1), packer.pack(*values)), [None]
+        )
     slot = dispatch.SLOT_BYTES
     assert bound == [0, 0, slot, 0, 2 * slot, 3 * slot]  # -0.0 has other bytes than 0.0: a slot of its own
     uniforms = dispatcher.take_uniforms()
     assert uniforms is not None and len(uniforms) == 4 * slot
     assert uniforms[2 * slot : 2 * slot + 8] == packer.pack(4, -0.0)
-    dispatcher.encode(None, ("pipeline", "layout", 1, tensors, packer, (5, 1.0), (1, 1, 1)), [None])
+    dispatcher.encode(
+        None, ("pipeline", "layout", 1, tensors, packer, (5, 1.0), (1, 1, 1), packer.pack(5, 1.0)), [None]
+    )
     assert bound[-1] == 0 and dispatcher.used == 1  # a new command buffer numbers its slots afresh
