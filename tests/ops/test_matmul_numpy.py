@@ -95,6 +95,8 @@ async def test_what_gpud_does_not_broadcast_is_refused_naming_matmul(gpu: gpud_c
     with pytest.raises(InvalidArgument, match=r"matmul: batch axes \[2, 1\] of x and \[3\] of w") as info:
         gpu.ops.matmul(x, w)
     assert info.value.op == "matmul"
+    with pytest.raises(InvalidArgument, match="float32, float16 or bfloat16 operands, not x int32"):
+        gpu.ops.matmul(gpu.empty((4,), "int32"), gpu.empty((4, 2)))  # the numpy path checks dtypes too
     with pytest.raises(InvalidArgument, match=r"matmul: .*K=8.* K=6"):
         gpu.ops.matmul(gpu.empty((2, 3, 4, 8)), gpu.empty((6, 5)))
     with pytest.raises(InvalidArgument, match=r"matmul: .*cannot be seen as"):  # batch axes that need a copy

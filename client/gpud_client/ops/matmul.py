@@ -74,9 +74,7 @@ class MatmulOps(OpsBase):
     def _matmul_numpy(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, graph: Any) -> Any:
         """numpy.matmul's other shapes (1-D operands, more batch axes, a batch of one broadcast) as
         views in the forms the kernels take, into an output of numpy's shape."""
-        xd, wd = dtype_name(x), dtype_name(w)
-        if xd not in DTYPES or wd not in DTYPES or mixes_halves(xd, wd):
-            return self.matmul(x, w, transpose_w=wt)  # its error names the dtypes
+        xd, wd = _operand_dtypes(x, w)
         try:
             x_form, w_form, out_form, shape = numpy_forms(tuple(x.shape), tuple(w.shape), wt)
         except OpError as exc:
@@ -97,15 +95,7 @@ class MatmulOps(OpsBase):
         return self._plan(("matmul", wt, *infos), self._plan_matmul, x, w, wt, bias, out)
 
     def _plan_matmul(self, x: Any, w: Any, wt: bool, bias: Any, out: Any) -> Planned:
-        xd, wd = dtype_name(x), dtype_name(w)
-        if xd not in DTYPES or wd not in DTYPES:
-            raise InvalidArgument(f"matmul: float32, float16 or bfloat16 operands, not x {xd} and w {wd}")
-        if mixes_halves(xd, wd):
-            raise InvalidArgument(
-                f"matmul: x is {xd} and w {wd}, which no kernel multiplies (nor torch); cast one to the "
-                f"other's dtype first, e.g. gpu.ops.cast(x, '{wd}')",
-                op="matmul",
-            )
+        xd, wd = _operand_dtypes(x, w)
         bias_kind = 0
         if bias is not None:
             bd = dtype_name(bias)
@@ -140,6 +130,20 @@ class MatmulOps(OpsBase):
     def _capability(self, like: Any) -> str:
         """The compute capability of the device `like` lives on ("9.0"), "" where the daemon does not say."""
         return str(self._device_info(like).get("compute_capability", ""))
+
+
+def _operand_dtypes(x: Any, w: Any) -> tuple[str, str]:
+    """x's and w's dtypes, those the kernels multiply; else InvalidArgument saying which."""
+    xd, wd = dtype_name(x), dtype_name(w)
+    if xd not in DTYPES or wd not in DTYPES:
+        raise InvalidArgument(f"matmul: float32, float16 or bfloat16 operands, not x {xd} and w {wd}")
+    if mixes_halves(xd, wd):
+        raise InvalidArgument(
+            f"matmul: x is {xd} and w {wd}, which no kernel multiplies (nor torch); cast one to the "
+            f"other's dtype first, e.g. gpu.ops.cast(x, '{wd}')",
+            op="matmul",
+        )
+    return xd, wd
 
 
 def numpy_forms(
