@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpud_client.dtypes import dtype_name
@@ -170,10 +170,8 @@ class ReduceOps(OpsBase):
             return self._over(op, x, picked[0], keepdims, out, graph)
         if len(picked) == ndim:
             return self._over(op, x, None, keepdims, out, graph)
-        reduced = tuple(d for i, d in enumerate(x.shape) if i not in picked)
-        shape = tuple(1 if i in picked else d for i, d in enumerate(x.shape)) if keepdims else reduced
-        if out is not None and tuple(out.shape) != shape:
-            raise InvalidArgument(f"out is {list(out.shape)}, the result is {list(shape)}", op=op)
+        reduced = _result_shape(op, x.shape, picked, False, None)
+        shape = _result_shape(op, x.shape, picked, keepdims, out)
         part = x
         for a in reversed(picked[1:]):
             made = self._reduce(op, part, a, None, graph)
@@ -189,11 +187,10 @@ class ReduceOps(OpsBase):
     def _kept(self, op: str, x: Any, axis: int | None, out: Any, graph: Any) -> Any:
         """numpy's keepdims=True: the result made with the reduced axis (every axis, for None) as 1, the
         op writing a view of it without that axis."""
-        p = plan(op, x, axis)
+        p = plan(op, x, axis)  # checks the axis
         ndim = len(x.shape)
-        shape = (1,) * ndim if axis is None else tuple(1 if i == int(axis) % ndim else d for i, d in enumerate(x.shape))
-        if out is not None and tuple(out.shape) != shape:
-            raise InvalidArgument(f"out is {list(out.shape)}, the result is {list(shape)}", op=op)
+        picked = range(ndim) if axis is None else (axis_index(operator.index(axis), ndim),)
+        shape = _result_shape(op, x.shape, picked, True, out)
         result = self._out(out, shape, "int32" if op == "argmax" else "float32", x, graph)
         reducer = self.argmax if op == "argmax" else functools.partial(self._reduce, op)
         reducer(x, axis, out=result.reshape(p.reduced), graph=graph)
@@ -259,3 +256,12 @@ class ReduceOps(OpsBase):
 def _grid(rows: int) -> tuple[int, int, int]:
     """One workgroup per row, folded into y past 65,535."""
     return grid_1d(rows, 1)
+
+
+def _result_shape(op: str, shape: tuple[int, ...], picked: Sequence[int], keepdims: bool, out: Any) -> tuple[int, ...]:
+    """numpy's shape of reducing `shape` over the `picked` axes (kept as 1 with `keepdims`); `out=`
+    must have it."""
+    result = tuple(1 if i in picked else d for i, d in enumerate(shape) if keepdims or i not in picked)
+    if out is not None and tuple(out.shape) != result:
+        raise InvalidArgument(f"out is {list(out.shape)}, the result is {list(result)}", op=op)
+    return result
