@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from gpud_client.operands import not_a_tensor
+
 NAME = "bfloat16"
 
 
@@ -199,8 +201,6 @@ def dtype_name(tensor: Any) -> str:
     except AttributeError:
         dtype = getattr(tensor, "dtype", None)
     if dtype is None:  # a Python number, a list: no tensor
-        from gpud_client.operands import not_a_tensor
-
         raise not_a_tensor(tensor)
     return name_of(dtype)
 
