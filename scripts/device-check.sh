@@ -157,6 +157,7 @@ main() {
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin tests/ops/test_reduce_nan.py \
                 tests/ops/test_compare.py tests/ops/test_elementwise.py tests/ops/test_casts.py tests/ops/test_joining.py \
                 tests/ops/test_matmul_numpy.py tests/ops/test_reduce_keepdims.py tests/ops/test_written_as_numpy.py \
+                tests/ops/test_power.py tests/ops/test_indexing.py tests/ops/test_stats.py tests/testing/test_picogpt.py \
                 tests/client/test_operands.py tests/client/test_operators.py || status=1
             ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;

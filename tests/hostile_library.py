@@ -162,7 +162,7 @@ def library(t: Any, b: Any, e: Expectations) -> None:
         )
         args, what = tensors + scalars[:2] + [[U32, v] for v in layout] + scalars[11:], f"a lying layout {layout}"
     elif kind == 9:
-        unknown = rng.choice([len(BINARY_OPS), 99, 2**32 - 1])
+        unknown = rng.choice([max(BINARY_OPS.values()) + 1, 99, 2**32 - 1])
         args, what = [*tensors, [U32, N], [U32, unknown], *scalars[2:]], "an unknown op code"
     elif kind == 10:  # tensors that break the rule: another shape, another dtype
         other = rng.choice([t.pick(lambda i: i.shape != (N,)), lib.ints])

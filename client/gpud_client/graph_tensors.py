@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import gpud_protocol as proto
 from gpud_client.dtypes import HostDType, host_dtype, name_of
 from gpud_client.errors import InvalidArgument
+from gpud_client.indexing import indexed
 from gpud_client.operators import Operators
 from gpud_protocol import ArgKind
 from gpud_protocol.ops import TensorInfo
@@ -41,6 +42,29 @@ class GraphTensor(Operators):
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Elements (numpy's `size`)."""
+        return math.prod(self.shape)
+
+    @property
+    def T(self) -> GraphTensor:
+        """Itself for 0 or 1 dimensions; a transpose otherwise, which a recording cannot make."""
+        if len(self.shape) > 1:
+            raise self._no_strides("transpose")
+        return self
+
+    def __getitem__(self, key: Any) -> GraphTensor:
+        """Indexing that a reshape makes (`None`, `...`, whole slices, integers on axes of size 1)."""
+        (shape, _strides, _offset), reshape = indexed(self.shape, proto.contiguous_strides(self.shape), 0, key)
+        if not reshape:
+            raise self._no_strides("indexing")
+        return self.reshape(shape)
 
     def _ops(self) -> Any:
         return self.graph._client.ops  # type: ignore[attr-defined]  # gpud_client.graphs.Graph's

@@ -1,4 +1,4 @@
-"""Python's operators on tensors, as numpy's and torch's: `x + y`, `2.0 * x`, `x @ w`, `-x`, `x > 0`,
+"""Python's operators on tensors, as numpy's and torch's: `x + y`, `2.0 * x`, `x ** 2`, `x @ w`, `-x`, `x > 0`,
 each the op of `gpu.ops` of that name (numbers as weak scalars; a recording's tensors record into
 their graph). `==` and `!=` stay identity (tensors are kept in sets and dicts): use `ops.equal`. numpy
 arrays defer to these (`__array_ufunc__ = None`), so `host + x` is the op's clear refusal of host
@@ -47,6 +47,12 @@ class Operators:
 
     def __rtruediv__(self, other: Any) -> Any:
         return self._call("div", other, self)
+
+    def __pow__(self, other: Any) -> Any:
+        return self._call("power", self, other)
+
+    def __rpow__(self, other: Any) -> Any:
+        return self._call("power", other, self)
 
     def __matmul__(self, other: Any) -> Any:
         return self._call("matmul", self, other)

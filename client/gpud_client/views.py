@@ -1,4 +1,5 @@
-"""Views of a tensor made in the client: `reshape`, `transpose`, `permute`, `narrow` (torch's semantics).
+"""Views of a tensor made in the client: `reshape`, `transpose`, `permute`, `narrow` (torch's semantics),
+`.T` and numpy's basic indexing, `t[0, 1:3, ..., None]` (gpud_client.indexing).
 
 A view is a `Tensor` whose `base` is the tensor whose memory it is, with its own shape, strides and
 element offset into that memory (`gpud_protocol.views`). Making one sends nothing and copies nothing:
@@ -13,7 +14,7 @@ to call `gpu.ops.contiguous(t)` first. Readbacks take any view; uploads and copi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
@@ -21,6 +22,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from gpud_client.dtypes import from_storage, storage_dtype, values_dtype
 from gpud_client.errors import InvalidArgument
+from gpud_client.indexing import indexed
 from gpud_client.memo import Memo
 from gpud_client.values import reshaped
 from gpud_protocol import views as geometry
@@ -56,6 +58,33 @@ class TensorViews:
 
     def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Self:
         raise NotImplementedError
+
+    @property
+    def ndim(self) -> int:
+        """Dimensions (numpy's `ndim`)."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Elements (numpy's `size`; `nbytes` counts bytes)."""
+        return math.prod(self.shape)
+
+    @property
+    def T(self) -> Self:
+        """Every axis reversed (numpy's `.T`; torch's for a 2-D tensor): a view."""
+        return self.permute(tuple(reversed(range(len(self.shape)))))
+
+    def __getitem__(self, key: Any) -> Self:
+        """numpy's basic indexing (integers, slices of a positive step, None, ...): a view, no copy, no
+        message (gpud_client.indexing). Fancy indexing is refused with what to use instead."""
+        (shape, strides, offset), _reshape = indexed(self.shape, self.strides, self.offset, key)
+        return self._view(shape, strides, offset)
+
+    def __iter__(self) -> Iterator[Self]:
+        """A view of each element of the first axis, as numpy iterates an array."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
 
     @property
     def is_contiguous(self) -> bool:

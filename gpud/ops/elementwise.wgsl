@@ -304,6 +304,7 @@ fn binary(a: f32, b: f32, op: u32) -> f32 {
         }
         case 7u, 8u, 9u, 10u, 11u, 12u: { return compare(a, b, op); }
         case 13u, 14u, 15u: { return logical(a, b, op); }
+        case 16u: { return power(a, b); }
         default: { return a / b; }
     }
 }

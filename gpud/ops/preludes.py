@@ -19,7 +19,7 @@ _CUDA: dict[str, tuple[str, ...]] = {
 TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     ("matmul", "webgpu"): ("bf16",),
     **{(family, "webgpu"): ("bf16", "nan") for family in ("reduce", "reduce_axis")},
-    ("elementwise", "webgpu"): ("nan",),
+    ("elementwise", "webgpu"): ("nan", "power"),
     **{(family, "webgpu"): ("bf16", "rotary") for family in ("attention", "fused")},
     # every CUDA entry point starts with gpud_wait_prior() (pdl.cu)
     **{(family, "cuda"): ("pdl", *_CUDA.get(family, ())) for family in CUDA_FAMILIES},

@@ -1,5 +1,5 @@
 """Elementwise ops, with numpy's and torch's names and semantics: add, sub, mul, div, silu_mul, maximum,
-minimum and where broadcast as numpy does; scale, exp, rsqrt, silu, gelu (exact erf form, or tanh), tanh,
+minimum, power and where broadcast as numpy does; scale, exp, rsqrt, silu, gelu (exact erf form, or tanh), tanh,
 clamp; cast between any two dtypes of the daemon's elementwise table (gpud_protocol.ops.dtypes).
 
 Float dtypes (float32, float16, bfloat16) mix: two different ones give float32 unless `out=` gives
@@ -83,6 +83,11 @@ class ElementwiseOps(OpsBase):
     def minimum(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
         """The smaller of x and y, elementwise; NaN if either is NaN (numpy.minimum, torch.minimum)."""
         return self._binary("minimum", x, y, out, graph)
+
+    def power(self, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
+        """x to the power y, elementwise (numpy.power of floats, torch.pow): C99 powf's special values
+        (x ** 0 is 1 and 1 ** y is 1, NaN or not; a negative x to a non-integer y is NaN)."""
+        return self._binary("power", x, y, out, graph)
 
     def where(self, cond: Any, x: Any, y: Any, *, out: Any = None, graph: Any = None) -> Any:
         """x where cond is nonzero, else y (numpy.where, torch.where), the three broadcast together.

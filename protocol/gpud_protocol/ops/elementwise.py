@@ -7,7 +7,9 @@ output is rounded once, to nearest even, when stored.
 
 ew_binary(x, y, out; n, op, rank, d0..d5, x_bcast, y_bcast, x_dtype, y_dtype, out_dtype):
     out = x (op) y, op 0 add 1 sub 2 mul 3 div 4 silu_mul (silu(x) * y) 5 maximum 6 minimum
-    (both propagate NaN). Broadcasting: rank, d0..d5 and the masks (gpud_protocol.ops.broadcast).
+    (both propagate NaN) 16 power (numpy's float32 power: C99 powf, its special values included);
+    7 to 12 numpy's comparisons and 13 to 15 its logical ops (a bool out). Broadcasting: rank, d0..d5
+    and the masks (gpud_protocol.ops.broadcast).
 ew_where(cond, x, y, out; n, rank, d0..d5, cond_bcast, x_bcast, y_bcast, cond_dtype, x_dtype, y_dtype,
     out_dtype): out = x where cond is nonzero, else y; cond of any dtype (NaN is nonzero).
 ew_unary(x, out; n, op, a, b, x_dtype, out_dtype): op 0 a*x, 1 exp, 2 rsqrt, 3 silu, 4 gelu (erf),
@@ -32,7 +34,11 @@ COMPARISONS = {"greater": 7, "greater_equal": 8, "less": 9, "less_equal": 10, "e
 # numpy's logical ops: operands of any dtype (nonzero is true, NaN too), a bool out
 LOGICAL = {"logical_and": 13, "logical_or": 14, "logical_xor": 15}
 BOOL_OUT = {**COMPARISONS, **LOGICAL}
-BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4, "maximum": 5, "minimum": 6, **BOOL_OUT}
+BINARY_OPS = {
+    **{"add": 0, "sub": 1, "mul": 2, "div": 3, "silu_mul": 4, "maximum": 5, "minimum": 6},
+    **BOOL_OUT,
+    "power": 16,
+}
 UNARY_OPS = {
     **{"scale": 0, "exp": 1, "rsqrt": 2, "silu": 3, "gelu": 4, "gelu_tanh": 5, "tanh": 6, "clamp": 7},
     **{"sqrt": 8, "log": 9, "abs": 10, "sigmoid": 11},
