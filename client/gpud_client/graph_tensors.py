@@ -12,6 +12,7 @@ from gpud_client.dtypes import HostDType, host_dtype, name_of
 from gpud_client.errors import InvalidArgument
 from gpud_client.indexing import indexed
 from gpud_client.operators import Operators
+from gpud_client.reshapes import Reshapes
 from gpud_protocol import ArgKind
 from gpud_protocol.ops import TensorInfo
 
@@ -26,7 +27,7 @@ class Recorder(Protocol):
     def view(self, tensor: Any, shape: int | Sequence[Any]) -> GraphTensor: ...
 
 
-class GraphTensor(Operators):
+class GraphTensor(Operators, Reshapes):
     """A tensor of a recording: an input, a bound tensor or an intermediate."""
 
     def __init__(self, graph: Recorder, kind: int, index: int, dtype: HostDType, shape: tuple[int, ...]) -> None:

@@ -12,6 +12,7 @@ from gpud_client.dtypes import HostDType, from_storage, name_of, values_dtype
 from gpud_client.memo import Memo
 from gpud_client.operators import Operators
 from gpud_client.pool import Origin, Pool
+from gpud_client.reshapes import Reshapes
 from gpud_client.scope import Scoped
 from gpud_client.scope import made as scope_made
 from gpud_client.values import TENSOR
@@ -53,7 +54,7 @@ class Owner(Scoped, Protocol):
     def upload(self, tensor: Tensor, array: Any) -> None: ...
 
 
-class Tensor(TensorViews, Operators):
+class Tensor(TensorViews, Reshapes, Operators):
     """A device tensor owned by a session (or opened from a resident name). Zero-filled when made.
 
     A view (`reshape`, `transpose`, `permute`, `narrow`: gpud_client.views) is a Tensor too: its `base`

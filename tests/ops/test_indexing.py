@@ -188,3 +188,30 @@ async def test_a_tensor_iterates_as_numpy_iterates_an_array(gpu: gpud_client.Cli
     with pytest.raises(TypeError, match="0-d"):
         list(t[0, 0])
     t.free()
+
+
+async def test_torchs_shape_views_are_reshapes(gpu: gpud_client.Client) -> None:
+    """view, flatten, unsqueeze and squeeze as torch's: views of a session's tensor and of a recording's."""
+    a = np.arange(6, dtype=np.float32).reshape(1, 3, 1, 2)
+    t = gpu.tensor(a)
+    assert t.view(3, 2).shape == (3, 2) and t.view(-1).shape == (6,) and t.flatten().shape == (6,)
+    assert t.unsqueeze(0).shape == (1, 1, 3, 1, 2) and t.unsqueeze(-1).shape == (1, 3, 1, 2, 1)
+    assert t.squeeze().shape == (3, 2) and t.squeeze(2).shape == (1, 3, 2) and t.squeeze(1).shape == a.shape
+    assert t.squeeze((0, -2)).shape == (3, 2)
+    np.testing.assert_array_equal(await t.unsqueeze(2).numpy(), np.expand_dims(a, 2))
+    np.testing.assert_array_equal(await t.squeeze().numpy(), np.squeeze(a))
+    one = t[0, 0, 0, :1].squeeze()
+    assert one.shape == () and float(await one.numpy()) == 0.0
+    with pytest.raises(InvalidArgument, match="out of range"):
+        t.unsqueeze(5)
+    with pytest.raises(InvalidArgument, match="out of range"):
+        t.squeeze(4)
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        t.squeeze().T.flatten()  # a transpose's elements are not one run: torch's flatten would copy
+    g = gpu.graph("torch-shape-views")
+    x = g.input("x", (3, 2), "float32")
+    g.output("y", gpu.ops.add(x.unsqueeze(0).flatten().view(3, 2), 1.0, graph=g))
+    step = await g.build()
+    np.testing.assert_array_equal((await step.replay(x=a.reshape(3, 2)))["y"], a.reshape(3, 2) + 1)
+    step.free()
+    t.free()
