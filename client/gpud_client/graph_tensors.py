@@ -45,15 +45,6 @@ class GraphTensor(Operators, Reshapes):
         return math.prod(self.shape) * self.dtype.itemsize
 
     @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """Elements (numpy's `size`)."""
-        return math.prod(self.shape)
-
-    @property
     def T(self) -> GraphTensor:
         """Itself for 0 or 1 dimensions; a transpose otherwise, which a recording cannot make."""
         if len(self.shape) > 1:

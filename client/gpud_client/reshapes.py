@@ -1,8 +1,10 @@
-"""torch's shape-only views, each a `reshape` (so, as it, no copy and no message): `view`, `flatten`,
-`unsqueeze` and `squeeze`, on a session's tensors and on a recording's alike."""
+"""What a session's tensors and a recording's have alike from their shape alone: numpy's `ndim` and
+`size`, and torch's shape-only views, each a `reshape` (so, as it, no copy and no message): `view`,
+`flatten`, `unsqueeze` and `squeeze`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol, Self, TypeVar
 
@@ -22,6 +24,16 @@ class Reshapes:
     """Mixed into `Tensor` and `GraphTensor`, which define `shape` and `reshape`."""
 
     __slots__ = ()
+
+    @property
+    def ndim(self: Shaped) -> int:
+        """Dimensions (numpy's `ndim`)."""
+        return len(self.shape)
+
+    @property
+    def size(self: Shaped) -> int:
+        """Elements (numpy's `size`; `nbytes` counts bytes)."""
+        return math.prod(self.shape)
 
     def view(self: S, *shape: int | Sequence[int]) -> S:
         """torch's `view`: this memory with another shape (one dimension may be -1), as `reshape`."""

@@ -60,16 +60,6 @@ class TensorViews:
         raise NotImplementedError
 
     @property
-    def ndim(self) -> int:
-        """Dimensions (numpy's `ndim`)."""
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """Elements (numpy's `size`; `nbytes` counts bytes)."""
-        return math.prod(self.shape)
-
-    @property
     def T(self) -> Self:
         """Every axis reversed (numpy's `.T`; torch's for a 2-D tensor): a view."""
         return self.permute(tuple(reversed(range(len(self.shape)))))
