@@ -160,6 +160,10 @@ main() {
                 tests/ops/test_power.py tests/ops/test_indexing.py tests/ops/test_stats.py tests/testing/test_picogpt.py \
                 tests/client/test_operands.py tests/client/test_operators.py || status=1
             ;;
+        picogpt) # picoGPT's numpy GPT-2 at 124M (random weights): numpy, gpud eager on cuda and on Vulkan, torch eager
+            section python3 -m benchmarks.picogpt --backend cuda --shape 124M --json "$OUT/bench-picogpt-124M-cuda.json" || status=1
+            section python3 -m benchmarks.picogpt --backend webgpu --shape 124M --json "$OUT/bench-picogpt-124M-webgpu.json" || status=1
+            ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;
         esac

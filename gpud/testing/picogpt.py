@@ -107,15 +107,21 @@ def to_device(gpu: gpud_client.Client, params: Any) -> Any:
     return gpu.tensor(np.asarray(params, np.float32))
 
 
-def random_params(n_vocab: int, n_ctx: int, n_embd: int, n_layer: int, seed: int) -> Params:
-    """Random parameters of GPT-2's shapes (numpy float64)."""
+def random_params(
+    n_vocab: int, n_ctx: int, n_embd: int, n_layer: int, seed: int, dtype: type[np.floating[Any]] = np.float64
+) -> Params:
+    """Random parameters of GPT-2's shapes, as `dtype` arrays (float32: picoGPT's own, and half the
+    memory of float64 at the released shapes)."""
     rng = np.random.default_rng(seed)
 
+    def normal(*shape: int) -> np.ndarray[Any, Any]:
+        return rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
+
     def dense(n_in: int, n_out: int) -> Params:
-        return {"w": rng.standard_normal((n_in, n_out)) * 0.1, "b": rng.standard_normal(n_out) * 0.02}
+        return {"w": normal(n_in, n_out) * 0.1, "b": normal(n_out) * 0.02}
 
     def norm() -> Params:
-        return {"g": 1 + rng.standard_normal(n_embd) * 0.1, "b": rng.standard_normal(n_embd) * 0.1}
+        return {"g": 1 + normal(n_embd) * 0.1, "b": normal(n_embd) * 0.1}
 
     blocks = [
         {
@@ -127,8 +133,8 @@ def random_params(n_vocab: int, n_ctx: int, n_embd: int, n_layer: int, seed: int
         for _ in range(n_layer)
     ]
     return {
-        "wte": rng.standard_normal((n_vocab, n_embd)) * 0.1,
-        "wpe": rng.standard_normal((n_ctx, n_embd)),  # large enough that a random model does not repeat one token
+        "wte": normal(n_vocab, n_embd) * 0.1,
+        "wpe": normal(n_ctx, n_embd),  # large enough that a random model does not repeat one token
         "blocks": blocks,
         "ln_f": norm(),
     }
