@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from gpud_client.dtypes import dtype_name
@@ -77,4 +78,13 @@ def plan(op: str, x: Any, axis: int | None) -> Plan:
     return Plan(x, dtype, reduced, None, view)
 
 
-__all__ = ["Plan", "plan"]
+def result_shape(op: str, shape: tuple[int, ...], picked: Sequence[int], keepdims: bool, out: Any) -> tuple[int, ...]:
+    """numpy's shape of reducing `shape` over the `picked` axes (kept as 1 with `keepdims`); `out=`
+    must have it."""
+    result = tuple(1 if i in picked else d for i, d in enumerate(shape) if keepdims or i not in picked)
+    if out is not None and tuple(out.shape) != result:
+        raise InvalidArgument(f"out is {list(out.shape)}, the result is {list(result)}", op=op)
+    return result
+
+
+__all__ = ["Plan", "plan", "result_shape"]

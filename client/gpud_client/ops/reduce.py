@@ -8,12 +8,12 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.axes import plan
+from gpud_client.ops.axes import plan, result_shape
 from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
@@ -170,8 +170,8 @@ class ReduceOps(OpsBase):
             return self._over(op, x, picked[0], keepdims, out, graph)
         if len(picked) == ndim:
             return self._over(op, x, None, keepdims, out, graph)
-        reduced = _result_shape(op, x.shape, picked, False, None)
-        shape = _result_shape(op, x.shape, picked, keepdims, out)
+        reduced = result_shape(op, x.shape, picked, False, None)
+        shape = result_shape(op, x.shape, picked, keepdims, out)
         part = x
         for a in reversed(picked[1:]):
             made = self._reduce(op, part, a, None, graph)
@@ -190,7 +190,7 @@ class ReduceOps(OpsBase):
         p = plan(op, x, axis)  # checks the axis
         ndim = len(x.shape)
         picked = range(ndim) if axis is None else (axis_index(operator.index(axis), ndim),)
-        shape = _result_shape(op, x.shape, picked, True, out)
+        shape = result_shape(op, x.shape, picked, True, out)
         result = self._out(out, shape, "int32" if op == "argmax" else "float32", x, graph)
         reducer = self.argmax if op == "argmax" else functools.partial(self._reduce, op)
         reducer(x, axis, out=result.reshape(p.reduced), graph=graph)
@@ -256,12 +256,3 @@ class ReduceOps(OpsBase):
 def _grid(rows: int) -> tuple[int, int, int]:
     """One workgroup per row, folded into y past 65,535."""
     return grid_1d(rows, 1)
-
-
-def _result_shape(op: str, shape: tuple[int, ...], picked: Sequence[int], keepdims: bool, out: Any) -> tuple[int, ...]:
-    """numpy's shape of reducing `shape` over the `picked` axes (kept as 1 with `keepdims`); `out=`
-    must have it."""
-    result = tuple(1 if i in picked else d for i, d in enumerate(shape) if keepdims or i not in picked)
-    if out is not None and tuple(out.shape) != result:
-        raise InvalidArgument(f"out is {list(out.shape)}, the result is {list(result)}", op=op)
-    return result

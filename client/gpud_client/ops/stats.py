@@ -12,6 +12,7 @@ from typing import Any
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
 from gpud_client.operands import foreign, not_a_tensor
+from gpud_client.ops.axes import result_shape
 from gpud_client.ops.base import OpsBase
 from gpud_protocol.ops.reduce import SHORT
 from gpud_protocol.views import axis_index
@@ -109,7 +110,7 @@ def _checked(
     if math.prod(shape[a] for a in picked) == 0:
         raise InvalidArgument(f"x {list(shape)} is empty along axis {axis}: there is nothing to reduce", op=op)
     if out is not None:
-        result = tuple(1 if i in picked else d for i, d in enumerate(shape) if keepdims or i not in picked)
+        result = result_shape(op, shape, picked, keepdims, None)
         if tuple(out.shape) != result or dtype_name(out) != "float32":
             raise InvalidArgument(
                 f"out is {dtype_name(out)} {list(out.shape)}, the result float32 {list(result)}", op=op
