@@ -148,7 +148,9 @@ __device__ __forceinline__ float binary_op(float a, float b, unsigned int op) {
             const bool p = is_nan(a) || a != 0.0f, q = is_nan(b) || b != 0.0f;
             return (op == 13 ? p && q : op == 14 ? p || q : p != q) ? 1.0f : 0.0f;
         }
-        case 16: return powf(a, b);  // C99's powf: numpy's float32 power, its special values included
+        // C99's powf: numpy's float32 power, its special values included; x ** 2 is x * x rounded once, as
+        // numpy's (CUDA's powf may be an ulp off there)
+        case 16: return b == 2.0f ? a * a : powf(a, b);
         default: return a / b;
     }
 }
