@@ -32,6 +32,8 @@ def _cases(gpu: gpud_client.Client, kernel: gpud_client.Kernel, tensors: dict[st
     x, y, z = tensors["x"], tensors["y"], tensors["z"]
     h, w, b = tensors["h"], tensors["w"], tensors["b"]
     q, mask, g, beta = tensors["q"], tensors["mask"], tensors["g"], tensors["beta"]
+    s = tensors["s"]  # (32, 2304): picoGPT's q, k and v of 32 tokens side by side
+    head = gpu.ops.split(gpu.ops.split(s, 3, axis=-1)[0], 12, axis=-1)[0]  # (32, 64), a view with gaps
     linear = nn.Linear(gpu, w, b)
     norm = nn.LayerNorm(gpu, g, beta)
     ops = gpu.ops
@@ -73,6 +75,25 @@ def _cases(gpu: gpud_client.Client, kernel: gpud_client.Kernel, tensors: dict[st
         for _ in range(calls):
             ops.attention(q, q, q, key_mask=mask)
 
+    # numpy's idioms, as a numpy program ported to gpu.ops writes them (gpud.testing.picogpt)
+    def mean_kept(calls: int) -> None:
+        for _ in range(calls):
+            ops.mean(s, axis=-1, keepdims=True)
+
+    def scores(calls: int) -> None:
+        for _ in range(calls):
+            hq @ hk.T
+
+    def contiguous(calls: int) -> None:
+        for _ in range(calls):
+            ops.contiguous(head)
+
+    def number(calls: int) -> None:
+        for _ in range(calls):
+            s * 0.5
+
+    hq, hk = ops.contiguous(head), ops.contiguous(head)
+
     return {
         "gpu.dispatch (raw, 4 args)": dispatch,
         "ops.add (new output)": add,
@@ -83,6 +104,10 @@ def _cases(gpu: gpud_client.Client, kernel: gpud_client.Kernel, tensors: dict[st
         "nn.LayerNorm (B, S, H)": layernorm,
         "Tensor.reshape (a view)": reshape,
         "ops.attention key_mask (B, S, 12, 32)": attention,
+        "ops.mean(x, axis=-1, keepdims=True)": mean_kept,
+        "q @ k.T (a transposed operand)": scores,
+        "ops.contiguous (a split head)": contiguous,
+        "x * 0.5 (a number)": number,
     }
 
 
@@ -118,6 +143,7 @@ async def run(address: str, calls: int, reps: int) -> dict[str, float]:
             "beta": np.zeros(384, np.float16),
             "q": rng.standard_normal((16, 16, 12, 32), np.float32).astype(np.float16),
             "mask": np.ones((16, 16), np.int64),
+            "s": rng.standard_normal((32, 2304), np.float32),
         }
         tensors = {name: gpu.tensor(a) for name, a in arrays.items()}
         results = {}

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 # (shape, strides, the dimensions asked for) -> (shape, strides) of the view: reshapes repeat every step
 _reshapes: Memo[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = Memo(4096)
+# (the op, shape, strides, its dimensions) -> (shape, strides) of a transpose or permute
+_moved: Memo[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = Memo(4096)
 
 
 class Strided(Protocol):
@@ -118,7 +120,7 @@ class TensorViews:
         order: list[int] = []
         for d in dims:  # permute(1, 0) or permute((1, 0))
             order += [int(d)] if isinstance(d, int) else [int(e) for e in d]
-        shape, strides = _geometry("permute", geometry.permuted, self.shape, self.strides, order)
+        shape, strides = _geometry("permute", geometry.permuted, self.shape, self.strides, tuple(order))
         return self._view(shape, strides, self.offset)
 
     def narrow(self, dim: int, start: int, length: int) -> Self:
@@ -134,11 +136,16 @@ class TensorViews:
 
 
 def _geometry(op: str, fn: Any, *args: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """fn's (shape, strides) of the view, kept by its arguments (`.T` and transposes repeat every step)."""
+    key = (op, *args) if all(type(a) is int or type(a) is tuple for a in args) else None  # else: fn refuses
+    known = None if key is None else _moved.get(key)
+    if known is not None:
+        return known
     try:
         result: tuple[tuple[int, ...], tuple[int, ...]] = fn(*args)
     except ValueError as exc:
         raise InvalidArgument(str(exc), op=op) from None
-    return result
+    return result if key is None else _moved.keep(key, result)
 
 
 def picked(data: bytes | memoryview | np.ndarray[Any, Any], tensor: Strided) -> np.ndarray[Any, Any]:

@@ -103,3 +103,20 @@ async def test_what_gpud_does_not_broadcast_is_refused_naming_matmul(gpu: gpud_c
         gpu.ops.matmul(gpu.empty((3, 2, 4, 8)).transpose(0, 1), gpu.empty((2, 3, 8, 5)))
     with pytest.raises(InvalidArgument, match=r"matmul: x is a non-contiguous view; call gpu.ops.contiguous"):
         gpu.ops.matmul(gpu.empty((2, 3, 8, 4)).transpose(-1, -2), gpu.empty((2, 3, 8, 5)))
+
+
+async def test_a_transposed_operand_is_read_through_its_own_tensor(gpu: gpud_client.Client) -> None:
+    """q @ k.T multiplies k itself in the other weight layout (no view made per call); a transpose of a
+    view that is not a whole tensor's goes through a view of it, with the same result."""
+    from gpud_client.ops.matmul import _swapped_back
+
+    rng = np.random.default_rng()
+    q, k = rng.standard_normal((5, 8)).astype(np.float32), rng.standard_normal((6, 8)).astype(np.float32)
+    tq, tk = gpu.tensor(q), gpu.tensor(k)
+    assert _swapped_back(tk.T) is tk
+    assert _swapped_back(tk.transpose(-1, -2)) is tk
+    part = tk[:4]  # a view at the start of k (offsets elsewhere must be multiples of 256 bytes)
+    swapped = _swapped_back(part.T)
+    assert swapped is not tk and swapped.shape == (4, 8) and swapped.is_contiguous
+    np.testing.assert_allclose(await (tq @ tk.T).numpy(), q @ k.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(await (tq @ part.T).numpy(), q @ k[:4].T, rtol=1e-5, atol=1e-5)

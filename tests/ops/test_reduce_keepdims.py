@@ -91,3 +91,32 @@ async def test_min_and_argmin_are_numpys(gpu: gpud_client.Client, dtype: str) ->
             if not isinstance(axis, tuple):
                 got = await gpu.ops.argmin(t, axis=axis, keepdims=keepdims).numpy()
                 np.testing.assert_array_equal(got, np.argmin(x, axis=axis, keepdims=keepdims), f"axis {axis}")
+
+
+def test_the_rules_take_the_kept_shape_and_no_other() -> None:
+    """Checked without a device: keepdims needs no view of the result, since the kernels write x's shape
+    with the axis as 1 as they write it without (the same dense elements); any other shape is refused."""
+    from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+    from gpud_protocol.ops.reduce_axis import geometry
+
+    x = TensorInfo("float32", (2, 3, 4))
+    KERNELS["reduce_f32"].verify([x, TensorInfo("float32", (2, 3, 1))], [6, 4, 0])
+    KERNELS["argmax_f32"].verify([x, TensorInfo("int32", (2, 3, 1))], [6, 4])
+    KERNELS["reduce_axis_f32"].verify(
+        [x, TensorInfo("float32", (2, 1, 4))], [*geometry(x, 1)[:3], 0, *geometry(x, 1)[3:]]
+    )
+    KERNELS["argmax_axis_f32"].verify([x, TensorInfo("int32", (2, 1, 4))], geometry(x, 1))
+    with pytest.raises(OpError, match=r"out is \[2, 1, 3\], x's leading axes are \[2, 3\]"):
+        KERNELS["reduce_f32"].verify([x, TensorInfo("float32", (2, 1, 3))], [6, 4, 0])
+    with pytest.raises(OpError, match=r"out is \[1, 2, 4\], x without axis 1 is \[2, 4\]"):
+        KERNELS["argmax_axis_f32"].verify([x, TensorInfo("int32", (1, 2, 4))], geometry(x, 1))
+
+
+async def test_a_kept_result_is_one_tensor_not_a_view(gpu: gpud_client.Client) -> None:
+    t = gpu.tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    for op in ("sum", "mean", "max", "argmax"):
+        for axis in (0, 1, -1):
+            kept = getattr(gpu.ops, op)(t, axis=axis, keepdims=True)
+            assert not kept.is_view, (op, axis)
+            want = getattr(np, op)(np.arange(24, dtype=np.float64).reshape(2, 3, 4), axis=axis, keepdims=True)
+            np.testing.assert_array_equal(await kept.numpy(), want)

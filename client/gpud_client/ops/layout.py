@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import OpsBase, _info
-from gpud_protocol.ops import OpError, layout_problem
+from gpud_client.ops.base import OpsBase, Planned, info_of
+from gpud_protocol.ops import OpError, TensorInfo, layout_problem
 from gpud_protocol.ops.layout import geometry, grid, kernel_name
 
 
@@ -18,17 +17,20 @@ class LayoutOps(OpsBase):
         permuted or narrowed view (`Tensor.transpose`...) is copied by a kernel into a new tensor (or
         `out`); a tensor every kernel takes as it is (dense, at an offset of a multiple of 256 bytes)
         is returned itself, unless `out` is given."""
-        info = _info(x)
+        info = info_of(x)
         if out is None and layout_problem(info, "x") is None:
             return x
-        dtype = dtype_name(x)
-        result = self._out(out, tuple(x.shape), dtype, x, graph)
-        n = math.prod(x.shape)
+        key = ("contiguous", info, None if out is None else info_of(out))
+        return self._execute(self._plan(key, self._plan_contiguous, x, info, out), [x], out, x, graph)
+
+    def _plan_contiguous(self, x: Any, info: TensorInfo, out: Any) -> Planned:
+        dtype, shape = info.dtype, tuple(x.shape)
+        n = math.prod(shape)
         if n == 0:
-            return result
+            return Planned(shape, dtype, None)
         try:
             view = geometry(info)
         except OpError as exc:
             raise InvalidArgument(str(exc), op="contiguous") from None
-        self._run(kernel_name(dtype), grid(n, dtype), [x, result], [n, *view], graph)
-        return result
+        result = TensorInfo(dtype, shape) if out is None else out
+        return Planned(shape, dtype, self._check(kernel_name(dtype), grid(n, dtype), [x, result], [n, *view]))

@@ -63,7 +63,7 @@ class MatmulOps(OpsBase):
         except AttributeError:
             raise not_a_tensor(w if hasattr(x, "shape") else x) from None
         if len(ws) >= 2 and not getattr(w, "is_contiguous", True):
-            flipped = w.transpose(-1, -2)  # w = k.transpose(-1, -2) of a dense k: that k, the other layout
+            flipped = _swapped_back(w)  # w = k.transpose(-1, -2) of a dense k: that k, the other layout
             if flipped.is_contiguous:
                 return self.matmul(x, flipped, transpose_w=not transpose_w, bias=bias, out=out, graph=graph)
         if 2 <= len(xs) <= 3 and 2 <= len(ws) <= 3 and (len(xs) == 2 or len(ws) == 2 or xs[0] == ws[0]):
@@ -130,6 +130,17 @@ class MatmulOps(OpsBase):
     def _capability(self, like: Any) -> str:
         """The compute capability of the device `like` lives on ("9.0"), "" where the daemon does not say."""
         return str(self._device_info(like).get("compute_capability", ""))
+
+
+def _swapped_back(w: Any) -> Any:
+    """w with its last two axes swapped back: where w is its base's `.T` or `transpose(-1, -2)` (q @ k.T),
+    the base itself (no new view on the hot path), else a view."""
+    base, strides = getattr(w, "base", w), getattr(w, "strides", None)
+    if base is not w and strides is not None and not w.offset and base.strides is not None:
+        shape, dense = tuple(w.shape), tuple(base.strides)
+        if tuple(base.shape) == (*shape[:-2], shape[-1], shape[-2]) and strides == (*dense[:-2], dense[-1], dense[-2]):
+            return base
+    return w.transpose(-1, -2)
 
 
 def _operand_dtypes(x: Any, w: Any) -> tuple[str, str]:

@@ -5,7 +5,6 @@ of 8 long runs a thread per row (gpud_protocol.ops.rows)."""
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from typing import Any
 
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.axes import plan, result_shape
+from gpud_client.ops.axes import Plan, plan, result_shape
 from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
@@ -69,15 +68,7 @@ class ReduceOps(OpsBase):
         numpy's; the first NaN's where the axis holds one), int32."""
         if keepdims:
             return self._kept("argmax", x, axis, out, graph)
-        p = plan("argmax", x, axis)
-        result = self._out(out, p.reduced, "int32", x, graph)
-        if p.empty:
-            return result
-        if p.rows is not None:
-            self._run(f"argmax_{SHORT[p.dtype]}", _grid(p.rows[0]), [p.x, result], list(p.rows), graph)
-        else:
-            self._axis_run(f"argmax_axis_{SHORT[p.dtype]}", p.x, result, p.view, [], graph)
-        return result
+        return self._reduce("argmax", x, axis, out, graph)
 
     def softmax(self, x: Any, mask: Any = None, *, axis: int | None = -1, out: Any = None, graph: Any = None) -> Any:
         """Softmax over `axis` (default the last; None: over every element), max-subtracted, same shape
@@ -185,45 +176,40 @@ class ReduceOps(OpsBase):
         return result
 
     def _kept(self, op: str, x: Any, axis: int | None, out: Any, graph: Any) -> Any:
-        """numpy's keepdims=True: the result made with the reduced axis (every axis, for None) as 1, the
-        op writing a view of it without that axis."""
-        p = plan(op, x, axis)  # checks the axis
-        ndim = len(x.shape)
-        picked = range(ndim) if axis is None else (axis_index(operator.index(axis), ndim),)
-        shape = result_shape(op, x.shape, picked, True, out)
+        """numpy's keepdims=True: the result in x's shape with the reduced axis (every axis, for None) as
+        1, which the kernels write as they write the reduced shape (the same dense elements)."""
+        if axis is not None:
+            return self._reduce(op, x, axis, out, graph, keepdims=True)
+        p = plan(op, x, axis)
+        shape = result_shape(op, x.shape, range(len(x.shape)), True, out)
         result = self._out(out, shape, "int32" if op == "argmax" else "float32", x, graph)
-        reducer = self.argmax if op == "argmax" else functools.partial(self._reduce, op)
-        reducer(x, axis, out=result.reshape(p.reduced), graph=graph)
+        self._reduce(op, x, axis, result.reshape(p.reduced), graph)
         return result
 
-    def _reduce(self, op: str, x: Any, axis: int | None, out: Any, graph: Any) -> Any:
+    def _reduce(self, op: str, x: Any, axis: int | None, out: Any, graph: Any, keepdims: bool = False) -> Any:
+        """Reduce (or argmax) one axis of x, or every element for None, into `out` or a new result."""
         if axis is None:  # over a flat view of x, made here (recorded, in a graph): not kept
             p = plan(op, x, axis)
-            result = self._out(out, p.reduced, "float32", x, graph)
+            result = self._out(out, p.reduced, "int32" if op == "argmax" else "float32", x, graph)
             if p.empty:
                 return result
-            code = REDUCE_OPS[op]
-            if p.rows is not None:
-                self._run(f"reduce_{SHORT[p.dtype]}", _grid(p.rows[0]), [p.x, result], [*p.rows, code], graph)
-            else:
-                self._axis_run(f"reduce_axis_{SHORT[p.dtype]}", p.x, result, p.view, [code], graph)
+            name, grid, scalars = _reduction(op, p)
+            self._run(name, grid, [p.x, result], scalars, graph)
             return result
-        key = ("_reduce", op, info_of(x), axis, None if out is None else info_of(out))
-        return self._execute(self._plan(key, self._plan_reduce, op, x, axis, out), [x], out, x, graph)
+        key = ("_reduce", op, info_of(x), axis, keepdims, None if out is None else info_of(out))
+        return self._execute(self._plan(key, self._plan_reduce, op, x, axis, out, keepdims), [x], out, x, graph)
 
-    def _plan_reduce(self, op: str, x: Any, axis: int, out: Any) -> Planned:
-        p = plan(op, x, axis)
-        result = TensorInfo("float32", p.reduced) if out is None else out
+    def _plan_reduce(self, op: str, x: Any, axis: int, out: Any, keepdims: bool) -> Planned:
+        p = plan(op, x, axis)  # checks the axis
+        dtype = "int32" if op == "argmax" else "float32"
+        picked = (axis_index(operator.index(axis), len(x.shape)),)
+        shape = result_shape(op, x.shape, picked, True, out) if keepdims else p.reduced
         if p.empty:
-            return Planned(p.reduced, "float32", None)
-        code = REDUCE_OPS[op]
-        if p.rows is not None:
-            launch = self._check(f"reduce_{SHORT[p.dtype]}", _grid(p.rows[0]), [x, result], [*p.rows, code])
-        else:
-            assert p.view is not None
-            scalars = [*p.view[:3], code, *p.view[3:]]
-            launch = self._check(f"reduce_axis_{SHORT[p.dtype]}", axis_grid(p.view[0]), [x, result], scalars)
-        return Planned(p.reduced, "float32", launch)
+            return Planned(shape, dtype, None)
+        name, grid, scalars = _reduction(op, p)
+        return Planned(
+            shape, dtype, self._check(name, grid, [x, TensorInfo(dtype, shape) if out is None else out], scalars)
+        )
 
     def _axis_run(self, name: str, x: Any, out: Any, view: list[int] | None, extra: list[int], graph: Any) -> None:
         """A kernel of `reduce_axis`: its scalars are (n, length, inner), `extra`, then the view."""
@@ -251,6 +237,16 @@ class ReduceOps(OpsBase):
         if op == "layernorm" and rows_apply(length) and self._software(x):  # lavapipe: a thread per row
             name, grid = f"layernorm_rows_{SHORT[dtype]}_{SHORT[wdtype]}", rows_grid(rows)
         return Planned(tuple(x.shape), dtype, self._check(name, grid, [x, *params, result], [rows, length, float(eps)]))
+
+
+def _reduction(op: str, p: Plan) -> tuple[str, tuple[int, int, int], list[int]]:
+    """The kernel, grid and scalars that reduce (or argmax) as `p` plans: a row kernel over the last
+    axis of a dense x, else an axis kernel."""
+    kind, codes = ("argmax", []) if op == "argmax" else ("reduce", [REDUCE_OPS[op]])
+    if p.rows is not None:
+        return f"{kind}_{SHORT[p.dtype]}", _grid(p.rows[0]), [*p.rows, *codes]
+    assert p.view is not None
+    return f"{kind}_axis_{SHORT[p.dtype]}", axis_grid(p.view[0]), [*p.view[:3], *codes, *p.view[3:]]
 
 
 def _grid(rows: int) -> tuple[int, int, int]:

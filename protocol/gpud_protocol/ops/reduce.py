@@ -8,6 +8,7 @@ once when stored (to nearest even).
 
 reduce_<x>(x, out; rows, length, op): out[r] (float32) = sum (op 0), mean (1), max (2) of row r.
 argmax_<x>(x, out; rows, length): out[r] (int32) = the first index of row r's maximum (NaN-free rows).
+    The out of both is x's leading axes, or x's shape with the last axis 1 (numpy's keepdims).
 softmax_<x>(x, out; rows, length): max-subtracted softmax of each row, out like x.
 softmax_mask_<x>(x, mask, out; rows, length, mask_rows): softmax of x + mask, the float32 mask's row
     r % mask_rows added to row r (mask broadcasts over x's leading axes); a row all -inf gives zeros.
@@ -68,13 +69,19 @@ def _check_x(x: TensorInfo, dtype: str, rows: int | float, length: int | float) 
     need((rows, length) == want, f"rows and length passed ({rows}, {length}) do not match x {list(x.shape)}: {want}")
 
 
+def _check_reduced(x: TensorInfo, out: TensorInfo) -> None:
+    """out is x's leading axes, or x's shape with the last axis 1 (numpy's keepdims: the same elements)."""
+    lead = x.shape[:-1]
+    need(out.shape in (lead, (*lead, 1)), f"out is {list(out.shape)}, x's leading axes are {list(lead)}")
+
+
 def _reduce(dtype: str) -> KernelSpec:
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         x, out = t
         rows, length, op = s
         _check_x(x, dtype, rows, length)
         need(out.dtype == "float32", f"out is {out.dtype}, the reduction is float32")
-        need(out.shape == x.shape[:-1], f"out is {list(out.shape)}, x's leading axes are {list(x.shape[:-1])}")
+        _check_reduced(x, out)
         need(op in REDUCE_OPS.values(), f"unknown reduction {op}")
 
     name = f"reduce_{SHORT[dtype]}"
@@ -88,7 +95,7 @@ def _argmax(dtype: str) -> KernelSpec:
         rows, length = s
         _check_x(x, dtype, rows, length)
         need(out.dtype == "int32", f"out is {out.dtype}, argmax is int32")
-        need(out.shape == x.shape[:-1], f"out is {list(out.shape)}, x's leading axes are {list(x.shape[:-1])}")
+        _check_reduced(x, out)
 
     name = f"argmax_{SHORT[dtype]}"
     return KernelSpec(name, FAMILY, "argmax", ("x", "out"), (1,), _U32S("rows", "length"), check)

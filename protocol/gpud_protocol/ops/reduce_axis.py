@@ -15,7 +15,8 @@ argmax_axis_<x>(x, out; n, length, inner, offset, s_length, size0..5, stride0..5
 softmax_axis_<x>(x, out; n, length, inner, offset, s_length, size0..5, stride0..5):
     out (dense, x's shape and dtype) = the max-subtracted softmax over the axis; output k's element r
     is at (k / inner) * length * inner + r * inner + k % inner.
-n: the outputs (x's size without the axis); inner: the size of x's axes after it.
+n: the outputs (x's size without the axis); inner: the size of x's axes after it. The out of
+reduce_axis and argmax_axis is x's shape without the axis, or with it as 1 (numpy's keepdims).
 
 One thread per output, walking r: neighbouring threads read neighbouring elements where x's last
 axis is not the one reduced. `length` is at most MAX_AXIS_LENGTH (65,535: the most iterations
@@ -83,16 +84,22 @@ def _reduced(x: TensorInfo, axis: int) -> tuple[int, ...]:
     return x.shape[:axis] + x.shape[axis + 1 :]
 
 
+def _check_reduced(x: TensorInfo, axis: int, out: TensorInfo) -> None:
+    """out is x without the axis, or x with the axis 1 (numpy's keepdims: the same elements)."""
+    kept = (*x.shape[:axis], 1, *x.shape[axis + 1 :])
+    need(
+        out.shape in (_reduced(x, axis), kept),
+        f"out is {list(out.shape)}, x without axis {axis} is {list(_reduced(x, axis))}",
+    )
+
+
 def _reduce(dtype: str) -> KernelSpec:
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         x, out = t
         op = s[3]
         axis = _check_x(x, dtype, [*s[:3], *s[4:]])
         need(out.dtype == "float32", f"out is {out.dtype}, the reduction is float32")
-        need(
-            out.shape == _reduced(x, axis),
-            f"out is {list(out.shape)}, x without axis {axis} is {list(_reduced(x, axis))}",
-        )
+        _check_reduced(x, axis, out)
         need(op in REDUCE_OPS.values(), f"unknown reduction {op}")
 
     scalars = tuple((n, "u32") for n in (*HEAD, "op", *VIEW))
@@ -106,10 +113,7 @@ def _argmax(dtype: str) -> KernelSpec:
         x, out = t
         axis = _check_x(x, dtype, s)
         need(out.dtype == "int32", f"out is {out.dtype}, argmax is int32")
-        need(
-            out.shape == _reduced(x, axis),
-            f"out is {list(out.shape)}, x without axis {axis} is {list(_reduced(x, axis))}",
-        )
+        _check_reduced(x, axis, out)
 
     scalars = tuple((n, "u32") for n in (*HEAD, *VIEW))
     return KernelSpec(f"argmax_axis_{SHORT[dtype]}", FAMILY, "argmax", ("x", "out"), (1,), scalars, check, strided=(0,))
