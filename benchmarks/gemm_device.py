@@ -19,8 +19,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "gpud" / "ops" / "matmul_tc.cu"
-# put before the family's source, as gpud.ops.source does (its _PRELUDES of matmul_tc and matmul_wg)
-PRELUDES = [ROOT / "gpud" / "ops" / name for name in ("cp_async.cu", "products.cu")]
+# put before the family's source, as gpud.ops.source does (gpud.ops.preludes: pdl first, for every family)
+PRELUDES = [ROOT / "gpud" / "ops" / name for name in ("pdl.cu", "cp_async.cu", "products.cu")]
 
 
 def with_preludes(path: Path) -> str:
