@@ -51,20 +51,28 @@ MINILM = [  # (name, N, K): a MiniLM encoder's linear layers (hidden 384, FFN 15
     ("minilm ffn up", 1536, 384),
     ("minilm ffn down", 384, 1536),
 ]
-ROWS = (1, 8, 16, 64, 128, 256, 1024, 4096)
+ROWS = (1, 8, 16, 64, 128, 256, 1024, 4096, 15360)  # 15,360: MiniLM's 256 sentences of 60 tokens
 FFMA_ROWS = 256  # the float32 tiles are timed up to this many rows (past it, minutes of FFMA)
 GRAPH_SECONDS = 2e-3  # aim for a graph replay this long
 MAX_LAUNCHES = 2000
 SHORT = {"float32": "f32", "float16": "f16"}
 
 
-def _choice(x_short: str, m: int, n: int, k: int) -> tuple[str, tuple[int, int, int]]:
-    """The kernel and grid gpu.ops.matmul picks on CUDA for x @ w.T with w (N, K) float16."""
+def _choice(x_short: str, m: int, n: int, k: int, capability: str) -> tuple[str, tuple[int, int, int]]:
+    """The kernel and grid gpu.ops.matmul picks on CUDA for x @ w.T with w (N, K) float16 (client/
+    gpud_client/ops/matmul.py: matvec, then on the tensor cores matmul_tma, matmul_wg or matmul_tc)."""
     from gpud_protocol.ops.matmul import MATVEC_ROWS, matmul_grid, matvec_grid, tc_grid, tc_kernel
+    from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
+    from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 
     if m <= MATVEC_ROWS:
         return f"matvec_{x_short}_f16", matvec_grid(1, n, k, True)
     if x_short == "f16":
+        hopper = capability == CAPABILITY
+        if hopper and (name := tma_kernel(1, m, n, k, "float16")) is not None:
+            return name, tma_grid(name, 1, m, n)
+        if hopper and (name := wg_kernel(m, n, k, "float16")) is not None:
+            return name, wg_grid(name, 1, m, n)
         name = tc_kernel(m, n, k)
         return name, tc_grid(name, 1, m, n)
     return f"matmul_{x_short}_f16", matmul_grid(1, m, n)
@@ -79,7 +87,7 @@ def _gpud_matmul(
     out_dtype = "float16" if x_host.dtype == np.float16 else "float32"
     x_dev, out_dev = dev.alloc(x_host.nbytes), dev.alloc(m * n * np.dtype(out_dtype).itemsize)
     dev.upload(x_dev, x_host)
-    grid = _choice(SHORT[x_host.dtype.name], m, n, k)[1]
+    grid = _choice(SHORT[x_host.dtype.name], m, n, k, dev.capability)[1]
     scalars = [1, m, n, k, 0, 0, 1, 0]  # batch, m, n, k, strides, transpose_w, no bias
     dev.launch(kernel, grid, [x_dev, weights[0], x_dev, out_dev], scalars)
     dev.sync()
@@ -160,9 +168,9 @@ async def _measure(quick: bool, cache_dir: str) -> dict[str, Any]:
             x32 = rng.standard_normal((m, k), dtype=np.float32)
             ways: list[tuple[str, str, Any]] = []
             for x_dtype in ("float32", "float16"):
-                kernel = _choice(SHORT[x_dtype], m, n, k)[0]
-                kind = kernel.split("_")[0] if x_dtype == "float32" or m <= 8 else "matmul_tc"
-                if x_dtype == "float32" and m > FFMA_ROWS:
+                kernel = _choice(SHORT[x_dtype], m, n, k, dev.capability)[0]
+                kind = kernel.split("_")[0] if x_dtype == "float32" or m <= 8 else "_".join(kernel.split("_")[:2])[:10]
+                if (x_dtype == "float32" and m > FFMA_ROWS) or (shape_name == "lm_head" and m > 4096):
                     continue
                 ways.append((f"gpud {SHORT[x_dtype]} x, f16 w ({kind})", kernel, x_dtype))
                 if kernel not in dev.functions:

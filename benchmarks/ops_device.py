@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,8 +59,11 @@ class Device:
         attribute = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE
         self.l2 = int(check(cu.cuDeviceGetAttribute(attribute, device._device)))
         self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        self.capability = str(device.info().get("compute_capability", ""))
         self.functions: dict[str, Any] = {}
         self.blocks: dict[str, int] = {}  # threads per block, by kernel
+        self.shared: dict[str, int] = {}  # dynamic shared memory, by kernel
+        self.natives: dict[str, Any] = {}  # the backend's Launch, by kernel (a TMA kernel's maps)
         self.buffers: list[Any] = []
         self.graphs: list[tuple[Any, Any]] = []  # (graph, executable)
 
@@ -70,10 +74,12 @@ class Device:
 
         spec = KERNELS[name]
         block = spec.block
-        got = self.rt.program(source(spec.family, "cuda"), name, KernelOptions((block, 1, 1)))
+        got = self.rt.program(source(spec.family, "cuda"), name, KernelOptions((block, 1, 1), shared=spec.shared))
         program = await got if isinstance(got, asyncio.Future) else got
         self.functions[name] = program.native.function
         self.blocks[name] = block
+        self.shared[name] = spec.shared
+        self.natives[name] = program.native
 
     def alloc(self, nbytes: int) -> int:
         pointer = check(self.cu.cuMemAlloc(nbytes))
@@ -118,12 +124,31 @@ class Device:
         return 2 * COPY_BYTES * count / best
 
     def launch(self, name: str, grid: tuple[int, int, int], pointers: list[int], scalars: list[int]) -> None:
-        slots = (ctypes.c_uint64 * (len(pointers) + len(scalars)))(*pointers, *scalars)
-        address = ctypes.addressof(slots)
-        params = (ctypes.c_void_p * len(slots))(*(address + 8 * i for i in range(len(slots))))
+        """One launch, its parameters packed as the daemon packs them (a TMA kernel's x and w as maps)."""
+        from gpud.backends.cuda.launch import _maps
+
+        native = self.natives[name]
+        values = [*pointers, *scalars]
+        raw = struct.pack(f"<{len(pointers)}Q{len(scalars)}Q", *values)
+        offsets = [8 * i for i in range(len(values))]
+        if native.tma is not None:
+            raw = _maps(native, native.tma, values) + raw[16:]
+            offsets = native.tma.offsets(len(values))
+        buffer = ctypes.create_string_buffer(raw, len(raw))
+        self._kept = buffer  # alive until the next launch: the driver copies the values at the call
+        address = ctypes.addressof(buffer)
+        params = (ctypes.c_void_p * len(values))(*(address + o for o in offsets))
         check(
             self.cu.cuLaunchKernel(
-                self.functions[name], *grid, self.blocks[name], 1, 1, 0, self.stream, ctypes.addressof(params), 0
+                self.functions[name],
+                *grid,
+                self.blocks[name],
+                1,
+                1,
+                self.shared[name],
+                self.stream,
+                ctypes.addressof(params),
+                0,
             )
         )
 

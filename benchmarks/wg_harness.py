@@ -58,7 +58,8 @@ def sweep_entries() -> tuple[str, list[tuple[str, int, int, int, int]]]:
 
 def build_wg(dev: Any, wg: Any) -> list[Any]:
     extra, sweep = sweep_entries()
-    image = gd.compile_cubin(gd.with_preludes(gd.ROOT / "gpud" / "ops" / "matmul_wg.cu") + extra, "sm_90a")
+    ops = gd.ROOT / "gpud" / "ops"  # the preludes, wgmma.cu, then the family (gpud.ops.preludes' order)
+    image = gd.compile_cubin(gd.with_preludes(ops / "wgmma.cu") + (ops / "matmul_wg.cu").read_text() + extra, "sm_90a")
     module = gd._check(dev.cu.cuModuleLoadData(image))
     dev.modules.append(module)
     attr = dev.cu.CUfunction_attribute

@@ -1,7 +1,8 @@
 """wg_harness --ws: the warp-specialized kernels of benchmarks/ws_matmul.cu, built and launched.
 
 ws_matmul.cu is appended to gpud/ops/matmul_wg.cu's source up to its entry points (the preludes first,
-as gemm_device.with_preludes puts them) with one entry point per VARIANTS row, compiled for sm_90a.
+as gemm_device.with_preludes puts them, then wgmma.cu) with one entry point per VARIANTS row, compiled
+for sm_90a. (The persistent TMA kernel is the library's now: gpud/ops/matmul_tma.cu.)
 ws_cpasync kernels take matmul_wg's parameters and launch as it does. ws_tma kernels take two tensor
 maps (CUtensorMap: 128 bytes, 64-byte aligned, `const __grid_constant__`) in place of x and w, which
 WsDevice encodes for each launch's pointers and sizes (cached; the driver's cuTensorMapEncodeTiled
@@ -85,7 +86,8 @@ def entry(kind: str, bn: int, stages: int) -> str:
 
 def source(gd: Any, variants: list[tuple[str, int, int]]) -> str:
     """The program: the preludes, matmul_wg.cu without its entry points, ws_matmul.cu, the variants'."""
-    base: str = gd.with_preludes(gd.ROOT / "gpud" / "ops" / "matmul_wg.cu")
+    ops = gd.ROOT / "gpud" / "ops"
+    base: str = gd.with_preludes(ops / "wgmma.cu") + (ops / "matmul_wg.cu").read_text()  # wgmma.cu: desc(), wgmma_*
     base = base[: base.index(gd.ENTRIES)]
     text = base + Path(__file__).with_name("ws_matmul.cu").read_text()
     return text + "".join(entry(*variant) for variant in variants)

@@ -12,7 +12,7 @@ for the SASS counts):
 A family is one NVRTC program (the daemon compiles the same source for each of its entry points, so
 one build shows them all), for --arch (sm_90 by default; a source that uses wgmma is built for the
 arch's "a" variant, sm_90a). Flags: `!hmma` on a kernel whose name says tensor cores (`_tc`, `flash`,
-`_wg`) but whose SASS has no HMMA/HGMMA, `!local` on one that uses local memory (spills, or an array
+`_wg`, `_tma`) but whose SASS has no HMMA/HGMMA, `!local` on one that uses local memory (spills, or an array
 indexed at run time), `!missing` on an entry point of gpud_protocol.ops (when importable) that neither
 the build nor the family's WGSL source has. Exit status: 1 if a family fails to compile, or with
 --strict if anything is flagged.
@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = ROOT / "gpud" / "ops"
-TENSOR_CORE_NAMES = re.compile(r"_tc\d|flash|_wg")
+TENSOR_CORE_NAMES = re.compile(r"_tc\d|flash|_wg|_tma")
 SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 COLUMNS = ("regs", "spill st/ld", "local", "smem", "HMMA", "HGMMA", "LDL/STL")
 WIDTHS = (4, 11, 5, 6, 5, 5, 7)

@@ -172,6 +172,11 @@ main() {
             GPUD_RING=1 section python3 -m gpud bench embed --backend cuda --weights .embed --json "$OUT/bench-embed-cuda-ring.json" || status=1
             ;;
         picogpt-cuda) section python3 -m benchmarks.picogpt --backend cuda --shape 124M --json "$OUT/bench-picogpt-124M-cuda.json" || status=1 ;;
+        tma) # the TMA matmuls (matmul_tma): their cuda tests, the backend's, then bench ops (the op's choice beside cuBLAS)
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matmul_tma.py \
+                tests/ops/test_matmul_wg.py tests/ops/test_matmul_tc.py tests/backends/cuda tests/testing/test_bert.py || status=1
+            section python3 -m gpud bench ops --json "$OUT/bench-ops.json" || status=1
+            ;;
         changed) # this session's changed op paths on cuda
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_power.py \
                 tests/ops/test_reduce_keepdims.py tests/ops/test_matmul_numpy.py tests/ops/test_layout.py tests/ops/test_reduce.py || status=1

@@ -1,6 +1,6 @@
-"""Prints the wgmma wrappers of gpud/ops/matmul_wg.cu (the block between its GENERATED markers):
-one `wgmma_<N>_<t>` per tile width N and operand type t, its N / 2 float32 accumulators as
-inline-asm operands (PTX has no register arrays). Run: python scripts/gen-wgmma.py"""
+"""Prints the wgmma wrappers of gpud/ops/wgmma.cu (the block between its GENERATED markers; the prelude
+of matmul_wg and matmul_tma): one `wgmma_<N>_<t>` per tile width N and operand type t, its N / 2 float32
+accumulators as inline-asm operands (PTX has no register arrays). Run: python scripts/gen-wgmma.py"""
 
 WIDTHS = (64, 128, 256)
 TYPES = ("f16", "bf16")

@@ -6,10 +6,13 @@ file without gpud's dependencies."""
 from __future__ import annotations
 
 CUDA_FAMILIES = (
-    "attention", "elementwise", "fused", "layout", "matmul", "matmul_tc", "matmul_wg", "reduce", "reduce_axis"
+    "attention", "elementwise", "fused", "layout", "matmul", "matmul_tc", "matmul_tma", "matmul_wg", "reduce",
+    "reduce_axis",
 )  # fmt: skip
 _CUDA: dict[str, tuple[str, ...]] = {
-    **{family: ("cp_async", "products") for family in ("matmul_tc", "matmul_wg")},
+    "matmul_tc": ("cp_async", "products"),
+    # wgmma.cu uses products.cu's u64; matmul_tma takes cp_async.cu's smem_u32 only (TMA fills its stages)
+    **{family: ("cp_async", "products", "wgmma") for family in ("matmul_tma", "matmul_wg")},
     "attention": ("rotary",),
     "elementwise": ("nan",),
     "fused": ("halves", "load_store", "rotary"),

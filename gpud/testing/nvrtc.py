@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpud_protocol.ops import FAMILIES
 
-SM_90A_ONLY = frozenset({"matmul_wg"})  # wgmma
+SM_90A_ONLY = frozenset({"matmul_tma", "matmul_wg"})  # wgmma
 
 
 @functools.cache

@@ -3,7 +3,8 @@ optional bias), accumulated in float32. One row of x per weight matrix (decode) 
 matrix-vector kernel that reads each weight once, and so do up to 8 rows but for float16 or bfloat16
 x and w of one dtype on CUDA: those go from 2 rows to the tensor cores (a matmul_tc kernel with a tile
 sized to the product, whose 16-row tiles match cuBLAS there; on Hopper, wide products with w as (N, K)
-to a matmul_wg kernel: its warpgroup instructions). On a WebGPU adapter that runs on the CPU
+to a matmul_wg kernel: its warpgroup instructions, and large ones to matmul_tma: TMA copies feeding
+warp-specialized warpgroups). On a WebGPU adapter that runs on the CPU
 (lavapipe), products with w as (N, K) and K a multiple of 8 go to matmul_nk_<x>_<w>; anything else to
 matmul_<x>_<w>."""
 
@@ -34,6 +35,7 @@ from gpud_protocol.ops.matmul import (
     tc_kernel,
 )
 from gpud_protocol.ops.matmul_nk import nk_applies, nk_grid
+from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
 from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 
 
@@ -110,8 +112,12 @@ class MatmulOps(OpsBase):
                 p = grouped or p  # past 8 rows, groups of rows along z: each row's bits as if alone
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
             elif tensor_cores:  # from 2 rows: matmul_tc's 16-row tiles match cuBLAS where matvec did not
-                wide = wg_kernel(p.m, p.n, p.k, xd) if wt and self._capability(x) == CAPABILITY else None
-                if wide is not None:  # Hopper's warpgroup kernels (a Linear's weight layout)
+                hopper = wt and self._capability(x) == CAPABILITY  # a Linear's weight layout on sm_90
+                tma = tma_kernel(p.batch, p.m, p.n, p.k, xd) if hopper else None
+                wide = wg_kernel(p.m, p.n, p.k, xd) if hopper and tma is None else None
+                if tma is not None:  # large products: TMA copies and warp-specialized warpgroups
+                    name, grid = tma, tma_grid(tma, p.batch, p.m, p.n)
+                elif wide is not None:  # Hopper's warpgroup kernels
                     name, grid = wide, wg_grid(wide, p.batch, p.m, p.n)
                 else:
                     name = tc_kernel(p.m, p.n, p.k, xd)

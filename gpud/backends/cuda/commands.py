@@ -11,6 +11,7 @@ from gpud.backends.base import Device, Done, GraphStep
 from gpud.backends.cuda.graph import ReplayRun
 from gpud.backends.cuda.stream import Commands, Stream, Submitted
 from gpud_protocol import SCALAR_FORMATS
+from gpud_protocol.errors import InvalidArgument
 
 _SCALAR_FORMAT = {int(kind): "<" + fmt for kind, fmt in SCALAR_FORMATS.items()}  # at the start of its 8-byte slot
 
@@ -33,6 +34,10 @@ class CudaCommands(Device):
             if not segments or segments[-1][0] != "run":
                 segments.append(("run", ReplayRun([]), []))
             run, patched = segments[-1][1], segments[-1][2]
+            if variables and item[0] in self._stream.graphs.tma_modules:
+                raise InvalidArgument(
+                    "a TMA kernel's scalars (its tensor maps' sizes) cannot be a replay's scalars: record the sizes"
+                )
             if variables:
                 patched.append((len(run.launches), variables))
             run.launches.append(item)

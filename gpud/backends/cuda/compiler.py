@@ -57,6 +57,7 @@ _SCALAR_TYPES = {
 _QUALIFIERS = frozenset({"const", "volatile", "__restrict__", "__restrict"})
 _TYPE_WORDS = frozenset({"float", "double", "int", "signed", "unsigned", "long", "short", "char", "bool", "void"})
 _WORDS = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*|\S")
+_TENSOR_MAP = re.compile(r"\bTmaMap\b")
 
 
 def check_source(source: str) -> str:
@@ -105,15 +106,17 @@ def parse_parameters(stripped: str, entry: str) -> list[str] | None:
 
 
 def _is_pointer(parameter: str) -> bool:
-    return "*" in parameter or "[" in parameter
+    """A tensor's parameter: a pointer, or a tensor map (the library's TMA kernels take x and w as
+    `const __grid_constant__ TmaMap`, encoded by the daemon from the pointer: gpud.backends.cuda.tma)."""
+    return "*" in parameter or "[" in parameter or _TENSOR_MAP.search(parameter) is not None
 
 
 def written_tensors(parameters: Sequence[str]) -> frozenset[int]:
-    """Positions, among pointer parameters, of those whose pointee is not const."""
+    """Positions, among pointer parameters, of those whose pointee is not const (a tensor map is read)."""
     writes = set()
     pointers = [p.replace("[", "*") for p in parameters if _is_pointer(p)]
     for position, param in enumerate(pointers):
-        if not re.search(r"\bconst\b", param[: param.rfind("*")]):
+        if "*" in param and not re.search(r"\bconst\b", param[: param.rfind("*")]):
             writes.add(position)
     return frozenset(writes)
 

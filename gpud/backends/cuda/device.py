@@ -20,7 +20,7 @@ from typing import Any
 
 from gpud import ops
 from gpud.backends.base import Arg, Device, Program, program_key
-from gpud.backends.cuda import compiler
+from gpud.backends.cuda import compiler, tma
 from gpud.backends.cuda.commands import CudaCommands
 from gpud.backends.cuda.driver import E, address, check, cu, error, host_alloc, host_free, nvrtc
 from gpud.backends.cuda.launch import make_launch, pack
@@ -183,9 +183,19 @@ class CudaDevice(CudaCommands):
             module = compiler.load_module(
                 self._cache_dir, image_key, source, entry, flags, self._arch, self._cubin, self._counters
             )
+            library = ops.waits_for_prior(source)
+            layout = tma.layout(entry) if library else None  # the library's TMA kernels take tensor maps
             try:
                 launch = make_launch(
-                    module_id, module, entry, options.block, self._max_block, self._max_args, parameters, options.shared
+                    module_id,
+                    module,
+                    entry,
+                    options.block,
+                    self._max_block,
+                    self._max_args,
+                    parameters,
+                    options.shared,
+                    layout,
                 )
             except BaseException:
                 cu.cuModuleUnload(module)
@@ -194,8 +204,10 @@ class CudaDevice(CudaCommands):
             self._report_lost(exc)
             raise
         self._modules[module_id] = module
-        if ops.waits_for_prior(source):
+        if library:
             self._stream.graphs.waiting.add(module_id)
+        if layout is not None:
+            self._stream.graphs.tma_modules.add(module_id)
         interface = compiler.interface(parameters, options.writes, launch.sizes is not None)
         program = Program(key, entry, launch, *interface)
         weakref.finalize(program, self._dead_modules.append, module_id).atexit = False  # the list is never replaced
@@ -206,6 +218,7 @@ class CudaDevice(CudaCommands):
 
     def _unload(self, module_id: int) -> None:
         self._stream.graphs.waiting.discard(module_id)
+        self._stream.graphs.tma_modules.discard(module_id)
         if (module := self._modules.pop(module_id, None)) is not None:
             self._stream.graphs.forget_all()  # rare; a graph must not outlive a kernel it launches
             (status,) = cu.cuModuleUnload(module)

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gpud.backends.cuda import tma
 from gpud.backends.cuda.driver import check, cu, error
 from gpud_protocol.lru import LruCache
 
@@ -82,12 +83,17 @@ class GraphRunner:
         self.replays = 0
         self.patched_nodes = 0
         # Launch parameters: one 8-byte slot per argument and a void* array pointing at the slots.
-        # cuLaunchKernel and the node-parameter calls copy the values, so one buffer serves all.
-        slots = max(max_args, 1)
-        self._params = (ctypes.c_uint64 * slots)()
+        # cuLaunchKernel and the node-parameter calls copy the values, so one buffer serves all. The
+        # kernels of modules in `tma_modules` take two tensor maps first: their own array of pointers.
+        slots = max(max_args, tma.MAPS)
+        self.tma_modules: set[int] = set()
+        self._params = (ctypes.c_uint64 * (slots + (tma.MAP_BYTES // 8 - 1) * tma.MAPS))()
         self._params_address = ctypes.addressof(self._params)
         self._pointers = (ctypes.c_void_p * slots)(*(self._params_address + 8 * i for i in range(slots)))
         self._pointers_address = ctypes.addressof(self._pointers)
+        offsets = tma.TmaLayout(0, 0, 0).offsets(slots)
+        self._map_pointers = (ctypes.c_void_p * slots)(*(self._params_address + o for o in offsets))
+        self._map_pointers_address = ctypes.addressof(self._map_pointers)
 
     def issue(self, run: Run) -> None:
         """Put the run on the stream (on the submitting thread, with the context current)."""
@@ -167,22 +173,26 @@ class GraphRunner:
         graph.values[index] = values
         self.patched_nodes += 1
 
+    def _pointers_of(self, module: int) -> int:
+        return self._map_pointers_address if module in self.tma_modules else self._pointers_address
+
     def _launch_all(self, run: Run) -> None:
-        params, pointers, stream = self._params_address, self._pointers_address, self._stream
-        for _module, function, gx, gy, gz, bx, by, bz, shared, values in run:
+        params, stream = self._params_address, self._stream
+        for module, function, gx, gy, gz, bx, by, bz, shared, values in run:
             ctypes.memmove(params, values, len(values))
+            pointers = self._pointers_of(module)
             (status,) = cu.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, shared, stream, pointers, 0)
             if status:
                 raise error(status, "launching a kernel")
 
     def _node_params(self, launch: tuple[Any, ...]) -> Any:
-        _module, function, gx, gy, gz, bx, by, bz, shared, values = launch
+        module, function, gx, gy, gz, bx, by, bz, shared, values = launch
         params = cu.CUDA_KERNEL_NODE_PARAMS()
         params.func = function
         params.gridDimX, params.gridDimY, params.gridDimZ = gx, gy, gz
         params.blockDimX, params.blockDimY, params.blockDimZ = bx, by, bz
         params.sharedMemBytes = shared
-        params.kernelParams = self._pointers_address
+        params.kernelParams = self._pointers_of(module)
         ctypes.memmove(self._params_address, values, len(values))
         return params
 

@@ -1,7 +1,8 @@
 """Launches: `Launch` is what `Program.native` holds on CUDA; `pack` checks a dispatch against it
 and packs it into `(module_id, function, gx, gy, gz, bx, by, bz, shared, params)`, the form `graph` issues
 and keys its graphs by. `params` holds one 8-byte slot per argument (a pointer, or a 4-byte scalar
-and padding), copied into the launch parameter slots right before `cuLaunchKernel`.
+and padding), copied into the launch parameter slots right before `cuLaunchKernel`; a TMA kernel's
+(gpud.backends.cuda.tma) starts with its two tensor maps instead of x's and w's pointers.
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpud.backends.base import Arg, Buffer
+from gpud.backends.cuda import tma
 from gpud.backends.cuda.driver import E, check, cu, error
 from gpud_protocol import SCALAR_FORMATS, SCALAR_NAMES
 from gpud_protocol.errors import CompileError, InvalidArgument
 from gpud_protocol.lru import LruCache
+from gpud_protocol.ops.matmul_tma import tma_rows
 
 # Each argument takes an 8-byte slot: a tensor's pointer (kind None), or a scalar's 4 bytes then padding.
 _PACK: dict[int | None, str] = {None: "Q", **{kind: fmt + "4x" for kind, fmt in SCALAR_FORMATS.items()}}
 _KIND_NAMES: dict[int | None, str] = {None: "a tensor", **{kind: name for kind, name in SCALAR_NAMES.items()}}
 FORMATS_KEPT = 64  # argument-kind signatures per kernel whose struct format is kept
+MAPS_KEPT = 256  # tensor maps per TMA kernel (by pointer and sizes): a model's operands
 
 
 @dataclasses.dataclass(eq=False)
@@ -33,6 +37,9 @@ class Launch:
     nparams: int | None  # from the driver, else from the source; None: unknown
     # argument kinds -> struct format; the least recently used goes when full
     formats: LruCache[tuple[Any, ...], str] = dataclasses.field(default_factory=lambda: LruCache(FORMATS_KEPT))
+    tma: tma.TmaLayout | None = None  # a TMA kernel: x and w go as tensor maps
+    # (address, rows, k, box rows) -> an encoded map; the least recently used goes when full
+    maps: LruCache[tuple[int, int, int, int], bytes] = dataclasses.field(default_factory=lambda: LruCache(MAPS_KEPT))
 
 
 def parameter_sizes(function: Any, limit: int) -> tuple[int, ...] | None:
@@ -60,8 +67,10 @@ def make_launch(
     max_args: int,
     parameters: Sequence[str] | None,
     shared: int = 0,
+    layout: tma.TmaLayout | None = None,
 ) -> Launch:
-    """The entry's function in the loaded module, with the block checked against it."""
+    """The entry's function in the loaded module, with the block checked against it; `layout`: a TMA
+    kernel of the library (its maps' layout)."""
     status, function = cu.cuModuleGetFunction(module, entry.encode())
     if status:
         raise CompileError(
@@ -82,7 +91,7 @@ def make_launch(
             raise InvalidArgument(f"{entry} cannot have {shared} bytes of dynamic shared memory: {error(status)}")
     sizes = parameter_sizes(function, max_args)
     nparams = len(sizes) if sizes is not None else None if parameters is None else len(parameters)
-    return Launch(module_id, function, block, shared, sizes, nparams)
+    return Launch(module_id, function, block, shared, sizes, nparams, tma=layout)
 
 
 def pack(launch: Launch, entry: str, grid: tuple[int, int, int], args: Sequence[Arg], max_args: int) -> tuple[Any, ...]:
@@ -101,7 +110,23 @@ def pack(launch: Launch, entry: str, grid: tuple[int, int, int], args: Sequence[
         params = struct.pack(fmt, *values)
     except (struct.error, OverflowError) as exc:
         raise InvalidArgument(f"bad argument for {entry}: {exc}") from None
+    if launch.tma is not None:  # the op's rule checked the pointers and sizes the maps are made of
+        params = _maps(launch, launch.tma, values) + params[8 * tma.MAPS :]
     return (launch.module_id, launch.function, *grid, *launch.block, launch.shared, params)
+
+
+def _maps(launch: Launch, layout: tma.TmaLayout, values: list[Any]) -> bytes:
+    """x's and w's tensor maps, from their pointers and the scalars (batch, m, n, k, x_stride, w_stride)."""
+    x, w, _bias, _out, batch, m, n, k, x_stride, w_stride = values[:10]
+    rows_x, rows_w = tma_rows(batch, m, n, k, x_stride, w_stride)
+    maps = b""
+    for key in ((x, rows_x, k, layout.box_x), (w, rows_w, k, layout.box_w)):
+        encoded = launch.maps.get(key)
+        if encoded is None:
+            encoded = tma.encode(*key, layout.data_type)
+            launch.maps.put(key, encoded)
+        maps += encoded
+    return maps
 
 
 def _format(launch: Launch, entry: str, signature: tuple[Any, ...], max_args: int) -> str:
@@ -113,7 +138,7 @@ def _format(launch: Launch, entry: str, signature: tuple[Any, ...], max_args: in
     for index, kind in enumerate(signature):
         if kind not in _PACK:
             raise InvalidArgument(f"argument {index} of {entry} has an unknown kind {kind!r}")
-        want = 8 if kind is None else 4
+        want = 4 if kind is not None else tma.MAP_BYTES if launch.tma is not None and index < tma.MAPS else 8
         if launch.sizes is not None and launch.sizes[index] != want:
             raise InvalidArgument(
                 f"argument {index} of {entry} is {_KIND_NAMES[kind]} ({want} bytes) "

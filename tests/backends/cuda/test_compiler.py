@@ -220,3 +220,14 @@ def test_interface_other_scalar_types() -> None:
 
 def test_interface_no_tensors() -> None:
     assert interface(["int n"], None, True) == (0, ("i32",), frozenset(), ())
+
+
+def test_a_tensor_map_parameter_is_a_tensor_read() -> None:
+    """The library's TMA kernels take x and w as tensor maps: tensors, read, like const pointers."""
+    source = """
+struct alignas(64) TmaMap { unsigned long long v[16]; };
+extern "C" __global__ void mm(const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw,
+    const void* bias, unsigned short* out, unsigned int m, float s) {}
+"""
+    tensors, scalars, writes, _ = interface(params(source, "mm"), None, True)
+    assert (tensors, scalars, writes) == (4, ("u32", "f32"), frozenset({3}))

@@ -1,0 +1,124 @@
+"""Matrix products on Hopper by TMA and warp-specialized warpgroups (CUDA, compute capability 9.0;
+family matmul_tma: gpud/ops/matmul_tma.cu, compiled for sm_90a).
+
+`matmul_tma128x128_<t>_<t>` for t in f16, bf16: matmul's tensors, scalars and rule (see
+gpud_protocol.ops.matmul) for x and w of one dtype, float16 or bfloat16, w as (N, K) only (wt = 1),
+and further K % 8 == 0, x_stride and w_stride multiples of K where batch > 1, and x and w at offsets of
+whole 16 bytes; out in that dtype, float32 accumulators, rounded once. The kernel's parameters are
+matmul_wg's except that x and w are CUDA tensor maps (CUtensorMap, 128 bytes, `const __grid_constant__`),
+which the daemon encodes from the tensors it binds there:
+
+    x's map: rank 2, K-major, the (rows_x, K) matrix at x's address, box BOX_K (K) x BM rows;
+    w's map: the same for the (rows_w, K) matrix at w's address, box BOX_K x BN;
+    (rows_x, rows_w) = tma_rows(batch, m, n, k, x_stride, w_stride): batch b's rows start
+    b * stride / K rows in; both with the 128-byte swizzle, L2 promotion 256 B, out-of-bounds
+    elements filled with zeros, element type float16 or bfloat16 (the kernel's).
+
+A block of TMA_TILES[name].threads threads (one producer warpgroup issuing the copies, two consumer
+warpgroups) walks tiles of BM x BN of out, in TMA_TILES[name].shared bytes of dynamic shared memory.
+Grid: tma_grid, (min(tiles, SMS), 1, batch): a block per multiprocessor at most, each taking every
+gridDim.x-th tile (blocks past the last tile, or with y > 0, do nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from gpud_protocol.ops import KernelSpec, TensorInfo, need
+from gpud_protocol.ops.matmul import SPECS as MATMUL_SPECS
+
+SHORT = {"float16": "f16", "bfloat16": "bf16"}
+CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
+SMS = 132  # the multiprocessors of the GPU the kernels were measured on (an H100): the grid's most blocks
+BOX_K = 64  # elements of K in a box of either tensor map (one 128-byte swizzled row)
+ALIGN = 8  # elements: x and w start on 16 bytes, and K % ALIGN == 0 keeps every row on 16 bytes
+MIN_TILES = 20  # fewer tiles: matmul_wg's smaller ones keep more multiprocessors busy
+MIN_WORK = 60_000  # tiles x K below this: the persistent pipeline's fill costs more than it saves
+
+
+class TmaTile(NamedTuple):
+    bm: int
+    bn: int
+    stages: int
+    threads: int = 384  # a producer warpgroup and two consumer warpgroups of 64 rows
+
+    @property
+    def shared(self) -> int:
+        """Dynamic shared memory: the stages (K-slices of BOX_K elements of both tiles), the staging
+        buffer of the tile of out (BM rows of BN + 8 halves, in whole KB), two 8-byte mbarriers per
+        stage, and 1 KB to align the stages."""
+        staging = -(-self.bm * (self.bn + 8) * 2 // 1024) * 1024
+        return self.stages * (self.bm + self.bn) * 2 * BOX_K + staging + 16 * self.stages + 1024
+
+
+TILES = {"128x128": TmaTile(128, 128, 5)}  # as measured on an H100 (wider tiles gained nothing past noise)
+TMA_TILES = {f"matmul_tma{size}_{t}_{t}": tile for t in SHORT.values() for size, tile in TILES.items()}
+_TILED = {spec.name: spec for spec in MATMUL_SPECS}
+
+
+def tma_kernel(batch: int, m: int, n: int, k: int, dtype: str) -> str | None:
+    """The matmul_tma kernel for `batch` products (m, k) @ (n, k)^T of `dtype` operands, or None where
+    matmul_wg or matmul_tc serves them better or K is not a multiple of ALIGN. Fitted on an H100
+    (benchmarks/wg_harness.py --ws-persistent, h100/session6/wg-ws-persistent.json: Qwen2.5-0.5B's and
+    MiniLM's layers, M from 256 to 15,360): it beat matmul_wg at every point with at least MIN_TILES
+    tiles and MIN_WORK tiles x K, and lost or tied at every other."""
+    if dtype not in SHORT or k % ALIGN:
+        return None
+    tiles = batch * -(-m // TILES["128x128"].bm) * -(-n // TILES["128x128"].bn)
+    if tiles < MIN_TILES or tiles * k < MIN_WORK:
+        return None
+    return f"matmul_tma128x128_{SHORT[dtype]}_{SHORT[dtype]}"
+
+
+def tma_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
+    """A block per tile up to one per multiprocessor (SMS), z the batch."""
+    tile = TMA_TILES[name]
+    return (min(-(-m // tile.bm) * -(-n // tile.bn), SMS), 1, batch)
+
+
+def tma_rows(batch: int, m: int, n: int, k: int, x_stride: int, w_stride: int) -> tuple[int, int]:
+    """The rows (of K elements) of x's and of w's tensor map: the last batch's rows end the matrix."""
+    return ((batch - 1) * x_stride // k + m, (batch - 1) * w_stride // k + n)
+
+
+def tma_check(name: str, t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+    """What kernel `name`'s tensor maps need beyond matmul's rule (which the spec checks first): rows of
+    16-byte multiples, batches of whole rows, x and w on 16 bytes."""
+    batch, k, x_stride, w_stride = s[0], s[3], s[4], s[5]
+    need(k % ALIGN == 0, f"{name} reads rows by TMA: K must be a multiple of {ALIGN}, not {k}")
+    need(
+        batch == 1 or (x_stride % k == 0 and w_stride % k == 0),
+        f"{name} reads batches as rows: x_stride {x_stride} and w_stride {w_stride} must be multiples of K {k}",
+    )
+    for info, what in zip(t[:2], ("x", "w"), strict=True):
+        need(
+            info.offset % ALIGN == 0,
+            f"{name} reads {what} by TMA from 16-byte boundaries: {what} is a view at element {info.offset}, "
+            f"not a multiple of {ALIGN}",
+        )
+
+
+def _spec(name: str, tile: TmaTile, dtype: str) -> KernelSpec:
+    """matmul_<t>_<t>'s interface and rule, for w as (N, K) only, and tma_check's."""
+    tiled = _TILED[f"matmul_{SHORT[dtype]}_{SHORT[dtype]}"]
+
+    def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        need(s[6] == 1, f"{name} takes w as (N, K) only (wt 1), not wt {s[6]}")
+        tiled.check(t, s)
+        tma_check(name, t, s)
+
+    return dataclasses.replace(
+        tiled, name=name, family="matmul_tma", check=check, block=tile.threads, shared=tile.shared
+    )
+
+
+BACKENDS = ("cuda",)  # the backends whose sources have these kernels
+
+SPECS = [
+    _spec(name, tile, dtype)
+    for dtype, t in SHORT.items()
+    for name, tile in TMA_TILES.items()
+    if name.endswith(f"_{t}_{t}")
+]
