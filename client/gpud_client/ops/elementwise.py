@@ -5,7 +5,9 @@ clamp; cast between any two dtypes of the daemon's elementwise table (gpud_proto
 Float dtypes (float32, float16, bfloat16) mix: two different ones give float32 unless `out=` gives
 another float dtype. Everything is computed in float32 and rounded once when stored. On WebGPU, float
 calls over a multiple of 4 elements (and broadcasting over at most two merged axes, the inner one a
-multiple of 4) run ew_binary4 / ew_unary4, four elements a thread (gpud_protocol.ops.elementwise4)."""
+multiple of 4) run ew_binary4 / ew_unary4, four elements a thread (gpud_protocol.ops.elementwise4); on
+CUDA, calls of one float dtype without broadcasting run ew_binary16 / ew_unary16, 16 bytes of each
+tensor a thread (gpud_protocol.ops.elementwise16)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from gpud_protocol.ops.broadcast import broadcast_layout, broadcast_shapes
 from gpud_protocol.ops.dtypes import DTYPES, FLOATS, result_dtype, threads
 from gpud_protocol.ops.elementwise import BINARY_OPS, BOOL_OUT, CAST_TO_BOOL, LOGICAL, UNARY_OPS
 from gpud_protocol.ops.elementwise4 import WIDTH, binary4_applies, unary4_applies
+from gpud_protocol.ops.elementwise16 import binary16_applies, unary16_applies, words
 
 UNKNOWN = 2**32 - 1  # the code of a dtype outside the table: the op's check refuses it by name
 
@@ -195,8 +198,11 @@ class ElementwiseOps(OpsBase):
         codes = [_code(d) for d in (*dtypes, dtype_name(result))]
         scalars = [n, BINARY_OPS[op], *lay, *codes]
         counts = [math.prod(x.shape), math.prod(y.shape)]
-        if self._client.backend == "webgpu" and binary4_applies(n, lay[0], lay[1:], codes, counts):
+        backend = self._client.backend
+        if backend == "webgpu" and binary4_applies(n, lay[0], lay[1:], codes, counts):
             name, grid = "ew_binary4", grid_1d(n // WIDTH)
+        elif backend == "cuda" and binary16_applies(n, lay[-2:], codes, [_offset(x), _offset(y), _offset(result)]):
+            name, grid = "ew_binary16", grid_1d(words(n, codes[0]))
         else:
             name, grid = "ew_binary", grid_1d(threads(n, _table_dtype(result)))
         return Planned(shape, dtype_name(result), self._check(name, grid, [x, y, result], scalars))
@@ -215,6 +221,8 @@ class ElementwiseOps(OpsBase):
         scalars = [n, UNARY_OPS[op], a, b, *codes]
         if self._client.backend == "webgpu" and unary4_applies(n, codes):
             name, grid = "ew_unary4", grid_1d(n // WIDTH)
+        elif self._client.backend == "cuda" and unary16_applies(n, codes, [_offset(x), _offset(result)]):
+            name, grid = "ew_unary16", grid_1d(words(n, codes[0]))
         else:
             name, grid = "ew_unary", grid_1d(threads(n, _table_dtype(result)))
         return Planned(tuple(x.shape), dtype_name(result), self._check(name, grid, [x, result], scalars))
@@ -248,6 +256,11 @@ def _bound(name: str, value: Any, default: float) -> float:
     if math.isnan(bound):
         raise InvalidArgument(f"{name} must be a number (not NaN), not {value!r}", op="clamp")
     return bound
+
+
+def _offset(tensor: Any) -> int:
+    """Elements into its tensor (a view's offset; 0 for a tensor, a new output's info or a recording's)."""
+    return int(getattr(tensor, "offset", 0))
 
 
 def _code(dtype: str) -> int:

@@ -152,6 +152,7 @@ from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers abo
     attention_tiled,
     elementwise,
     elementwise4,
+    elementwise16,
     fused,
     layout,
     matmul,
@@ -166,6 +167,7 @@ from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers abo
 FAMILIES = [
     elementwise,
     elementwise4,
+    elementwise16,
     matmul,
     matmul_nk,
     matmul_tma,
