@@ -89,6 +89,8 @@ async def test_ops_are_packed_as_the_generic_encoder_packs_them(gpu: gpud_client
         name, grid = "ew_unary", grid_1d(threads(16, "float32"))
         if gpu.backend == "webgpu":  # four floats a thread (gpud_protocol.ops.elementwise4)
             name, grid = "ew_unary4", grid_1d(16 // 4)
+        if gpu.backend == "cuda":  # 16 bytes a thread (gpud_protocol.ops.elementwise16)
+            name, grid = "ew_unary16", grid_1d(16 * 4 // 16)
         kinds = [kind for _name, kind in KERNELS[name].scalars]
         scalars = tuple(tuple(base.scalar_of(kind, v)) for kind, v in zip(kinds, values, strict=True))
         kernel = gpu.ops._kernels[name].handle

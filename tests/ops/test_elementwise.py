@@ -269,7 +269,7 @@ async def test_errors_of_an_op_name_the_op_called(gpu: gpud_client.Client, addre
         with pytest.raises(gpud_client.PermissionDenied) as later:
             await x.numpy()
         assert later.value.op == "sub"
-        kernel = "ew_binary4" if gpu.backend == "webgpu" else "ew_binary"  # WebGPU: four floats a thread
+        kernel = {"webgpu": "ew_binary4", "cuda": "ew_binary16"}.get(gpu.backend, "ew_binary")  # wider threads
         assert f"sub ({kernel}) writes its out argument, and that is read-only resident {name!r}" in str(later.value)
         np.testing.assert_array_equal(await ro.numpy(), np.zeros(8, np.float32))
         ro.free()
