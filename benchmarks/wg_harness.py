@@ -1,6 +1,6 @@
 """matmul_wg (wgmma, sm_90a) beside matmul_tc and torch F.linear, standalone: no daemon.
 
-    cd <repo> && python3 benchmarks/wg_harness.py [--quick] [--ws [--ws-persistent]] [--rows M,...] [--json FILE]
+    cd <repo> && python3 benchmarks/wg_harness.py [--quick] [--ws] [--rows M,...] [--json FILE]
 
 Builds gpud/ops/matmul_wg.cu for sm_90a with NVRTC, checks every kernel on gemm_harness's edge cases
 (w as (N, K)) and on bfloat16 products against float64, then times every matmul_wg kernel, the
@@ -8,8 +8,8 @@ matmul_tc kernel gpud picks, and cuBLAS on gemm_harness's shapes (M from 128), C
 calls cycling through copies of w. Prints the best tile per point and the ratio to cuBLAS.
 --ws: also the warp-specialized experiments of benchmarks/ws_matmul.cu (ws_launch.py: a producer
 warpgroup filling an mbarrier ring by cp.async or by TMA, two consumer warpgroups), checked on the
-same edge cases (ws_tma: those with K % 8 == 0 and aligned operands) and timed beside the rest;
---ws-persistent adds the persistent TMA variants (ws_tmap: a block per multiprocessor walking tiles)."""
+same edge cases (ws_tma: those with K % 8 == 0 and aligned operands) and timed beside the rest. Their
+persistent TMA variant is the library's matmul_tma now (`gpud bench ops` times it as the op picks it)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,6 @@ def main() -> int:
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--ws", action="store_true", help="also check and time benchmarks/ws_matmul.cu's kernels")
-    parser.add_argument("--ws-persistent", action="store_true", help="--ws and its persistent TMA kernels")
     args = parser.parse_args()
     started = time.time()
     mm = gd.load_protocol()
@@ -120,12 +119,12 @@ def main() -> int:
     tc = {fn.name: fn for fn in dev.build(production, [])}
     kernels = build_wg(dev, wg)
     wl: Any = None
-    if args.ws or args.ws_persistent:
+    if args.ws:
         _spec = importlib.util.spec_from_file_location("ws_launch", _HERE / "ws_launch.py")
         assert _spec is not None and _spec.loader is not None
         wl = sys.modules["ws_launch"] = importlib.util.module_from_spec(_spec)
         _spec.loader.exec_module(wl)
-        kernels += wl.build(dev, gd, args.ws_persistent)
+        kernels += wl.build(dev, gd)
         dev = wl.WsDevice(dev, gd)  # ws_tma's launches encode tensor maps; the rest go to the device
     print(f"device {dev.name}; built in {time.time() - started:.1f} s")
     for fn in kernels:

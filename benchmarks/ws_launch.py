@@ -2,11 +2,12 @@
 
 ws_matmul.cu is appended to gpud/ops/matmul_wg.cu's source up to its entry points (the preludes first,
 as gemm_device.with_preludes puts them, then wgmma.cu) with one entry point per VARIANTS row, compiled
-for sm_90a. (The persistent TMA kernel is the library's now: gpud/ops/matmul_tma.cu.)
+for sm_90a. (Their persistent TMA variant, first measured here, is the library's: gpud/ops/matmul_tma.cu,
+measured by `gpud bench ops`.)
 ws_cpasync kernels take matmul_wg's parameters and launch as it does. ws_tma kernels take two tensor
 maps (CUtensorMap: 128 bytes, 64-byte aligned, `const __grid_constant__`) in place of x and w, which
-WsDevice encodes for each launch's pointers and sizes (cached; the driver's cuTensorMapEncodeTiled
-through ctypes: see encode_tiled). It launches through kernelParams, one pointer per parameter, not
+WsDevice encodes for each launch's pointers and sizes (cached; gpud.backends.cuda.tma.encode, the
+daemon's own encoder). It launches through kernelParams, one pointer per parameter, not
 `extra`: the driver takes each parameter's offset, size and alignment from the cubin, so the 64-byte
 alignment of the maps and the packing of the 4-byte scalars after the pointers need no layout of
 ours, and the array of pointers passes through cuda-bindings as gemm_device.Device.launch_grid's does.
@@ -15,7 +16,6 @@ ours, and the array of pointers passes through cuda-bindings as gemm_device.Devi
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -25,41 +25,20 @@ VARIANTS = [  # (operand path, BN, stages): BM 128 (2 consumer warpgroups of 64 
     ("tma", 128, 5),
     ("tma", 256, 4),
 ]
-PERSISTENT = [("tmap", 128, 5), ("tmap", 256, 3)]  # --ws-persistent: ws_tma, a block per multiprocessor
-BM, THREADS, BOX_K = 128, 384, 64
+BM, THREADS = 128, 384
 EDGES = [  # more than gemm_harness.EDGES: 9 x 6 tiles of 128 x 128 (a group of 8 rows of tiles and a partial one)
     (1, 1100, 700, 520, 1, 2, 0, 0, False),
     (1, 384, 520, 64, 1, 1, 0, 0, False),
 ]
 
 
-# cuda.h's values (the same in CUDA 12 and 13)
-CU_TENSOR_MAP_DATA_TYPE_FLOAT16, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B = 6, 0, 3
-CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 3, 0
-
-
-@functools.cache
-def encode_tiled() -> Any:
-    """The driver's cuTensorMapEncodeTiled through ctypes (libcuda, which torch has loaded). Not
-    cuda.bindings.driver's: its CUtensorMap objects live inside Python objects, 16-byte aligned (seen
-    with cuda-bindings 12.9 and 13.5), where the driver requires the map 64-byte aligned."""
-    fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-    fn.restype = ctypes.c_int
-    u32, u64 = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64, u64, u32, u32]
-    fn.argtypes += [ctypes.c_int] * 4  # interleave, swizzle, L2 promotion, out-of-bounds fill
-    return fn
-
-
 def name(kind: str, bn: int, stages: int) -> str:
     return f"ws_{kind}{BM}x{bn}_s{stages}"
 
 
-def shared(kind: str, bn: int, stages: int) -> int:
-    """Dynamic shared memory: the stages, their 2 mbarriers each, 1 KB to align the stages, and for
-    ws_tmap the staging buffer of the tile of out."""
-    staging = -(-BM * (bn + 8) * 2 // 1024) * 1024 if kind == "tmap" else 0
-    return stages * (BM + bn) * 128 + staging + 16 * stages + 1024
+def shared(bn: int, stages: int) -> int:
+    """Dynamic shared memory: the stages, their 2 mbarriers each, 1 KB to align the stages."""
+    return stages * (BM + bn) * 128 + 16 * stages + 1024
 
 
 def entry(kind: str, bn: int, stages: int) -> str:
@@ -68,13 +47,9 @@ def entry(kind: str, bn: int, stages: int) -> str:
         "unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int bias_kind"
     )
     args = "bias, out, batch, m, n, k, x_stride, w_stride, bias_kind"
-    if kind in ("tma", "tmap"):
+    if kind == "tma":
         params = "const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, " + scalars
-        call = (
-            f"ws_matmul<{bn}, {stages}, true>(&tx, &tw, nullptr, nullptr, {args});"
-            if kind == "tma"
-            else f"ws_matmul_persistent<{bn}, {stages}>(&tx, &tw, {args});"
-        )
+        call = f"ws_matmul<{bn}, {stages}, true>(&tx, &tw, nullptr, nullptr, {args});"
     else:
         params = "const u16* x, const u16* w, " + scalars
         call = f"ws_matmul<{bn}, {stages}, false>(nullptr, nullptr, x, w, {args});"
@@ -93,16 +68,16 @@ def source(gd: Any, variants: list[tuple[str, int, int]]) -> str:
     return text + "".join(entry(*variant) for variant in variants)
 
 
-def build(dev: Any, gd: Any, persistent: bool = False) -> list[Any]:
-    """The VARIANTS (and PERSISTENT) as gemm_device.Kernel rows, loaded into dev's context."""
-    variants = VARIANTS + (PERSISTENT if persistent else [])
+def build(dev: Any, gd: Any) -> list[Any]:
+    """The VARIANTS as gemm_device.Kernel rows, loaded into dev's context."""
+    variants = VARIANTS
     module = gd._check(dev.cu.cuModuleLoadData(gd.compile_cubin(source(gd, variants), "sm_90a")))
     dev.modules.append(module)
     attr = dev.cu.CUfunction_attribute
     kernels = []
     for kind, bn, stages in variants:
         fn = gd._check(dev.cu.cuModuleGetFunction(module, name(kind, bn, stages).encode()))
-        size = shared(kind, bn, stages)
+        size = shared(bn, stages)
         gd._check(dev.cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, size))
         regs = gd._check(dev.cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, fn))
         local = gd._check(dev.cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn))
@@ -137,30 +112,20 @@ class WsDevice:
         self.launch_grid(fn, self.gd.grid(fn.bm, fn.bn, batch, m, n), pointers, scalars)
 
     def tensor_map(self, address: int, rows: int, k: int, box_rows: int) -> int:
-        """The address of a tensor map (kept in self.maps) of a (rows, K) float16 matrix, K-major: boxes of
-        64 x box_rows, 128-byte swizzle, L2 promotion 256 B, zeros outside the matrix."""
+        """The address of a tensor map (kept in self.maps) of a (rows, K) float16 matrix, encoded as the
+        daemon encodes the library's (gpud.backends.cuda.tma), copied 64-byte aligned."""
+        from gpud.backends.cuda import tma
+
         key = (address, rows, k, box_rows)
         if key not in self.maps:
             if address % 16 or k % 8:
                 raise ValueError(f"TMA needs a 16-byte aligned matrix and K % 8 == 0: {address:#x}, K {k}")
-            buf = (ctypes.c_uint8 * 192)()
+            layout = tma.layout("matmul_tma128x128_f16_f16")  # a float16 map's element type
+            assert layout is not None
+            encoded = tma.encode(address, rows, k, box_rows, layout.data_type)
+            buf = (ctypes.c_uint8 * (tma.MAP_BYTES + 64))()
             aligned = (ctypes.addressof(buf) + 63) & ~63
-            status = encode_tiled()(
-                aligned,
-                CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                2,
-                address,
-                (ctypes.c_uint64 * 2)(k, rows),
-                (ctypes.c_uint64 * 1)(2 * k),  # the row stride in bytes (dimension 0 is dense)
-                (ctypes.c_uint32 * 2)(BOX_K, box_rows),
-                (ctypes.c_uint32 * 2)(1, 1),
-                CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-            if status:
-                raise RuntimeError(f"cuTensorMapEncodeTiled: CUresult {status} for {key}")
+            ctypes.memmove(aligned, encoded, tma.MAP_BYTES)
             self.maps[key] = (buf, aligned)
         return int(self.maps[key][1])
 
@@ -174,8 +139,6 @@ class WsDevice:
             raise ValueError(f"{fn.name}: batch strides {x_stride}, {w_stride} not whole rows of K {k}")
         # a batch's rows follow the last batch's: rows past m (or n) of one batch read the next batch's
         # or zeros, and only reach out's rows (columns) past m (n), which are never stored
-        if fn.name.startswith("ws_tmap"):  # persistent: a block per multiprocessor at most
-            g = (min(-(-m // BM) * -(-n // fn.bn), self.dev.sms), 1, batch)
         tx = self.tensor_map(x, (batch - 1) * (x_stride // k) + m, k, BM)
         tw = self.tensor_map(w, (batch - 1) * (w_stride // k) + n, k, fn.bn)
         slots = (ctypes.c_uint64 * (2 + len(scalars)))(bias, out, *scalars)

@@ -2,7 +2,7 @@
 // Not a family of the library: benchmarks/ws_launch.py appends this file to matmul_wg.cu's source up to
 // its entry points (after the preludes pdl.cu, cp_async.cu and products.cu), so desc(), the wgmma_*_f16
 // wrappers, Loader and the fences are matmul_wg's, and adds the entry points of ws_launch.VARIANTS
-// (and PERSISTENT: ws_tmap, at the end of this file).
+// (the persistent TMA variant, measured here first as ws_tmap, is the library's: gpud/ops/matmul_tma.cu).
 //
 // out = x @ w^T (+ bias), float16 x, w (N, K) and out, float32 accumulators rounded once. A block of
 // 384 threads computes a 128 x BN tile of out: warpgroup 0 is the producer, warpgroups 1 and 2 the
@@ -326,65 +326,8 @@ __device__ __forceinline__ void ws_matmul(const TmaMap* tx, const TmaMap* tw, co
     }
 }
 
-// Persistent ws_tma (ws_tmap): at most one block per multiprocessor in x (the host's grid), the batch in
-// z; block i computes tiles i, i + gridDim.x, ... of the grouped order. The ring runs on across tiles,
-// and the consumers stage out in a buffer of their own after the stages (BM (BN + 8) halves, whole KB),
-// so that the producer loads the next tile's first stages during the epilogue. Dynamic shared memory:
-// S (128 + BN) 128 bytes of stages, the staging buffer, 16 S of barriers, 1 KB to align.
-template <int BN, int S>
-__device__ __forceinline__ void ws_matmul_persistent(const TmaMap* tx, const TmaMap* tw,
-                                                     const void* __restrict__ bias, u16* __restrict__ out,
-                                                     unsigned int batch, unsigned int m, unsigned int n,
-                                                     unsigned int k, unsigned int x_stride, unsigned int w_stride,
-                                                     unsigned int bias_kind) {
-    constexpr unsigned int STAGING = (WS_BM * (BN + 8) * 2 + 1023) / 1024 * 1024;
-    extern __shared__ unsigned char dyn[];
-    const unsigned int base = (smem_u32(dyn) + 1023u) & ~1023u;
-    const unsigned int staging = base + S * (WS_BM + BN) * 128, bars = staging + STAGING;
-
-    const unsigned int tiles_m = (m + WS_BM - 1) / WS_BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
-    const unsigned int b = blockIdx.z;
-    if (b >= batch || m == 0 || n == 0 || k == 0 || blockIdx.x >= tiles) return;  // uniform over the block
-    out += (u64)b * m * n;
-
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < S; s++) {
-            mbar_init(bars + 8 * s, 1u);
-            mbar_init(bars + 8 * (S + s), 8u);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-
-    unsigned int slot = 0, phase = 0;  // the ring's, in step between the producer and the consumers
-    if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-        if (threadIdx.x == 0) {
-            tma_prefetch(tx);
-            tma_prefetch(tw);
-            for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
-                unsigned int m0, n0;
-                ws_tile(id, tiles_m, tiles_n, BN, m0, n0);
-                const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
-                ws_produce_tma<BN, S>(tx, tw, xrow, wrow, base, bars, k, slot, phase);
-            }
-        }
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
-        float d[BN / 2];
-        for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
-            unsigned int m0, n0;
-            ws_tile(id, tiles_m, tiles_n, BN, m0, n0);
-            ws_mainloop<BN, S, true>(d, base, bars, k, slot, phase);
-            ws_epilogue<BN>(d, staging, bias, out, m0, n0, m, n, bias_kind);
-        }
-    }
-}
-
 // entry points (ws_launch.entry writes them for each variant):
 //   ws_cpasync<BM>x<BN>_s<S>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind)
 //     -> ws_matmul<BN, S, false>(0, 0, x, w, ...)
 //   ws_tma<BM>x<BN>_s<S>(const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, bias, out,
 //     batch, m, n, k, x_stride, w_stride, wt, bias_kind) -> ws_matmul<BN, S, true>(&tx, &tw, 0, 0, ...)
-//   ws_tmap<BM>x<BN>_s<S>(the same as ws_tma) -> ws_matmul_persistent<BN, S>(&tx, &tw, ...)
