@@ -357,3 +357,61 @@ extern "C" __global__ void normalize_bf16(const bf16* x, bf16* out, unsigned int
     gpud_wait_prior();
     normalize_row(x, out, rows, length, eps);
 }
+
+// ---------------------------------------------------------------- layernorm_warp: a warp a row (CUDA)
+// layernorm's arithmetic for rows of at most WARP_ROW_MAX elements, one warp a row and 8 rows a block of 256
+// threads (gpud_protocol/ops/reduce_warp.py: the client picks it where a row fits). A row is read once into
+// registers, lane j holding elements j, j + 32, ...; its sums are warp shuffles, no barrier. One block of 256
+// threads per row of 384 elements (MiniLM's) spent most of its time in the block-wide combines.
+constexpr unsigned int WARP_ROW_MAX = 1024;
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+template <typename X, typename W>
+__device__ void layernorm_warp(const X* x, const W* weight, const W* bias, X* out, unsigned int rows,
+                               unsigned int length, float eps) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int row = row_index() * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows || length > WARP_ROW_MAX) return;  // a whole warp: its shuffles need every lane
+    const size_t base = (size_t)row * length;
+    float v[WARP_ROW_MAX / 32];
+    float acc = 0.0f;
+#pragma unroll
+    for (unsigned int i = 0; i < WARP_ROW_MAX / 32; i++) {
+        const unsigned int j = lane + 32u * i;
+        v[i] = j < length ? load(x, base + j) : 0.0f;
+        acc += v[i];
+    }
+    const float mean = warp_sum(acc) / (float)length;
+    float acc2 = 0.0f;  // the variance from a second pass over x - mean: no cancellation
+#pragma unroll
+    for (unsigned int i = 0; i < WARP_ROW_MAX / 32; i++) {
+        const float c = lane + 32u * i < length ? v[i] - mean : 0.0f;
+        acc2 += c * c;
+    }
+    const float r = 1.0f / sqrtf(warp_sum(acc2) / (float)length + eps);
+#pragma unroll
+    for (unsigned int i = 0; i < WARP_ROW_MAX / 32; i++) {
+        const unsigned int j = lane + 32u * i;
+        if (j < length) store(out, base + j, (v[i] - mean) * r * load(weight, j) + load(bias, j));
+    }
+}
+
+#define LAYERNORM_WARP(name, X, W)                                                                                 \
+    extern "C" __global__ void name(const X* x, const W* weight, const W* bias, X* out, unsigned int rows,        \
+                                    unsigned int length, float eps) {                                            \
+        gpud_wait_prior();                                                                                       \
+        layernorm_warp(x, weight, bias, out, rows, length, eps);                                                 \
+    }
+LAYERNORM_WARP(layernorm_warp_f32_f32, float, float)
+LAYERNORM_WARP(layernorm_warp_f32_f16, float, unsigned short)
+LAYERNORM_WARP(layernorm_warp_f32_bf16, float, bf16)
+LAYERNORM_WARP(layernorm_warp_f16_f32, unsigned short, float)
+LAYERNORM_WARP(layernorm_warp_f16_f16, unsigned short, unsigned short)
+LAYERNORM_WARP(layernorm_warp_f16_bf16, unsigned short, bf16)
+LAYERNORM_WARP(layernorm_warp_bf16_f32, bf16, float)
+LAYERNORM_WARP(layernorm_warp_bf16_f16, bf16, unsigned short)
+LAYERNORM_WARP(layernorm_warp_bf16_bf16, bf16, bf16)

@@ -1,7 +1,8 @@
 """Reductions: sum, mean, max, argmax and softmax over any axis (`axes` picks the kernel); softmax with
 an additive mask, rmsnorm and layernorm over the last axis. Inputs are float32, float16 or bfloat16;
 everything accumulates in float32. On a software WebGPU adapter (lavapipe) layernorm over rows a multiple
-of 8 long runs a thread per row (gpud_protocol.ops.rows)."""
+of 8 long runs a thread per row (gpud_protocol.ops.rows); on CUDA, over rows of at most 1,024, a warp per
+row (gpud_protocol.ops.reduce_warp)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gpud_client.ops.base import OpsBase, Planned, info_of, signed
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
 from gpud_protocol.ops.reduce_axis import grid as axis_grid
+from gpud_protocol.ops.reduce_warp import warp_applies, warp_grid
 from gpud_protocol.ops.rows import rows_apply, rows_grid
 from gpud_protocol.views import axis_index
 
@@ -236,6 +238,8 @@ class ReduceOps(OpsBase):
         name, grid = f"{op}_{SHORT[dtype]}_{SHORT[wdtype]}", _grid(rows)
         if op == "layernorm" and rows_apply(length) and self._software(x):  # lavapipe: a thread per row
             name, grid = f"layernorm_rows_{SHORT[dtype]}_{SHORT[wdtype]}", rows_grid(rows)
+        elif op == "layernorm" and self._client.backend == "cuda" and warp_applies(length):  # a warp per row
+            name, grid = f"layernorm_warp_{SHORT[dtype]}_{SHORT[wdtype]}", warp_grid(rows)
         return Planned(tuple(x.shape), dtype, self._check(name, grid, [x, *params, result], [rows, length, float(eps)]))
 
 

@@ -161,6 +161,7 @@ from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers abo
     matmul_wg,
     reduce,
     reduce_axis,
+    reduce_warp,
     rows,
 )
 
@@ -179,6 +180,7 @@ FAMILIES = [
     attention_cpu,
     layout,
     reduce_axis,
+    reduce_warp,
     rows,
     fused,
 ]
