@@ -176,6 +176,11 @@ main() {
                 tests/ops/test_matmul_wg.py tests/ops/test_matmul_tc.py tests/backends/cuda tests/testing/test_bert.py || status=1
             section python3 -m gpud bench ops --json "$OUT/bench-ops.json" || status=1
             ;;
+        final) # the last kernels of session 6 on cuda (the warp layernorm, the 16-byte elementwise ops) and the
+            # WGSL tanh through the NVIDIA Vulkan driver (these files run on both backends)
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin tests/ops/test_elementwise.py \
+                tests/ops/test_bfloat16.py tests/ops/test_elementwise16.py tests/ops/test_reduce_warp.py || status=1
+            ;;
         changed) # this session's changed op paths on cuda
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_power.py \
                 tests/ops/test_reduce_keepdims.py tests/ops/test_matmul_numpy.py tests/ops/test_layout.py tests/ops/test_reduce.py || status=1
