@@ -179,10 +179,17 @@ def test_the_wgsl_kernels_declare_what_their_specs_say(family: str) -> None:
     from gpud.backends.webgpu.wgsl.model import Member
     from gpud.backends.webgpu.wgsl.reflect import reflect
     from gpud.ops import source
+    from gpud_protocol.ops import FAMILIES
 
     r = reflect(source(family, "webgpu"))
     assert r.exact, r.problems
-    specs = [spec for spec in KERNELS.values() if spec.family == family]
+    specs = [  # the specs of modules WebGPU has (reduce_warp's are CUDA's alone)
+        spec
+        for module in FAMILIES
+        if "webgpu" in getattr(module, "BACKENDS", ("cuda", "webgpu"))
+        for spec in module.SPECS
+        if spec.family == family
+    ]
     assert specs
     for spec in specs:
         mine = [b for b in r.bindings if b.name.startswith(spec.name + "_")]
