@@ -1,15 +1,11 @@
 """matmul_wg (wgmma, sm_90a) beside matmul_tc and torch F.linear, standalone: no daemon.
 
-    cd <repo> && python3 benchmarks/wg_harness.py [--quick] [--ws] [--rows M,...] [--json FILE]
+    cd <repo> && python3 benchmarks/wg_harness.py [--quick] [--json FILE]
 
 Builds gpud/ops/matmul_wg.cu for sm_90a with NVRTC, checks every kernel on gemm_harness's edge cases
 (w as (N, K)) and on bfloat16 products against float64, then times every matmul_wg kernel, the
 matmul_tc kernel gpud picks, and cuBLAS on gemm_harness's shapes (M from 128), CUDA graphs of many
-calls cycling through copies of w. Prints the best tile per point and the ratio to cuBLAS.
---ws: also the warp-specialized experiments of benchmarks/ws_matmul.cu (ws_launch.py: a producer
-warpgroup filling an mbarrier ring by cp.async or by TMA, two consumer warpgroups), checked on the
-same edge cases (ws_tma: those with K % 8 == 0 and aligned operands) and timed beside the rest. Their
-persistent TMA variant is the library's matmul_tma now (`gpud bench ops` times it as the op picks it)."""
+calls cycling through copies of w. Prints the best tile per point and the ratio to cuBLAS."""
 
 from __future__ import annotations
 
@@ -109,7 +105,6 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--ws", action="store_true", help="also check and time benchmarks/ws_matmul.cu's kernels")
     args = parser.parse_args()
     started = time.time()
     mm = gd.load_protocol()
@@ -118,14 +113,6 @@ def main() -> int:
     production = [gd.Tile(name, *mm.TC_TILES[name]) for name in mm.TC_TILES if name.endswith("_f16_f16")]
     tc = {fn.name: fn for fn in dev.build(production, [])}
     kernels = build_wg(dev, wg)
-    wl: Any = None
-    if args.ws:
-        _spec = importlib.util.spec_from_file_location("ws_launch", _HERE / "ws_launch.py")
-        assert _spec is not None and _spec.loader is not None
-        wl = sys.modules["ws_launch"] = importlib.util.module_from_spec(_spec)
-        _spec.loader.exec_module(wl)
-        kernels += wl.build(dev, gd)
-        dev = wl.WsDevice(dev, gd)  # ws_tma's launches encode tensor maps; the rest go to the device
     print(f"device {dev.name}; built in {time.time() - started:.1f} s")
     for fn in kernels:
         print(
@@ -133,7 +120,6 @@ def main() -> int:
         )
     rng = np.random.default_rng()
     edges: dict[str, float] = {}
-    broken: list[str] = []
     for fn in kernels:
         worst = 0.0
         try:
@@ -141,23 +127,17 @@ def main() -> int:
                 for case in ((300, 264, 1000, 0, 3), (129, 70, 72, 1, 1), (1000, 384, 384, 0, 0), (200, 130, 37, 0, 3)):
                     worst = max(worst, bf16_case(dev, fn, *case))
             else:
-                cases = wl.edge_cases(fn.name, gh.EDGES) if fn.name.startswith("ws_") else gh.EDGES
-                for case in cases:
+                for case in gh.EDGES:
                     if case[4] == 1:
                         worst = max(worst, gh.edge_case(dev, fn, case, rng))
         except AssertionError as exc:
             print(f"edge case FAILED: {exc}")
             worst = math.inf
-        except (RuntimeError, ValueError) as exc:  # an experiment's launch refused or trapped: not timed
-            if not fn.name.startswith("ws_"):
-                raise
-            print(f"edge case FAILED: {fn.name}: {exc!r}")
-            worst, broken = math.inf, [*broken, fn.name]
         edges[fn.name] = worst
     bad = {name: e for name, e in edges.items() if not e <= 1}
     print(f"edge cases: worst error/bound {max(edges.values()):.3f}" + (f"; FAILED {bad}" if bad else ""), flush=True)
 
-    f16 = [fn for fn in kernels if "_bf16" not in fn.name and fn.name not in broken]  # with ws_ (float16 only)
+    f16 = [fn for fn in kernels if "_bf16" not in fn.name]
     points = []
     for model, layer, n, k in gh.SHAPES:
         for m in map(int, args.rows.split(",")):
@@ -173,10 +153,6 @@ def main() -> int:
             wgs = {name: r for name, r in point["kernels"].items() if "_wg" in name}
             best = max(wgs, key=lambda name: wgs[name]["ratio"])
             plan_ratio = wgs[point["wg_plan"]]["ratio"] if point["wg_plan"] in wgs else float("nan")
-            wss = {name: r for name, r in point["kernels"].items() if name.startswith("ws_")}
-            if wss:
-                point["ws_best"] = max(wss, key=lambda name: wss[name]["ratio"])
-                point["ws_best_ratio"], point["wg_best_ratio"] = wss[point["ws_best"]]["ratio"], wgs[best]["ratio"]
             points.append(point)
             dev.torch.cuda.empty_cache()
             print(
@@ -185,12 +161,9 @@ def main() -> int:
                 f"  wg-plan {plan_ratio:4.2f} ({point['wg_plan']})  wg-best {wgs[best]['ratio']:4.2f} {best} "
                 + " ".join(
                     f"{name.split('wg')[1].removesuffix('_f16_f16')}:{r['ratio']:.2f}" for name, r in wgs.items()
-                )
-                + "".join(f"  {name.removeprefix('ws_')}:{r['ratio']:.2f}" for name, r in wss.items()),
+                ),
                 flush=True,
             )
-    if wl is not None:
-        print_ws(points)
     result = {
         "benchmark": "wg-harness",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -204,25 +177,6 @@ def main() -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 1 if bad else 0
-
-
-def print_ws(points: list[dict[str, Any]]) -> None:
-    """Per point: cuBLAS's time, the best matmul_wg's and the best ws_ kernel's throughput ratio to it."""
-    print(f"\n{'layer':<19} {'N x K':>12} {'M':>6} {'cuBLAS us':>9} {'wg-best':>8} {'ws-best':>8}  ws kernel")
-    gains = []
-    for p in points:
-        if "ws_best" in p:
-            gains.append(p["ws_best_ratio"] / p["wg_best_ratio"] if p["wg_best_ratio"] else math.nan)
-            print(
-                f"{p['layer']:<19} {str(p['n']) + 'x' + str(p['k']):>12} {p['m']:>6} {p['torch_us']:9.1f}"
-                f" {p['wg_best_ratio']:8.2f}"
-                f" {p['ws_best_ratio']:8.2f}  {p['ws_best']}"
-            )
-    if gains and all(g > 0 for g in gains):
-        print(
-            f"ws-best / wg-best: geomean {math.exp(sum(map(math.log, gains)) / len(gains)):.2f}, "
-            f"min {min(gains):.2f}, max {max(gains):.2f} (ratios to cuBLAS: above 1 faster than cuBLAS)"
-        )
 
 
 if __name__ == "__main__":

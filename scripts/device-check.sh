@@ -164,9 +164,6 @@ main() {
             section python3 -m benchmarks.picogpt --backend cuda --shape 124M --json "$OUT/bench-picogpt-124M-cuda.json" || status=1
             section python3 -m benchmarks.picogpt --backend webgpu --shape 124M --json "$OUT/bench-picogpt-124M-webgpu.json" || status=1
             ;;
-        ws) # the warp-specialized wgmma GEMMs (benchmarks/ws_matmul.cu: cp.async or TMA producers) beside matmul_wg and cuBLAS
-            section python3 benchmarks/wg_harness.py --ws --rows 256,1024,4096,15360 --json "$OUT/wg-ws.json" || status=1
-            ;;
         embed-ring) # the MiniLM benchmark with every client on the shared-memory ring
             GPUD_RING=1 section python3 -m gpud bench embed --backend cuda --weights .embed --json "$OUT/bench-embed-cuda-ring.json" || status=1
             ;;

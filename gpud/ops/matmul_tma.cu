@@ -252,7 +252,7 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
 // ---------------------------------------------------------------- entry points
 // matmul_tma128x128_<t>_<t> as matmul_tma<128, 5, BF>, one block of 384 threads per multiprocessor
 // (TMA_TILES in gpud_protocol/ops/matmul_tma.py: the stages and dynamic shared memory), as measured on an
-// H100 (benchmarks/wg_harness.py --ws-persistent: ws_tmap128x128_s5; 128 x 256 tiles gained nothing past
+// H100 (the experiment of commit 867701f: ws_tmap128x128_s5; 128 x 256 tiles gained nothing past
 // noise where they won, and lost up to 0.2x cuBLAS elsewhere). wt is matmul's scalar, always 1 here.
 
 extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_f16_f16(const __grid_constant__ TmaMap tx,

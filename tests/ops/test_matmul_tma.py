@@ -76,7 +76,7 @@ def test_the_tiles_grids_and_rows() -> None:
     assert {name: (t.bm, t.bn, t.stages, t.threads) for name, t in TMA_TILES.items() if "_f16" in name} == {
         "matmul_tma128x128_f16_f16": (128, 128, 5, 384),
     }
-    # benchmarks/ws_launch.shared("tmap", bn, stages): stages, staging buffer, barriers, 1 KB to align
+    # the stages, the staging buffer of out, the barriers, 1 KB to align
     assert TMA_TILES["matmul_tma128x128_bf16_bf16"].shared == 5 * 256 * 128 + 34 * 1024 + 5 * 16 + 1024
     for name, tile in TMA_TILES.items():
         assert KERNELS[name].shared == tile.shared <= 227 * 1024 and KERNELS[name].block == tile.threads == 384

@@ -61,7 +61,7 @@ _TILED = {spec.name: spec for spec in MATMUL_SPECS}
 def tma_kernel(batch: int, m: int, n: int, k: int, dtype: str) -> str | None:
     """The matmul_tma kernel for `batch` products (m, k) @ (n, k)^T of `dtype` operands, or None where
     matmul_wg or matmul_tc serves them better or K is not a multiple of ALIGN. Fitted on an H100
-    (benchmarks/wg_harness.py --ws-persistent, h100/session6/wg-ws-persistent.json: Qwen2.5-0.5B's and
+    (the experiment of commit 867701f, h100/session6/wg-ws-persistent.json: Qwen2.5-0.5B's and
     MiniLM's layers, M from 256 to 15,360): it beat matmul_wg at every point with at least MIN_TILES
     tiles and MIN_WORK tiles x K, and lost or tied at every other."""
     if dtype not in SHORT or k % ALIGN:
