@@ -148,54 +148,18 @@ __device__ __forceinline__ void tma_mainloop(float* d, unsigned int base, unsign
     if (lane == 0) mbar_arrive(bars + 8 * (S + prev));
 }
 
-// both consumers: out from d through the staging buffer, as matmul_wg writes it: d of warp q of
-// consumer c holds rows 64 c + 16 q + lane / 4 (+ 8), d[4 j .. 4 j + 3] columns 8 j + 2 (lane % 4) (+ 1);
-// staged rows are BN + 8 elements apart (the 8 rows a store reaches fall in distinct banks), then
-// written in 16-byte pieces of whole rows. The first barrier: every consumer is done reading the last
-// tile's staged values.
+// both consumers: out from d through the staging buffer (wgmma.cu's stage_tile and store_tile): warp q of
+// consumer c holds rows 64 c + 16 q + lane / 4 (+ 8). The first barrier: every consumer is done reading
+// the last tile's staged values.
 template <int BN, bool BF>
 __device__ __forceinline__ void tma_epilogue(const float* d, unsigned int staging, const void* __restrict__ bias,
                                              u16* __restrict__ out, unsigned int m0, unsigned int n0, unsigned int m,
                                              unsigned int n, unsigned int bias_kind) {
-    constexpr int LD = BN + 8;
     const unsigned int t = threadIdx.x - 128, c = t >> 7, lane = t & 31u, q = (t >> 5) & 3u;
     asm volatile("bar.sync 1, 256;" ::: "memory");  // the consumers' own barrier (0 would wait for the producer)
-    const unsigned int r0 = c * 64 + q * 16 + (lane >> 2);
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        const unsigned int col = j * 8 + 2 * (lane & 3u);
-        const float b0 = n0 + col < n ? bias_at(bias, bias_kind, n0 + col) : 0.0f;
-        const float b1 = n0 + col + 1 < n ? bias_at(bias, bias_kind, n0 + col + 1) : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
-            const unsigned int pair = (unsigned int)to_out<BF>(v0) | ((unsigned int)to_out<BF>(v1) << 16);
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(staging + ((r0 + h * 8) * LD + col) * 2), "r"(pair)
-                         : "memory");
-        }
-    }
+    stage_tile<BN, BF>(d, staging, c * 64 + q * 16 + (lane >> 2), lane, bias, bias_kind, n0, n);
     asm volatile("bar.sync 1, 256;" ::: "memory");
-    const bool vec_out = n % 8 == 0 && (reinterpret_cast<u64>(out) & 15u) == 0;
-#pragma unroll 4
-    for (unsigned int idx = t; idx < TMA_BM * BN / 8; idx += 256) {
-        const unsigned int r = idx / (BN / 8), col = idx % (BN / 8) * 8;
-        const unsigned int gr = m0 + r, gc = n0 + col;
-        if (gr >= m || gc >= n) continue;
-        unsigned int v[4];
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                     : "r"(staging + (r * LD + col) * 2)
-                     : "memory");
-        u16* dst = out + (u64)gr * n + gc;
-        if (vec_out) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                if (gc + e < n) dst[e] = (u16)(v[e / 2] >> (16 * (e % 2)));
-            }
-        }
-    }
+    store_tile<TMA_BM, BN, 256>(staging, out, t, m0, n0, m, n);
 }
 
 template <int BN, int S, bool BF>

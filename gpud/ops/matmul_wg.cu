@@ -162,46 +162,12 @@ __device__ __forceinline__ void matmul_wg(const u16* __restrict__ x, const u16* 
         wg_main<WG, BN, S, BF, false>(d, base, la, lb, k);
     }
 
-    // Out through shared memory, so that the block writes whole rows: d of warp q of the warpgroup holds
-    // rows 16 q + lane / 4 (+ 8) of its 64, d[4 j .. 4 j + 3] columns 8 j + 2 (lane % 4) (+ 1) of those
-    // two rows. Rows of the staged tile are BN + 8 elements apart: the 8 rows a store reaches fall in
-    // distinct banks.
-    constexpr int LD = BN + 8;
+    // Out through shared memory (wgmma.cu): warp q of warpgroup wg holds rows 64 wg + 16 q + lane / 4 (+ 8).
     __syncthreads();  // every warpgroup is done with the pipeline's buffers
     const unsigned int wg = threadIdx.x >> 7, lane = threadIdx.x & 31u, q = (threadIdx.x >> 5) & 3u;
-    const unsigned int r0 = wg * 64 + q * 16 + (lane >> 2);
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        const unsigned int c = j * 8 + 2 * (lane & 3u);
-        const float b0 = n0 + c < n ? bias_at(bias, bias_kind, n0 + c) : 0.0f;
-        const float b1 = n0 + c + 1 < n ? bias_at(bias, bias_kind, n0 + c + 1) : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
-            const unsigned int pair = (unsigned int)to_out<BF>(v0) | ((unsigned int)to_out<BF>(v1) << 16);
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + ((r0 + h * 8) * LD + c) * 2), "r"(pair) : "memory");
-        }
-    }
+    stage_tile<BN, BF>(d, base, wg * 64 + q * 16 + (lane >> 2), lane, bias, bias_kind, n0, n);
     __syncthreads();
-    const bool vec_out = n % 8 == 0 && (reinterpret_cast<u64>(out) & 15u) == 0;
-#pragma unroll 4
-    for (unsigned int idx = threadIdx.x; idx < BM * BN / 8; idx += NT) {
-        const unsigned int r = idx / (BN / 8), c = idx % (BN / 8) * 8;
-        const unsigned int gr = m0 + r, gc = n0 + c;
-        if (gr >= m || gc >= n) continue;
-        unsigned int v[4];
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(base + (r * LD + c) * 2) : "memory");
-        u16* dst = out + (u64)gr * n + gc;
-        if (vec_out) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                if (gc + e < n) dst[e] = (u16)(v[e / 2] >> (16 * (e % 2)));
-            }
-        }
-    }
+    store_tile<BM, BN, NT>(base, out, threadIdx.x, m0, n0, m, n);
 }
 
 // ---------------------------------------------------------------- entry points
