@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,32 @@ async def _in_process(address: str, prefix: str, batches: list[Batch], quick: bo
         reps = (1 if quick else 2) if software else (3 if quick else 20)
         encoder = Encoder(gpu, CONFIGS[MODEL], await gpu.open_prefix(prefix), graph_prefix=prefix)
         seconds, out = await embed_all(encoder, batches, MODES, reps, lambda: None)
+        stages = [await _replay_stages(gpu, encoder, batch) for batch in batches] if gpu.last_trace else []
         encoder.free()
-        return device, reps, seconds, out
+        return device, reps, seconds, out, stages
+
+
+async def _replay_stages(gpu: gpud_client.Client, encoder: Encoder, batch: Batch, reps: int = 30) -> dict[str, float]:
+    """Where a replay's time goes (a daemon started with --trace: GPUD_DAEMON_ARGS=--trace): the client's
+    work before the request leaves, each stage of the round trip, and the client's after it (medians, µs)."""
+    traces, before, after = [], [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        await encoder.embed(batch.ids, batch.mask, "replay")
+        t1 = time.perf_counter()
+        trace = gpu.last_trace
+        assert trace is not None
+        traces.append(trace)
+        before.append(trace.sent - t0)
+        after.append(t1 - trace.resumed)
+    stages = {"client_before_send": 1e6 * statistics.median(before)}
+    stages.update(gpud_client.Trace.median_stages_us(traces))
+    stages["client_after_resume"] = 1e6 * statistics.median(after)
+    return stages
 
 
 def _torch_rows(weights: Path, batches: list[Batch], reps: int, results: dict[str, Any]) -> dict[str, Any]:
     """transformers' BertModel (float16, cuda) eager and CUDA-graphed: per batch, seconds and embeddings."""
-    import time
 
     import torch
     import transformers
@@ -118,7 +138,8 @@ def main(args: argparse.Namespace) -> int:
         shapes = ", ".join(f"{n}x{batch.ids.shape[1]}" for n, batch in batches.items())
         print(f"weights loaded in {published['upload_s']:.1f} s; batches (sentences x tokens) {shapes}; K={k}")
         try:
-            device, reps, seconds, out = asyncio.run(_in_process(address, prefix, list(batches.values()), args.quick))
+            in_process = _in_process(address, prefix, list(batches.values()), args.quick)
+            device, reps, seconds, out, stages = asyncio.run(in_process)
             processes = run_processes(address, prefix, [list(batches.values())] * k, ("replay",), reps)
             merged = run_processes(address, prefix, [list(batches.values())] * k, ("merged",), reps)
         finally:
@@ -146,6 +167,9 @@ def main(args: argparse.Namespace) -> int:
         row: dict[str, Any] = {"sentences": n, "length": int(batch.ids.shape[1]), "tokens": int(batch.mask.sum())}
         row["gpud_eager_ms"] = _ms(seconds[(i, "eager")])
         row["gpud_replay_ms"] = _ms(seconds[(i, "replay")])
+        if stages:
+            row["gpud_replay_stages_us"] = stages[i]
+            print(f"{n} sentences, replay stages (µs): " + ", ".join(f"{k} {v:.0f}" for k, v in stages[i].items()))
         wall = max(sum(p_seconds[(i, "replay")]) for p_seconds, _out in processes)
         row[f"gpud_{k}_processes_ms"] = 1e3 * wall / (k * reps)  # per batch, all processes together
         row[f"gpud_{k}_processes_sentences_per_s"] = k * reps * n / wall

@@ -66,9 +66,9 @@ def sweep_entry(config: tuple[int, ...]) -> str:
     return (
         f'\nextern "C" __global__ void __launch_bounds__({tile.threads}) {tile.name}(const half_t* x, '
         "const half_t* w, const void* bias, half_t* out, unsigned int batch, unsigned int m, unsigned int n, "
-        "unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {\n"
+        "unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {\n"
         f"    matmul_tc<{', '.join(map(str, config))}>"
-        "(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);\n}\n"
+        "(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);\n}\n"
     )
 
 

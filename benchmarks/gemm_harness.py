@@ -53,7 +53,7 @@ SHAPES = [  # (model, layer, N, K): out = x @ w.T, w (N, K)
     ("minilm", "ffn down", 384, 1536),
 ]
 ROWS = (16, 64, 256, 1024, 4096)
-EDGES = [  # (batch, m, n, k, wt, bias_kind, x_off, w_off, batched_w)
+EDGES = [  # (batch, m, n, k, wt, epilogue, x_off, w_off, batched_w)
     (1, 17, 33, 70, 1, 0, 0, 0, False),
     (1, 33, 31, 64, 0, 1, 0, 0, False),
     (1, 130, 136, 200, 0, 2, 0, 0, False),
@@ -71,10 +71,10 @@ EDGES = [  # (batch, m, n, k, wt, bias_kind, x_off, w_off, batched_w)
 def edge_case(dev: Device, fn: Kernel, case: tuple[Any, ...], rng: np.random.Generator) -> float:
     """One edge case against float64; the worst error over its bound (must be <= 1)."""
     torch = dev.torch
-    batch, m, n, k, wt, bias_kind, x_off, w_off, batched_w = case
+    batch, m, n, k, wt, epilogue, x_off, w_off, batched_w = case
     x = rng.standard_normal((batch, m, k)).astype(np.float16)
     w = rng.standard_normal((batch if batched_w else 1, *((n, k) if wt else (k, n)))).astype(np.float16)
-    bias = (rng.standard_normal(n) * 4).astype(np.float32 if bias_kind == 1 else np.float16)
+    bias = (rng.standard_normal(n) * 4).astype(np.float32 if epilogue == 1 else np.float16)
     fold = not batched_w  # a shared w: the batches are rows (batch 1, m = B*M), as the client plans it
     gx = dev.place(x.ravel(), x_off)
     gw = dev.place(w.ravel(), w_off)
@@ -84,7 +84,7 @@ def edge_case(dev: Device, fn: Kernel, case: tuple[Any, ...], rng: np.random.Gen
     out[total:] = 7.0  # the guard
     sizes = (1, batch * m, n, k, 0, 0) if fold else (batch, m, n, k, m * k, n * k)
     dev.launch(
-        fn, sizes[0], sizes[1], sizes[2], [gx, gw, gb if bias_kind else gx, out.data_ptr()], [*sizes, wt, bias_kind]
+        fn, sizes[0], sizes[1], sizes[2], [gx, gw, gb if epilogue else gx, out.data_ptr()], [*sizes, wt, epilogue]
     )
     torch.cuda.synchronize()
     got = out.cpu().numpy()
@@ -95,7 +95,7 @@ def edge_case(dev: Device, fn: Kernel, case: tuple[Any, ...], rng: np.random.Gen
     w64 = np.swapaxes(w64, -1, -2) if wt else w64
     x64 = x.astype(np.float64)
     ref, scale = x64 @ w64, np.abs(x64) @ np.abs(w64)
-    if bias_kind:
+    if epilogue:
         ref, scale = ref + bias.astype(np.float64), scale + np.abs(bias.astype(np.float64))
     if np.isnan(got).any():
         raise AssertionError(f"{fn.name} {case}: NaN (an element not written)")

@@ -44,9 +44,9 @@ def sweep_entries() -> tuple[str, list[tuple[str, int, int, int, int]]]:
         text += (
             f'\nextern "C" __global__ void __launch_bounds__({128 * wg}, {blocks}) {name}(const u16* x, const u16* w, '
             "const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, "
-            "unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {\n"
+            "unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {\n"
             f"    matmul_wg<{wg}, {bn}, {stages}, false>"
-            "(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);\n}\n"
+            "(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);\n}\n"
         )
         tiles.append((name, 64 * wg, bn, 128 * wg, stages * (64 * wg + bn) * 128 + 1024))
     return text, tiles
@@ -70,12 +70,12 @@ def build_wg(dev: Any, wg: Any) -> list[Any]:
     return kernels
 
 
-def bf16_case(dev: Any, fn: Any, m: int, n: int, k: int, x_off: int, bias_kind: int) -> float:
+def bf16_case(dev: Any, fn: Any, m: int, n: int, k: int, x_off: int, epilogue: int) -> float:
     torch = dev.torch
     x = torch.randn((m, k), device="cuda").bfloat16()
     w = torch.randn((n, k), device="cuda").bfloat16()
     bias = torch.randn(n, device="cuda") * 4
-    if bias_kind == 3:
+    if epilogue == 3:
         bias = bias.bfloat16()
     xbuf = torch.empty(m * k + 8, dtype=torch.bfloat16, device="cuda")
     xbuf[x_off : x_off + m * k] = x.ravel()
@@ -87,14 +87,14 @@ def bf16_case(dev: Any, fn: Any, m: int, n: int, k: int, x_off: int, bias_kind: 
         m,
         n,
         [xbuf.data_ptr() + 2 * x_off, w.data_ptr(), bias.data_ptr(), out.data_ptr()],
-        [1, m, n, k, 0, 0, 1, bias_kind],
+        [1, m, n, k, 0, 0, 1, epilogue],
     )
     torch.cuda.synchronize()
     if not bool((out[m * n :] == 7.0).all()):
         raise AssertionError(f"{fn.name}: wrote past the end")
     got = out[: m * n].reshape(m, n).double()
-    ref = x.double() @ w.double().T + (bias.double() if bias_kind else 0)
-    scale = x.double().abs() @ w.double().abs().T + (bias.double().abs() if bias_kind else 0)
+    ref = x.double() @ w.double().T + (bias.double() if epilogue else 0)
+    scale = x.double().abs() @ w.double().abs().T + (bias.double().abs() if epilogue else 0)
     if bool(torch.isnan(got).any()):
         return math.inf
     return float(((got - ref).abs() / (1e-5 * scale + 8e-3 * ref.abs() + 1e-30)).max())

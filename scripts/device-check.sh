@@ -167,6 +167,19 @@ main() {
         embed-ring) # the MiniLM benchmark with every client on the shared-memory ring
             GPUD_RING=1 section python3 -m gpud bench embed --backend cuda --weights .embed --json "$OUT/bench-embed-cuda-ring.json" || status=1
             ;;
+        embed-trace) # the MiniLM benchmark with the replay's stages (a daemon with --trace), over ZeroMQ and the ring
+            GPUD_DAEMON_ARGS=--trace section python3 -m gpud bench embed --backend cuda --weights .embed \
+                --json "$OUT/bench-embed-cuda-trace.json" || status=1
+            GPUD_RING=1 GPUD_DAEMON_ARGS=--trace section python3 -m gpud bench embed --backend cuda --weights .embed \
+                --json "$OUT/bench-embed-cuda-trace-ring.json" || status=1
+            ;;
+        fusions) # matmul's epilogue activation and the residual add + layernorm: their tests, then MiniLM with stages
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matmul_activation.py \
+                tests/ops/test_add_layernorm.py tests/ops/test_matmul_tma.py tests/ops/test_matmul_wg.py tests/ops/test_elementwise.py \
+                tests/ops/test_elementwise16.py tests/ops/test_reduce_warp.py tests/client/test_nn.py tests/testing/test_bert.py || status=1
+            GPUD_DAEMON_ARGS=--trace section python3 -m gpud bench embed --backend cuda --weights .embed \
+                --json "$OUT/bench-embed-cuda-fusions.json" || status=1
+            ;;
         picogpt-cuda) section python3 -m benchmarks.picogpt --backend cuda --shape 124M --json "$OUT/bench-picogpt-124M-cuda.json" || status=1 ;;
         tma) # the TMA matmuls (matmul_tma): their cuda tests, the backend's, then bench ops (the op's choice beside cuBLAS)
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matmul_tma.py \

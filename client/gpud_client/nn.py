@@ -22,8 +22,10 @@ from gpud_client.dtypes import dtype_name, name_of
 from gpud_client.errors import InvalidArgument
 from gpud_client.memo import Memo
 from gpud_client.ops.base import Planned, info_of
+from gpud_client.ops.matmul import fused
+from gpud_client.ops.norms import AddNorm
 from gpud_protocol.ops import TensorInfo
-from gpud_protocol.ops.matmul import mixes_halves
+from gpud_protocol.ops.matmul import ACTIVATIONS, mixes_halves
 
 if TYPE_CHECKING:
     from gpud_client.client import Client
@@ -44,20 +46,24 @@ def _check(module: str, what: str, tensor: Any, ndim: int, shape: tuple[int, ...
 class Linear:
     """y = x @ weight.T + bias, weight (out_features, in_features) as PyTorch stores it, bias (out,).
     x is (..., in_features); y is (..., out_features): x's dtype when the weight shares it (float16,
-    bfloat16), else float32; float16 with bfloat16 is refused (cast x to the weight's dtype)."""
+    bfloat16), else float32; float16 with bfloat16 is refused (cast x to the weight's dtype). With
+    `activation` ("gelu", "gelu_tanh", "silu"): that op of y, as matmul's `activation=` (BERT's
+    intermediate dense layer and its GELU: one launch where the kernel applies it)."""
 
-    def __init__(self, gpu: Client, weight: Any, bias: Any = None) -> None:
+    def __init__(self, gpu: Client, weight: Any, bias: Any = None, activation: str | None = None) -> None:
         _check("Linear", "weight", weight, 2)
         self.out_features, self.in_features = (int(d) for d in weight.shape)
         if bias is not None:
             _check("Linear", "bias", bias, 1, (self.out_features,))
-        self.gpu, self.weight, self.bias = gpu, weight, bias
+        if activation is not None and activation not in ACTIVATIONS:
+            raise InvalidArgument(f"Linear: activation is None or one of {sorted(ACTIVATIONS)}, not {activation!r}")
+        self.gpu, self.weight, self.bias, self.activation = gpu, weight, bias, activation
         self._plans: Memo[TensorInfo, Planned] = Memo(PLANS)  # by x's info: matmul's plan, checked once
 
     @classmethod
-    def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str) -> Linear:
+    def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str, activation: str | None = None) -> Linear:
         """`name + ".weight"` and, if present, `name + ".bias"` of `tensors`."""
-        return cls(gpu, tensors[f"{name}.weight"], tensors.get(f"{name}.bias"))
+        return cls(gpu, tensors[f"{name}.weight"], tensors.get(f"{name}.bias"), activation)
 
     def __call__(self, x: Any, graph: Any = None) -> Any:
         info = info_of(x)
@@ -75,30 +81,43 @@ class Linear:
                 f"gpu.ops.cast(x, '{wd}')",
                 op="Linear",
             )
-        matmul = self.gpu.ops.matmul
+        matmul, act = self.gpu.ops.matmul, self.activation
         if len(shape) in (2, 3):  # what matmul takes as it is
-            self._plans.keep(info, self.gpu.ops._matmul_plan(x, self.weight, True, self.bias, None))
-            return matmul(x, self.weight, transpose_w=True, bias=self.bias, graph=graph)
+            plan = self.gpu.ops._matmul_plan(x, self.weight, True, self.bias, None, act)
+            if act is None or fused(plan):  # one launch: kept for the next calls of this shape
+                self._plans.keep(info, plan)
+            return matmul(x, self.weight, transpose_w=True, bias=self.bias, activation=act, graph=graph)
         rows = x.reshape(math.prod(shape[:-1]), self.in_features)  # a view: no copy
-        y = matmul(rows, self.weight, transpose_w=True, bias=self.bias, graph=graph)
+        y = matmul(rows, self.weight, transpose_w=True, bias=self.bias, activation=act, graph=graph)
         return y.reshape(*shape[:-1], self.out_features)
 
 
 class LayerNorm:
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (torch.nn.LayerNorm)."""
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (torch.nn.LayerNorm). Called with
+    `residual=` (x's shape and dtype): the norm of x + residual, the sum rounded to x's dtype first (a
+    post-LN transformer's LayerNorm(x + sublayer(x)), as `gpu.ops.layernorm(..., residual=)`: one launch
+    on CUDA where a row fits a warp)."""
 
     def __init__(self, gpu: Client, weight: Any, bias: Any, eps: float = 1e-5) -> None:
         _check("LayerNorm", "weight", weight, 1)
         _check("LayerNorm", "bias", bias, 1, tuple(weight.shape))
         self.gpu, self.weight, self.bias, self.eps = gpu, weight, bias, float(eps)
         self._plans: Memo[TensorInfo, Planned] = Memo(PLANS)
+        self._added: Memo[tuple[TensorInfo, TensorInfo], AddNorm] = Memo(PLANS)  # by x's and residual's infos
 
     @classmethod
     def from_dict(cls, gpu: Client, tensors: Mapping[str, Any], name: str, eps: float = 1e-5) -> LayerNorm:
         return cls(gpu, tensors[f"{name}.weight"], tensors[f"{name}.bias"], eps)
 
-    def __call__(self, x: Any, graph: Any = None) -> Any:
-        return _norm(self.gpu, self._plans, "layernorm", x, (self.weight, self.bias), self.eps, graph)
+    def __call__(self, x: Any, graph: Any = None, *, residual: Any = None) -> Any:
+        params = (self.weight, self.bias)
+        if residual is None:
+            return _norm(self.gpu, self._plans, "layernorm", x, params, self.eps, graph)
+        ops, key = self.gpu.ops, (info_of(x), info_of(residual))
+        plan = self._added.get(key) or self._added.keep(key, ops._add_norm_plan(x, residual, params, self.eps, None))
+        if plan.fused is None:  # add, then layernorm
+            return ops.layernorm(x, *params, self.eps, residual=residual, graph=graph)
+        return ops._execute(plan.fused, [x, residual, *params], None, x, graph)
 
 
 class RMSNorm:

@@ -160,9 +160,9 @@ __device__ __forceinline__ float unary_op(float x, unsigned int op, float a, flo
         case 0: return a * x;
         case 1: return expf(x);
         case 2: return rsqrtf(x);
-        case 3: return x / (1.0f + expf(-x));
-        case 4: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
-        case 5: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+        case 3: return silu(x);
+        case 4: return gelu(x);
+        case 5: return gelu_tanh(x);
         case 7: return is_nan(x) ? x : fminf(fmaxf(x, a), b);
         case 8: return sqrtf(x);
         case 9: return logf(x);

@@ -5,11 +5,6 @@
 // both). Float16 and bfloat16: halves.cu and load_store.cu; the rotary angle: rotary.cu (gpud.ops.source
 // adds them first).
 
-// v as a value of T would hold it (the rounding of a store).
-__device__ __forceinline__ float rounded(const float*, float v) { return v; }
-__device__ __forceinline__ float rounded(const unsigned short*, float v) { return h2f(f2h(v)); }
-__device__ __forceinline__ float rounded(const bf16*, float v) { return __uint_as_float((unsigned int)f2bf(v) << 16); }
-
 template <typename T> struct Words { static constexpr unsigned int per = 2; };  // elements per 4-byte word
 template <> struct Words<float> { static constexpr unsigned int per = 1; };
 

@@ -7,3 +7,7 @@ __device__ __forceinline__ float load(const bf16* p, size_t i) { return __uint_a
 __device__ __forceinline__ void store(float* p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(unsigned short* p, size_t i, float v) { p[i] = f2h(v); }
 __device__ __forceinline__ void store(bf16* p, size_t i, float v) { p[i].bits = f2bf(v); }
+// v as an element of the pointer's type would hold it: the rounding of a store.
+__device__ __forceinline__ float rounded(const float*, float v) { return v; }
+__device__ __forceinline__ float rounded(const unsigned short*, float v) { return h2f(f2h(v)); }
+__device__ __forceinline__ float rounded(const bf16*, float v) { return __uint_as_float((unsigned int)f2bf(v) << 16); }

@@ -123,7 +123,7 @@ __device__ __forceinline__ unsigned int threads_per_row(unsigned int k) {
 template <typename XT, typename WT, typename OT, int R, int U>
 __device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
                                           OT* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
-                                          unsigned int bias_kind, float* red) {
+                                          unsigned int epilogue, float* red) {
     const unsigned int t = threads_per_row(k);
     const unsigned int lane = threadIdx.x & (t - 1);
     const unsigned int slot = threadIdx.x / t;
@@ -193,7 +193,7 @@ __device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __
         }
     }
     if (lane == 0 && j < n) {
-        const float b = bias_at(bias, bias_kind, (unsigned int)j);
+        const float b = bias_at(bias, epilogue, (unsigned int)j);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if ((unsigned int)r < m) st1(out, (u64)r * n + j, acc[r] + b);
@@ -206,7 +206,7 @@ __device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __
 template <typename XT, typename WT, typename OT, int R>
 __device__ __forceinline__ void matvec_kn(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
                                           OT* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
-                                          unsigned int bias_kind, float* red) {
+                                          unsigned int epilogue, float* red) {
     const unsigned int col = threadIdx.x % COLS;
     const unsigned int slice = threadIdx.x / COLS;
     const u64 j = (u64)(blockIdx.x + (u64)blockIdx.y * gridDim.x) * COLS + col;
@@ -228,7 +228,7 @@ __device__ __forceinline__ void matvec_kn(const XT* __restrict__ x, const WT* __
     for (int r = 0; r < R; r++) red[(slice * R + r) * COLS + col] = acc[r];
     __syncthreads();
     if (slice == 0 && j < n) {
-        const float b = bias_at(bias, bias_kind, (unsigned int)j);
+        const float b = bias_at(bias, epilogue, (unsigned int)j);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float s = b;
@@ -242,7 +242,7 @@ __device__ __forceinline__ void matvec_kn(const XT* __restrict__ x, const WT* __
 template <typename XT, typename WT, typename OT>
 __device__ __forceinline__ void matvec(const XT* x, const WT* w, const void* bias, OT* out, unsigned int batch,
                                        unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-                                       unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+                                       unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     __shared__ float red[SLICES * ROWS * COLS];  // the larger of the two layouts' partial sums
     const unsigned int b = blockIdx.z;
     if (b >= batch || m == 0 || m > ROWS || k == 0) return;  // uniform over the block
@@ -250,15 +250,15 @@ __device__ __forceinline__ void matvec(const XT* x, const WT* w, const void* bia
     w += (u64)b * w_stride;
     out += (u64)b * m * n;
     if (wt) {
-        if (m == 1) matvec_nk<XT, WT, OT, 1, 4>(x, w, bias, out, m, n, k, bias_kind, red);
-        else if (m <= 2) matvec_nk<XT, WT, OT, 2, 4>(x, w, bias, out, m, n, k, bias_kind, red);
-        else if (m <= 4) matvec_nk<XT, WT, OT, 4, 2>(x, w, bias, out, m, n, k, bias_kind, red);
-        else matvec_nk<XT, WT, OT, 8, 2>(x, w, bias, out, m, n, k, bias_kind, red);
+        if (m == 1) matvec_nk<XT, WT, OT, 1, 4>(x, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 2) matvec_nk<XT, WT, OT, 2, 4>(x, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 4) matvec_nk<XT, WT, OT, 4, 2>(x, w, bias, out, m, n, k, epilogue, red);
+        else matvec_nk<XT, WT, OT, 8, 2>(x, w, bias, out, m, n, k, epilogue, red);
     } else {
-        if (m == 1) matvec_kn<XT, WT, OT, 1>(x, w, bias, out, m, n, k, bias_kind, red);
-        else if (m <= 2) matvec_kn<XT, WT, OT, 2>(x, w, bias, out, m, n, k, bias_kind, red);
-        else if (m <= 4) matvec_kn<XT, WT, OT, 4>(x, w, bias, out, m, n, k, bias_kind, red);
-        else matvec_kn<XT, WT, OT, 8>(x, w, bias, out, m, n, k, bias_kind, red);
+        if (m == 1) matvec_kn<XT, WT, OT, 1>(x, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 2) matvec_kn<XT, WT, OT, 2>(x, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 4) matvec_kn<XT, WT, OT, 4>(x, w, bias, out, m, n, k, epilogue, red);
+        else matvec_kn<XT, WT, OT, 8>(x, w, bias, out, m, n, k, epilogue, red);
     }
 }
 
@@ -297,7 +297,7 @@ template <typename XT, typename WT, typename OT>
 __device__ __forceinline__ void matmul(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
                                        OT* __restrict__ out, unsigned int batch, unsigned int m, unsigned int n,
                                        unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,
-                                       unsigned int bias_kind) {
+                                       unsigned int epilogue) {
     __shared__ __align__(16) float ta[2][TK][TILE];  // x tile, K-major
     __shared__ __align__(16) float tb[2][TK][TILE];  // w tile, K-major
     const unsigned int b = blockIdx.z;
@@ -375,7 +375,7 @@ __device__ __forceinline__ void matmul(const XT* __restrict__ x, const WT* __res
     for (int j = 0; j < 4; j++) {
         const unsigned int c = col0 + tx * 4 + j;
         if (c >= n) continue;
-        const float bj = bias_at(bias, bias_kind, c);
+        const float bj = bias_at(bias, epilogue, c);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const unsigned int r = row0 + ty * 4 + i;
@@ -390,98 +390,98 @@ __device__ __forceinline__ void matmul(const XT* __restrict__ x, const WT* __res
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f32(const float* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f16(const float* x, const half_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_bf16(const float* x, const bf16_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f32(const half_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_f32(const bf16_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_bf16(const bf16_t* x, const bf16_t* w, const void* bias, bf16_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f32(const float* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f16(const float* x, const half_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_bf16(const float* x, const bf16_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f32(const half_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_bf16_f32(const bf16_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_bf16_bf16(const bf16_t* x, const bf16_t* w, const void* bias, bf16_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }

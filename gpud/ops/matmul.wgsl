@@ -18,7 +18,7 @@ const F32: u32 = 0u;  // an operand's dtype, a constant of each entry point
 const F16: u32 = 1u;
 const BF16: u32 = 2u;
 
-struct Params { batch: u32, m: u32, n: u32, k: u32, x_stride: u32, w_stride: u32, wt: u32, bias_kind: u32 }
+struct Params { batch: u32, m: u32, n: u32, k: u32, x_stride: u32, w_stride: u32, wt: u32, epilogue: u32 }
 
 @group(0) @binding(0) var<storage, read> xs: array<u32>;
 @group(0) @binding(1) var<storage, read> ws: array<u32>;
@@ -51,7 +51,7 @@ fn ld_w(i: u32, kind: u32) -> f32 {
 }
 
 fn bias_at(j: u32) -> f32 {
-    switch p.bias_kind {
+    switch p.epilogue {
         case 1u: { return bitcast<f32>(bs[j]); }
         case 2u: { return unpack2x16float(bs[j >> 1u])[j & 1u]; }
         case 3u: { return bf16_at(bs[j >> 1u], j); }

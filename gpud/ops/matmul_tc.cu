@@ -89,7 +89,7 @@ template <int BM, int BN, int BK, int WM, int WN, int WK, int S, bool WT, bool B
 __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_t* __restrict__ x,
                                                const half_t* __restrict__ w, const void* __restrict__ bias,
                                                half_t* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
-                                               unsigned int bias_kind, unsigned int m0, unsigned int n0) {
+                                               unsigned int epilogue, unsigned int m0, unsigned int n0) {
     constexpr int NT = WM * WN * WK * 32;
     constexpr int TM = BM / WM, TN = BN / WN;  // a warp's part of the tile
     constexpr int MI = TM / 16, NJ = TN / 16;  // its m16 blocks, and n16 blocks (two n8 mma each)
@@ -210,8 +210,8 @@ __device__ __forceinline__ void matmul_tc_body(unsigned short* smem, const half_
     for (int j = 0; j < 2 * NJ; j++) {
         const unsigned int c = n0 + wn * TN + j * 8 + 2 * (lane & 3u);
         if (c >= n) continue;
-        const float b0 = bias_at(bias, bias_kind, c);
-        const float b1 = c + 1 < n ? bias_at(bias, bias_kind, c + 1) : 0.0f;
+        const float b0 = bias_at(bias, epilogue, c);
+        const float b1 = c + 1 < n ? bias_at(bias, epilogue, c + 1) : 0.0f;
 #pragma unroll
         for (int i = 0; i < MI; i++) {
 #pragma unroll
@@ -236,7 +236,7 @@ template <int BM, int BN, int BK, int WM, int WN, int WK, int S, bool BF>
 __device__ __forceinline__ void matmul_tc(const half_t* x, const half_t* w, const void* bias, half_t* out,
                                           unsigned int batch, unsigned int m, unsigned int n, unsigned int k,
                                           unsigned int x_stride, unsigned int w_stride, unsigned int wt,
-                                          unsigned int bias_kind) {
+                                          unsigned int epilogue) {
     constexpr int PIPE = S * (BM + BN) * BK * 2, RED = (WK - 1) * BM * BN * 4;
     __shared__ __align__(128) unsigned short smem[(PIPE > RED ? PIPE : RED) / 2];
     const unsigned int tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
@@ -250,9 +250,9 @@ __device__ __forceinline__ void matmul_tc(const half_t* x, const half_t* w, cons
     w += (u64)b * w_stride;
     out += (u64)b * m * n;
     if (wt) {
-        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, true, BF>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0);
+        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, true, BF>(smem, x, w, bias, out, m, n, k, epilogue, m0, n0);
     } else {
-        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, false, BF>(smem, x, w, bias, out, m, n, k, bias_kind, m0, n0);
+        matmul_tc_body<BM, BN, BK, WM, WN, WK, S, false, BF>(smem, x, w, bias, out, m, n, k, epilogue, m0, n0);
     }
 }
 
@@ -263,70 +263,70 @@ __device__ __forceinline__ void matmul_tc(const half_t* x, const half_t* w, cons
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc16x16_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<16, 16, 128, 1, 1, 8, 5, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<16, 16, 128, 1, 1, 8, 5, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc16x32_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<16, 32, 128, 1, 1, 4, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<16, 32, 128, 1, 1, 4, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc32x32_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<32, 32, 128, 1, 1, 4, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<32, 32, 128, 1, 1, 4, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc64x64_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<64, 64, 64, 2, 2, 1, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<64, 64, 64, 2, 2, 1, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc128x128_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<128, 128, 32, 2, 4, 1, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<128, 128, 32, 2, 4, 1, 3, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc16x16_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<16, 16, 128, 1, 1, 8, 5, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<16, 16, 128, 1, 1, 8, 5, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc16x32_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<16, 32, 128, 1, 1, 4, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<16, 32, 128, 1, 1, 4, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc32x32_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<32, 32, 128, 1, 1, 4, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<32, 32, 128, 1, 1, 4, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128) matmul_tc64x64_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<64, 64, 64, 2, 2, 1, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<64, 64, 64, 2, 2, 1, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(256) matmul_tc128x128_bf16_bf16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int bias_kind) {
+    unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tc<128, 128, 32, 2, 4, 1, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, bias_kind);
+    matmul_tc<128, 128, 32, 2, 4, 1, 3, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }

@@ -154,19 +154,19 @@ __device__ __forceinline__ void tma_mainloop(float* d, unsigned int base, unsign
 template <int BN, bool BF>
 __device__ __forceinline__ void tma_epilogue(const float* d, unsigned int staging, const void* __restrict__ bias,
                                              u16* __restrict__ out, unsigned int m0, unsigned int n0, unsigned int m,
-                                             unsigned int n, unsigned int bias_kind) {
+                                             unsigned int n, unsigned int epilogue) {
     const unsigned int t = threadIdx.x - 128, c = t >> 7, lane = t & 31u, q = (t >> 5) & 3u;
     asm volatile("bar.sync 1, 256;" ::: "memory");  // the consumers' own barrier (0 would wait for the producer)
-    stage_tile<BN, BF>(d, staging, c * 64 + q * 16 + (lane >> 2), lane, bias, bias_kind, n0, n);
+    stage_tile<BN, BF>(d, staging, c * 64 + q * 16 + (lane >> 2), lane, bias, epilogue, n0, n);
     asm volatile("bar.sync 1, 256;" ::: "memory");
-    store_tile<TMA_BM, BN, 256>(staging, out, t, m0, n0, m, n);
+    store_tile<TMA_BM, BN, 256, BF>(staging, out, t, m0, n0, m, n, epilogue);
 }
 
 template <int BN, int S, bool BF>
 __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, const void* __restrict__ bias,
                                            u16* __restrict__ out, unsigned int batch, unsigned int m, unsigned int n,
                                            unsigned int k, unsigned int x_stride, unsigned int w_stride,
-                                           unsigned int bias_kind) {
+                                           unsigned int epilogue) {
     constexpr unsigned int STAGING = (TMA_BM * (BN + 8) * 2 + 1023) / 1024 * 1024;
     extern __shared__ unsigned char dyn[];
     const unsigned int base = (smem_u32(dyn) + 1023u) & ~1023u;  // the launch asks 1 KB more for this
@@ -208,7 +208,7 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
             unsigned int m0, n0;
             tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
             tma_mainloop<BN, S, BF>(d, base, bars, k, slot, phase);
-            tma_epilogue<BN, BF>(d, staging, bias, out, m0, n0, m, n, bias_kind);
+            tma_epilogue<BN, BF>(d, staging, bias, out, m0, n0, m, n, epilogue);
         }
     }
 }
@@ -221,15 +221,15 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
 
 extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_f16_f16(const __grid_constant__ TmaMap tx,
     const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
-    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tma<128, 5, false>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_tma<128, 5, false>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_bf16_bf16(const __grid_constant__ TmaMap tx,
     const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
-    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_tma<128, 5, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_tma<128, 5, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 

@@ -133,7 +133,7 @@ template <int WG, int BN, int S, bool BF>
 __device__ __forceinline__ void matmul_wg(const u16* __restrict__ x, const u16* __restrict__ w,
                                           const void* __restrict__ bias, u16* __restrict__ out, unsigned int batch,
                                           unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-                                          unsigned int w_stride, unsigned int bias_kind) {
+                                          unsigned int w_stride, unsigned int epilogue) {
     constexpr int BM = 64 * WG, NT = 128 * WG;
     static_assert(BM * (BN + 8) * 2 <= S * (BM + BN) * 128, "the staged tile of out fits the pipeline's buffers");
     extern __shared__ unsigned char dyn[];
@@ -165,9 +165,9 @@ __device__ __forceinline__ void matmul_wg(const u16* __restrict__ x, const u16* 
     // Out through shared memory (wgmma.cu): warp q of warpgroup wg holds rows 64 wg + 16 q + lane / 4 (+ 8).
     __syncthreads();  // every warpgroup is done with the pipeline's buffers
     const unsigned int wg = threadIdx.x >> 7, lane = threadIdx.x & 31u, q = (threadIdx.x >> 5) & 3u;
-    stage_tile<BN, BF>(d, base, wg * 64 + q * 16 + (lane >> 2), lane, bias, bias_kind, n0, n);
+    stage_tile<BN, BF>(d, base, wg * 64 + q * 16 + (lane >> 2), lane, bias, epilogue, n0, n);
     __syncthreads();
-    store_tile<BM, BN, NT>(base, out, threadIdx.x, m0, n0, m, n);
+    store_tile<BM, BN, NT, BF>(base, out, threadIdx.x, m0, n0, m, n, epilogue);
 }
 
 // ---------------------------------------------------------------- entry points
@@ -177,56 +177,56 @@ __device__ __forceinline__ void matmul_wg(const u16* __restrict__ x, const u16* 
 
 extern "C" __global__ void __launch_bounds__(256, 1) matmul_wg128x256_f16_f16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_wg<2, 256, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_wg<2, 256, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) matmul_wg128x64_f16_f16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_wg<2, 64, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_wg<2, 64, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 3) matmul_wg64x64_f16_f16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_wg<1, 64, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_wg<1, 64, 4, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 2) matmul_wg64x64d_f16_f16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_wg<1, 64, 6, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_wg<1, 64, 6, false>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) matmul_wg128x256_bf16_bf16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_wg<2, 256, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_wg<2, 256, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) matmul_wg128x64_bf16_bf16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_wg<2, 64, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_wg<2, 64, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 3) matmul_wg64x64_bf16_bf16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_wg<1, 64, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_wg<1, 64, 4, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 2) matmul_wg64x64d_bf16_bf16(const u16* x, const u16* w, const void* bias,
     u16* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
-    unsigned int w_stride, unsigned int wt, unsigned int bias_kind) {
+    unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
-    matmul_wg<1, 64, 6, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, bias_kind);
+    matmul_wg<1, 64, 6, true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }

@@ -12,9 +12,9 @@ CUDA_FAMILIES = (
 _CUDA: dict[str, tuple[str, ...]] = {
     "matmul_tc": ("cp_async", "products"),
     # wgmma.cu uses products.cu's u64; matmul_tma takes cp_async.cu's smem_u32 only (TMA fills its stages)
-    **{family: ("cp_async", "products", "wgmma") for family in ("matmul_tma", "matmul_wg")},
+    **{family: ("activation", "cp_async", "products", "wgmma") for family in ("matmul_tma", "matmul_wg")},
     "attention": ("rotary",),
-    "elementwise": ("nan",),
+    "elementwise": ("activation", "nan"),
     "fused": ("halves", "load_store", "rotary"),
     "reduce": ("halves", "load_store", "nan"),
     "reduce_axis": ("halves", "nan"),

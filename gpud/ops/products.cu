@@ -20,8 +20,9 @@ __device__ __forceinline__ unsigned short f2bf(float f) {
 template <bool BF>
 __device__ __forceinline__ unsigned short to_out(float f) { return BF ? f2bf(f) : f2h(f); }
 
-// bias_kind: 0 none (not read), 1 float32, 2 float16, 3 bfloat16
-__device__ __forceinline__ float bias_at(const void* bias, unsigned int kind, unsigned int j) {
+// the bias kind, epilogue's low byte: 0 none (not read), 1 float32, 2 float16, 3 bfloat16
+__device__ __forceinline__ float bias_at(const void* bias, unsigned int epilogue, unsigned int j) {
+    const unsigned int kind = epilogue & 255u;
     if (kind == 1) return static_cast<const float*>(bias)[j];
     if (kind >= 2) {
         const unsigned short h = static_cast<const unsigned short*>(bias)[j];

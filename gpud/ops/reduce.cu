@@ -363,6 +363,7 @@ extern "C" __global__ void normalize_bf16(const bf16* x, bf16* out, unsigned int
 // threads (gpud_protocol/ops/reduce_warp.py: the client picks it where a row fits). A row is read once into
 // registers, lane j holding elements j, j + 32, ...; its sums are warp shuffles, no barrier. One block of 256
 // threads per row of 384 elements (MiniLM's) spent most of its time in the block-wide combines.
+// add_layernorm_warp: the same over x + r (a post-LN transformer's residual add and norm, one launch).
 constexpr unsigned int WARP_ROW_MAX = 1024;
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -370,8 +371,22 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-template <typename X, typename W>
-__device__ void layernorm_warp(const X* x, const W* weight, const W* bias, X* out, unsigned int rows,
+// A row's elements as layernorm_warp reads them: x's, or x + r as `add` stores the sum (float32, rounded
+// once to X: elementwise.cu's arithmetic), so add_layernorm_warp's bits are add's then layernorm_warp's.
+template <typename X>
+struct Stored {
+    const X* x;
+    __device__ __forceinline__ float operator()(size_t i) const { return load(x, i); }
+};
+template <typename X>
+struct Added {
+    const X* x;
+    const X* r;
+    __device__ __forceinline__ float operator()(size_t i) const { return rounded(x, load(x, i) + load(r, i)); }
+};
+
+template <typename X, typename W, typename Row>
+__device__ void layernorm_warp(Row row_of, const W* weight, const W* bias, X* out, unsigned int rows,
                                unsigned int length, float eps) {
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int row = row_index() * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -382,7 +397,7 @@ __device__ void layernorm_warp(const X* x, const W* weight, const W* bias, X* ou
 #pragma unroll
     for (unsigned int i = 0; i < WARP_ROW_MAX / 32; i++) {
         const unsigned int j = lane + 32u * i;
-        v[i] = j < length ? load(x, base + j) : 0.0f;
+        v[i] = j < length ? row_of(base + j) : 0.0f;
         acc += v[i];
     }
     const float mean = warp_sum(acc) / (float)length;
@@ -404,7 +419,7 @@ __device__ void layernorm_warp(const X* x, const W* weight, const W* bias, X* ou
     extern "C" __global__ void name(const X* x, const W* weight, const W* bias, X* out, unsigned int rows,        \
                                     unsigned int length, float eps) {                                            \
         gpud_wait_prior();                                                                                       \
-        layernorm_warp(x, weight, bias, out, rows, length, eps);                                                 \
+        layernorm_warp(Stored<X>{x}, weight, bias, out, rows, length, eps);                                      \
     }
 LAYERNORM_WARP(layernorm_warp_f32_f32, float, float)
 LAYERNORM_WARP(layernorm_warp_f32_f16, float, unsigned short)
@@ -415,3 +430,19 @@ LAYERNORM_WARP(layernorm_warp_f16_bf16, unsigned short, bf16)
 LAYERNORM_WARP(layernorm_warp_bf16_f32, bf16, float)
 LAYERNORM_WARP(layernorm_warp_bf16_f16, bf16, unsigned short)
 LAYERNORM_WARP(layernorm_warp_bf16_bf16, bf16, bf16)
+
+#define ADD_LAYERNORM_WARP(name, X, W)                                                                             \
+    extern "C" __global__ void name(const X* x, const X* r, const W* weight, const W* bias, X* out,               \
+                                    unsigned int rows, unsigned int length, float eps) {                         \
+        gpud_wait_prior();                                                                                       \
+        layernorm_warp(Added<X>{x, r}, weight, bias, out, rows, length, eps);                                    \
+    }
+ADD_LAYERNORM_WARP(add_layernorm_warp_f32_f32, float, float)
+ADD_LAYERNORM_WARP(add_layernorm_warp_f32_f16, float, unsigned short)
+ADD_LAYERNORM_WARP(add_layernorm_warp_f32_bf16, float, bf16)
+ADD_LAYERNORM_WARP(add_layernorm_warp_f16_f32, unsigned short, float)
+ADD_LAYERNORM_WARP(add_layernorm_warp_f16_f16, unsigned short, unsigned short)
+ADD_LAYERNORM_WARP(add_layernorm_warp_f16_bf16, unsigned short, bf16)
+ADD_LAYERNORM_WARP(add_layernorm_warp_bf16_f32, bf16, float)
+ADD_LAYERNORM_WARP(add_layernorm_warp_bf16_f16, bf16, unsigned short)
+ADD_LAYERNORM_WARP(add_layernorm_warp_bf16_bf16, bf16, bf16)

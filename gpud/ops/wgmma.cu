@@ -72,14 +72,14 @@ __device__ __forceinline__ void wgmma_256_bf16(float* d, u64 a, u64 b) {
 // stored at `staging` with rows BN + 8 elements apart (the 8 rows a store reaches fall in distinct banks).
 template <int BN, bool BF>
 __device__ __forceinline__ void stage_tile(const float* d, unsigned int staging, unsigned int r0, unsigned int lane,
-                                           const void* __restrict__ bias, unsigned int bias_kind, unsigned int n0,
+                                           const void* __restrict__ bias, unsigned int epilogue, unsigned int n0,
                                            unsigned int n) {
     constexpr int LD = BN + 8;
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
         const unsigned int c = j * 8 + 2 * (lane & 3u);
-        const float b0 = n0 + c < n ? bias_at(bias, bias_kind, n0 + c) : 0.0f;
-        const float b1 = n0 + c + 1 < n ? bias_at(bias, bias_kind, n0 + c + 1) : 0.0f;
+        const float b0 = n0 + c < n ? bias_at(bias, epilogue, n0 + c) : 0.0f;
+        const float b1 = n0 + c + 1 < n ? bias_at(bias, epilogue, n0 + c + 1) : 0.0f;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
@@ -89,12 +89,25 @@ __device__ __forceinline__ void stage_tile(const float* d, unsigned int staging,
     }
 }
 
+// 8 staged elements of out (4 words) through the epilogue's activation (activation.cu), each read as
+// rounded and rounded again: the bits of the product, then of the unary op on it
+template <bool BF>
+__device__ __forceinline__ void activate_words(unsigned int (&v)[4], unsigned int epilogue) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const unsigned short lo = (unsigned short)(v[i] & 0xffffu), hi = (unsigned short)(v[i] >> 16);
+        const float a = activate(BF ? bf2f(lo) : h2f(lo), epilogue), b = activate(BF ? bf2f(hi) : h2f(hi), epilogue);
+        v[i] = (unsigned int)to_out<BF>(a) | ((unsigned int)to_out<BF>(b) << 16);
+    }
+}
+
 // store_tile: the staged BM x BN tile into out (m x n, the tile at row m0, column n0) in 16-byte pieces
 // of whole rows (element by element where a row of out is not 16-byte aligned), thread t of THREADS
-// taking every THREADS-th piece.
-template <int BM, int BN, int THREADS>
+// taking every THREADS-th piece; the epilogue's activation, if any, applied on the way.
+template <int BM, int BN, int THREADS, bool BF>
 __device__ __forceinline__ void store_tile(unsigned int staging, unsigned short* __restrict__ out, unsigned int t,
-                                           unsigned int m0, unsigned int n0, unsigned int m, unsigned int n) {
+                                           unsigned int m0, unsigned int n0, unsigned int m, unsigned int n,
+                                           unsigned int epilogue) {
     constexpr int LD = BN + 8;
     const bool vec_out = n % 8 == 0 && (reinterpret_cast<u64>(out) & 15u) == 0;
 #pragma unroll 4
@@ -105,6 +118,7 @@ __device__ __forceinline__ void store_tile(unsigned int staging, unsigned short*
         unsigned int v[4];
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(staging + (r * LD + c) * 2) : "memory");
+        if (epilogue >> 8) activate_words<BF>(v, epilogue);
         unsigned short* dst = out + (u64)gr * n + gc;
         if (vec_out) {
             *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);

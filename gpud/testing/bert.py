@@ -110,7 +110,8 @@ def random_weights(config: BertConfig, seed: int, dtype: Any = np.float32) -> di
 
 
 class Layer:
-    """One post-LN encoder layer: self-attention and the GELU FFN, each added back, then LayerNorm."""
+    """One post-LN encoder layer: self-attention and the GELU FFN, each added back, then LayerNorm (the add
+    and the norm one op: `LayerNorm(..., residual=)`)."""
 
     def __init__(self, gpu: gpud_client.Client, config: BertConfig, t: Mapping[str, Any], prefix: str) -> None:
         self.gpu, self.c = gpu, config
@@ -119,7 +120,7 @@ class Layer:
         self.value = Linear.from_dict(gpu, t, prefix + "attention.self.value")
         self.out = Linear.from_dict(gpu, t, prefix + "attention.output.dense")
         self.norm1 = LayerNorm.from_dict(gpu, t, prefix + "attention.output.LayerNorm", config.eps)
-        self.ffn_in = Linear.from_dict(gpu, t, prefix + "intermediate.dense")
+        self.ffn_in = Linear.from_dict(gpu, t, prefix + "intermediate.dense", activation="gelu")
         self.ffn_out = Linear.from_dict(gpu, t, prefix + "output.dense")
         self.norm2 = LayerNorm.from_dict(gpu, t, prefix + "output.LayerNorm", config.eps)
 
@@ -131,9 +132,9 @@ class Layer:
         k = self.key(x, graph).reshape(heads)
         v = self.value(x, graph).reshape(heads)
         a = ops.attention(q, k, v, key_mask=mask, graph=graph)  # (B, S, heads, head_dim), x's dtype as q's
-        x = self.norm1(ops.add(x, self.out(a.reshape(batch, length, hidden), graph), graph=graph), graph)
-        h = ops.gelu(self.ffn_in(x, graph), graph=graph)
-        return self.norm2(ops.add(x, self.ffn_out(h, graph), graph=graph), graph)
+        x = self.norm1(x, graph, residual=self.out(a.reshape(batch, length, hidden), graph))  # LN(x + out(a))
+        h = self.ffn_in(x, graph)  # GELU(x @ w.T + b): in the product's kernel where it applies one
+        return self.norm2(x, graph, residual=self.ffn_out(h, graph))
 
 
 class Encoder:

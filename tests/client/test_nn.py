@@ -55,6 +55,29 @@ async def test_norms_and_embedding(gpu: Client) -> None:
     np.testing.assert_array_equal(await nn.Embedding(gpu, emb.table, "float32")(gpu.tensor(ids)).numpy(), table[ids])
 
 
+async def test_layer_norm_of_x_plus_a_residual(gpu: Client) -> None:
+    """LayerNorm(x + residual), a post-LN layer's (BERT's): the bits of add then layernorm, eagerly (twice:
+    the kept plan) and recorded; numpy's within float32's error; a residual unlike x refused, naming the op."""
+    w, b = rand(384), rand(384)
+    norm = nn.LayerNorm(gpu, gpu.tensor(w), gpu.tensor(b), eps=1e-12)
+    for shape in [(2, 5, 384), (3, 384)]:
+        x, r = rand(*shape), rand(*shape)
+        xt, rt = gpu.tensor(x), gpu.tensor(r)
+        want = await gpu.ops.layernorm(gpu.ops.add(xt, rt), norm.weight, norm.bias, 1e-12).numpy()
+        for _ in range(2):
+            assert (await norm(xt, residual=rt).numpy()).tobytes() == want.tobytes()
+        s = (x + r).astype(F64)  # float32's sum, as add stores it
+        mean = s.mean(-1, keepdims=True)
+        close(want, (s - mean) / np.sqrt(((s - mean) ** 2).mean(-1, keepdims=True) + 1e-12) * w + b)
+    assert len(norm._added) == 2  # a plan per shape
+    g = gpu.graph("nn-residual")
+    g.output("y", norm(g.input("x", (3, 384), "float32"), graph=g, residual=g.input("r", (3, 384), "float32")))
+    step = await g.build()
+    assert (await step.replay(x=x, r=r))["y"].tobytes() == want.tobytes()
+    with pytest.raises(InvalidArgument, match="layernorm: residual is float16, x is float32"):
+        norm(xt, residual=gpu.tensor(r.astype(np.float16)))
+
+
 def forward(gpu: Client, layers: dict[str, Any], ids: Any, graph: Any = None) -> Any:
     """One forward function, for eager work and for recording: embedding, norm, linear."""
     h = layers["emb"](ids, graph=graph)

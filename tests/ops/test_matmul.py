@@ -259,8 +259,9 @@ async def test_mismatches_are_typed_errors_in_the_daemon(gpu: gpud_client.Client
         ("matvec_f32_f32", [x, w, x, out], {1: 1}, "sizes passed"),  # m does not cover x
         ("matvec_f32_f32", [x, w, x, out], {6: 0}, "K=8"),  # w read as (K, N)
         ("matvec_f32_f32", [x, w, x, out], {6: 2}, "wt is 0 or 1"),
-        ("matvec_f32_f32", [x, w, half, out], {7: 1}, "bias_kind 1"),
-        ("matvec_f32_f32", [x, w, x, out], {7: 4}, "bias_kind is"),
+        ("matvec_f32_f32", [x, w, half, out], {7: 1}, "bias kind 1"),
+        ("matvec_f32_f32", [x, w, x, out], {7: 4}, "bias kind is"),
+        ("matvec_f32_f32", [x, w, x, out], {7: 6 << 8}, "activation is"),
         ("matvec_f32_f32", [x, w, x, half], {}, "out is"),
         ("matvec_f16_f32", [x, w, x, out], {}, "takes x float16"),
         ("matmul_f32_f32", [x, w, x, gpu.empty((3, 2))], {}, "out is"),

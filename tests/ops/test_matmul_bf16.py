@@ -185,7 +185,7 @@ def test_the_rule_of_the_bfloat16_kernels() -> None:
     for name in ("matvec_bf16_bf16", "matmul_bf16_bf16", "matmul_tc64x64_bf16_bf16"):
         check_rule = KERNELS[name].check
         check_rule([x, w, bias, out], [*sizes, 3])
-        with pytest.raises(OpError, match="bias_kind 3 is a bfloat16 bias"):
+        with pytest.raises(OpError, match="bias kind 3 is a bfloat16 bias"):
             check_rule([x, w, TensorInfo("float32", (6,)), out], [*sizes, 3])
         with pytest.raises(OpError, match="out is float32"):
             check_rule([x, w, bias, TensorInfo("float32", (3, 2, 6))], [*sizes, 0])

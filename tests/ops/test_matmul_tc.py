@@ -54,8 +54,8 @@ async def tc_product(
     out = upload(gpu, np.full(p.out_shape, np.nan, np.float32), dtype)
     tx, tw = upload(gpu, x, dtype), upload(gpu, w, dtype)
     tb = tx if bias is None else upload(gpu, bias, str(bias_dtype))
-    bias_kind = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
-    gpu.ops._run(name, tc_grid(name, p.batch, p.m, p.n), [tx, tw, tb, out], [*p.sizes, int(bool(wt)), bias_kind], None)
+    epilogue = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
+    gpu.ops._run(name, tc_grid(name, p.batch, p.m, p.n), [tx, tw, tb, out], [*p.sizes, int(bool(wt)), epilogue], None)
     return await out.numpy(), x, w, bool(wt), bias
 
 

@@ -56,9 +56,9 @@ async def tma_product(gpu: gpud_client.Client, name: str, case: tuple[object, ..
     out = upload(gpu, np.full(p.out_shape, np.nan, np.float32), dtype)
     tx, tw = upload(gpu, x, dtype), upload(gpu, w, dtype)
     tb = tx if bias is None else upload(gpu, bias, str(bias_dtype))
-    bias_kind = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
+    epilogue = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
     grid = tma_grid(name, sizes[0], sizes[1], sizes[2])
-    gpu.ops._run(name, grid, [tx, tw, tb, out], [*sizes, 1, bias_kind], None)
+    gpu.ops._run(name, grid, [tx, tw, tb, out], [*sizes, 1, epilogue], None)
     close_of(dtype, await out.numpy(), x, w, True, bias)
 
 

@@ -53,8 +53,8 @@ async def wg_product(gpu: gpud_client.Client, name: str, case: tuple[object, ...
     out = upload(gpu, np.full(p.out_shape, np.nan, np.float32), dtype)
     tx, tw = upload(gpu, x, dtype), upload(gpu, w, dtype)
     tb = tx if bias is None else upload(gpu, bias, str(bias_dtype))
-    bias_kind = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
-    gpu.ops._run(name, wg_grid(name, p.batch, p.m, p.n), [tx, tw, tb, out], [*p.sizes, 1, bias_kind], None)
+    epilogue = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
+    gpu.ops._run(name, wg_grid(name, p.batch, p.m, p.n), [tx, tw, tb, out], [*p.sizes, 1, epilogue], None)
     close_of(dtype, await out.numpy(), x, w, True, bias)
 
 

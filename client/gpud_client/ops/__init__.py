@@ -16,13 +16,24 @@ from gpud_client.ops.fused import FusedOps
 from gpud_client.ops.joining import JoinOps
 from gpud_client.ops.layout import LayoutOps
 from gpud_client.ops.matmul import MatmulOps
+from gpud_client.ops.norms import NormOps
 from gpud_client.ops.reduce import ReduceOps
 from gpud_client.ops.stats import StatsOps
 from gpud_client.ops.tokens import TokenOps
 
 
 class Ops(
-    ElementwiseOps, MatmulOps, ReduceOps, StatsOps, TokenOps, FusedOps, AttentionOps, LayoutOps, JoinOps, OpsBase
+    MatmulOps,  # before ElementwiseOps, its base
+    ElementwiseOps,
+    ReduceOps,
+    NormOps,
+    StatsOps,
+    TokenOps,
+    FusedOps,
+    AttentionOps,
+    LayoutOps,
+    JoinOps,
+    OpsBase,
 ):
     """`gpu.ops`: one method per op, grouped by family."""
 

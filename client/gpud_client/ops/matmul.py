@@ -16,10 +16,12 @@ from typing import Any
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
 from gpud_client.operands import not_a_tensor
-from gpud_client.ops.base import OpsBase, Planned, info_of
+from gpud_client.ops.base import Planned, info_of
+from gpud_client.ops.elementwise import ElementwiseOps
 from gpud_protocol.ops import OpError, TensorInfo
 from gpud_protocol.ops.broadcast import broadcast_shapes
 from gpud_protocol.ops.matmul import (
+    ACTIVATIONS,
     BIAS_KINDS,
     DTYPES,
     MATVEC_ROWS,
@@ -39,7 +41,7 @@ from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
 from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 
 
-class MatmulOps(OpsBase):
+class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none, are ElementwiseOps._unary
     def matmul(
         self,
         x: Any,
@@ -47,10 +49,11 @@ class MatmulOps(OpsBase):
         *,
         transpose_w: bool = False,
         bias: Any = None,
+        activation: str | None = None,
         out: Any = None,
         graph: Any = None,
     ) -> Any:
-        """x @ w (+ bias). x: (M, K) or (B, M, K); w: (K, N), or (N, K) with transpose_w (a Linear's
+        """activation(x @ w (+ bias)). x: (M, K) or (B, M, K); w: (K, N), or (N, K) with transpose_w (a Linear's
         weight), or batched (B, K, N) / (B, N, K); a 2-D w is shared by every batch. bias: (N,).
         float32, float16 and bfloat16 operands in any mix but float16 with bfloat16 (cast one, as torch
         asks), accumulated in float32; out is x's dtype when w shares it, else float32 (a 16-bit out is
@@ -59,7 +62,10 @@ class MatmulOps(OpsBase):
         batch axes past one, broadcast where one side's are all ones or both sides' are the same. A w
         that is a dense tensor's last two axes swapped (`k.transpose(-1, -2)`) is read in place. On
         CUDA, float16 or bfloat16 x and w with more than 8 rows per weight matrix run on the tensor
-        cores: the same exact products summed in float32, in another order."""
+        cores: the same exact products summed in float32, in another order. activation: "gelu" (erf),
+        "gelu_tanh" or "silu": the bits of `gpu.ops.gelu(x @ w + bias)` (its unary op on the rounded
+        product), in one launch where the kernel applies it as it stores its tiles (Hopper's warpgroup
+        kernels), else the unary op after the product."""
         try:
             xs, ws = x.shape, w.shape
         except AttributeError:
@@ -67,13 +73,22 @@ class MatmulOps(OpsBase):
         if len(ws) >= 2 and not getattr(w, "is_contiguous", True):
             flipped = _swapped_back(w)  # w = k.transpose(-1, -2) of a dense k: that k, the other layout
             if flipped.is_contiguous:
-                return self.matmul(x, flipped, transpose_w=not transpose_w, bias=bias, out=out, graph=graph)
+                return self.matmul(
+                    x, flipped, transpose_w=not transpose_w, bias=bias, activation=activation, out=out, graph=graph
+                )
         if 2 <= len(xs) <= 3 and 2 <= len(ws) <= 3 and (len(xs) == 2 or len(ws) == 2 or xs[0] == ws[0]):
-            plan = self._matmul_plan(x, w, bool(transpose_w), bias, out)
-            return self._execute(plan, [x, w, x if bias is None else bias], out, x, graph)  # no bias: x stands in
-        return self._matmul_numpy(x, w, bool(transpose_w), bias, out, graph)
+            plan = self._matmul_plan(x, w, bool(transpose_w), bias, out, activation)
+            inputs = [x, w, x if bias is None else bias]  # no bias: x stands in (not read)
+            if activation is None or fused(plan):
+                return self._execute(plan, inputs, out, x, graph)
+            product = self._execute(plan, inputs, None, x, graph)  # the kernel applies none: the unary op after
+            result = self._unary(activation, product, out, graph)
+            if graph is None:
+                product.free()  # to the client's pool, once the unary op queued behind it has read it
+            return result
+        return self._matmul_numpy(x, w, bool(transpose_w), bias, activation, out, graph)
 
-    def _matmul_numpy(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, graph: Any) -> Any:
+    def _matmul_numpy(self, x: Any, w: Any, wt: bool, bias: Any, activation: str | None, out: Any, graph: Any) -> Any:
         """numpy.matmul's other shapes (1-D operands, more batch axes, a batch of one broadcast) as
         views in the forms the kernels take, into an output of numpy's shape."""
         xd, wd = _operand_dtypes(x, w)
@@ -88,22 +103,22 @@ class MatmulOps(OpsBase):
             xv, wv, ov = x.reshape(x_form), w.reshape(w_form), result.reshape(out_form)
         except InvalidArgument as exc:
             raise InvalidArgument(str(exc), op="matmul") from None
-        self.matmul(xv, wv, transpose_w=wt, bias=bias, out=ov, graph=graph)
+        self.matmul(xv, wv, transpose_w=wt, bias=bias, activation=activation, out=ov, graph=graph)
         return result
 
-    def _matmul_plan(self, x: Any, w: Any, wt: bool, bias: Any, out: Any) -> Planned:
+    def _matmul_plan(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None = None) -> Planned:
         """The plan of `matmul` for these operands (checked when made; see `nn.Linear`, which keeps its own)."""
         infos = (info_of(x), info_of(w), None if bias is None else info_of(bias), None if out is None else info_of(out))
-        return self._plan(("matmul", wt, *infos), self._plan_matmul, x, w, wt, bias, out)
+        return self._plan(("matmul", wt, activation, *infos), self._plan_matmul, x, w, wt, bias, out, activation)
 
-    def _plan_matmul(self, x: Any, w: Any, wt: bool, bias: Any, out: Any) -> Planned:
+    def _plan_matmul(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None) -> Planned:
         xd, wd = _operand_dtypes(x, w)
-        bias_kind = 0
+        epilogue = 0
         if bias is not None:
             bd = dtype_name(bias)
             if bd not in BIAS_KINDS:
                 raise InvalidArgument(f"matmul: a float32, float16 or bfloat16 bias, not {bd}")
-            bias_kind = BIAS_KINDS[bd]
+            epilogue |= BIAS_KINDS[bd]
         try:
             p = plan(tuple(x.shape), tuple(w.shape), wt)
             tensor_cores = xd == wd and xd in TC_DTYPES and self._client.backend == "cuda"
@@ -128,9 +143,13 @@ class MatmulOps(OpsBase):
                 name, grid = f"matmul_{SHORT[xd]}_{SHORT[wd]}", matmul_grid(p.batch, p.m, p.n)
         except OpError as exc:
             raise InvalidArgument(f"matmul: {exc}") from None
+        if name.startswith(FUSING):
+            epilogue |= _activation_bits(activation)
+        else:
+            _activation_bits(activation)  # checked here too: the unary op runs after
         result = TensorInfo(out_dtype(xd, wd), p.out_shape) if out is None else out
         tensors = [x, w, x if bias is None else bias, result]  # without a bias, x stands in (not read)
-        launch = self._check(name, grid, tensors, [*p.sizes, int(wt), bias_kind])
+        launch = self._check(name, grid, tensors, [*p.sizes, int(wt), epilogue])
         return Planned(p.out_shape, out_dtype(xd, wd), launch)
 
     def _capability(self, like: Any) -> str:
@@ -147,6 +166,24 @@ def _swapped_back(w: Any) -> Any:
         if tuple(base.shape) == (*shape[:-2], shape[-1], shape[-2]) and strides == (*dense[:-2], dense[-1], dense[-2]):
             return base
     return w.transpose(-1, -2)
+
+
+FUSING = ("matmul_wg", "matmul_tma")  # the kernels that apply an activation as they store (the epilogue)
+
+
+def fused(plan: Planned) -> bool:
+    """Whether `plan`'s kernel applies the call's activation itself."""
+    return plan.launch is not None and plan.launch.name.startswith(FUSING)
+
+
+def _activation_bits(activation: str | None) -> int:
+    """The epilogue scalar's activation bits (ACTIVATIONS' code << 8); InvalidArgument names the choices."""
+    if activation is None:
+        return 0
+    code = ACTIVATIONS.get(activation) if isinstance(activation, str) else None
+    if code is None:
+        raise InvalidArgument(f"activation is None or one of {sorted(ACTIVATIONS)}, not {activation!r}", op="matmul")
+    return code << 8
 
 
 def _operand_dtypes(x: Any, w: Any) -> tuple[str, str]:

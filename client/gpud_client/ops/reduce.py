@@ -1,8 +1,6 @@
-"""Reductions: sum, mean, max, argmax and softmax over any axis (`axes` picks the kernel); softmax with
-an additive mask, rmsnorm and layernorm over the last axis. Inputs are float32, float16 or bfloat16;
-everything accumulates in float32. On a software WebGPU adapter (lavapipe) layernorm over rows a multiple
-of 8 long runs a thread per row (gpud_protocol.ops.rows); on CUDA, over rows of at most 1,024, a warp per
-row (gpud_protocol.ops.reduce_warp)."""
+"""Reductions: sum, mean, max, argmax and softmax over any axis (`axes` picks the kernel), and softmax with
+an additive mask over the last axis. Inputs are float32, float16 or bfloat16; everything accumulates in
+float32. The norms over the last axis, whose kernels are this family's too: gpud_client.ops.norms."""
 
 from __future__ import annotations
 
@@ -14,12 +12,10 @@ from typing import Any
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.axes import Plan, plan, result_shape
-from gpud_client.ops.base import OpsBase, Planned, info_of, signed
+from gpud_client.ops.base import OpsBase, Planned, info_of
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
 from gpud_protocol.ops.reduce import REDUCE_OPS, SHORT, mask_rows, rows_and_length
 from gpud_protocol.ops.reduce_axis import grid as axis_grid
-from gpud_protocol.ops.reduce_warp import warp_applies, warp_grid
-from gpud_protocol.ops.rows import rows_apply, rows_grid
 from gpud_protocol.views import axis_index
 
 Axes = int | tuple[int, ...] | None
@@ -93,7 +89,7 @@ class ReduceOps(OpsBase):
     def _softmax_masked(self, x: Any, mask: Any, axis: int | None, out: Any, graph: Any) -> Any:
         if axis is None or axis not in (-1, len(x.shape) - 1):
             raise InvalidArgument("a mask is taken over the last axis only (axis=-1)", op="softmax")
-        dtype, rows, length = self._rows("softmax", x)
+        dtype, rows, length = rows_of("softmax", x)
         result = self._out(out, tuple(x.shape), dtype, x, graph)
         try:
             mrows = mask_rows(tuple(mask.shape), tuple(x.shape))
@@ -101,48 +97,6 @@ class ReduceOps(OpsBase):
             raise InvalidArgument(f"softmax: {exc}") from None
         self._run(f"softmax_mask_{SHORT[dtype]}", _grid(rows), [x, mask, result], [rows, length, mrows], graph)
         return result
-
-    def rmsnorm(self, x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None, graph: Any = None) -> Any:
-        """x / sqrt(mean(x^2 over the last axis) + eps) * weight; weight (L,) float32, float16 or bfloat16
-        (of any dtype: x's need not be weight's)."""
-        return self._norm("rmsnorm", x, (weight,), eps, out, graph)
-
-    def layernorm(
-        self, x: Any, weight: Any, bias: Any, eps: float = 1e-5, *, out: Any = None, graph: Any = None
-    ) -> Any:
-        """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (the biased variance, as
-        torch's layer_norm); weight and bias (L,), both of one float dtype (x's or another)."""
-        return self._norm("layernorm", x, (weight, bias), eps, out, graph)
-
-    def normalize(self, x: Any, eps: float = 1e-12, *, out: Any = None, graph: Any = None) -> Any:
-        """x / max(||x||, eps) with the L2 norm over the last axis (torch.nn.functional.normalize, p=2,
-        dim=-1); same shape and dtype as x."""
-        key = ("normalize", info_of(x), None if out is None else info_of(out), signed(eps))
-        return self._execute(self._plan(key, self._plan_normalize, x, eps, out), [x], out, x, graph)
-
-    def _plan_normalize(self, x: Any, eps: float, out: Any) -> Planned:
-        dtype = dtype_name(x)
-        if dtype not in SHORT:
-            raise InvalidArgument(f"x is {dtype}, not one of {list(SHORT)}", op="normalize")
-        try:
-            rows, length = rows_and_length(tuple(x.shape))
-        except OpError as exc:
-            raise InvalidArgument(str(exc), op="normalize") from None
-        if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
-            raise InvalidArgument(f"eps must be finite and >= 0, not {eps!r}", op="normalize")
-        result = TensorInfo(dtype, tuple(x.shape)) if out is None else out
-        launch = self._check(f"normalize_{SHORT[dtype]}", _grid(rows), [x, result], [rows, length, float(eps)])
-        return Planned(tuple(x.shape), dtype, launch)
-
-    def _rows(self, op: str, x: Any) -> tuple[str, int, int]:
-        dtype = dtype_name(x)
-        if dtype not in SHORT:
-            raise InvalidArgument(f"{op}: x is {dtype}, not one of {list(SHORT)}")
-        try:
-            rows, length = rows_and_length(tuple(x.shape))
-        except OpError as exc:
-            raise InvalidArgument(f"{op}: {exc}") from None
-        return dtype, rows, length
 
     def _over(self, op: str, x: Any, axis: Axes, keepdims: bool, out: Any, graph: Any) -> Any:
         if isinstance(axis, tuple | list):
@@ -218,30 +172,6 @@ class ReduceOps(OpsBase):
         assert view is not None
         self._run(name, axis_grid(view[0]), [x, out], [*view[:3], *extra, *view[3:]], graph)
 
-    def _norm(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any, graph: Any) -> Any:
-        return self._execute(self._norm_plan(op, x, params, eps, out), [x, *params], out, x, graph)
-
-    def _norm_plan(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any) -> Planned:
-        """The plan of a norm for these operands (checked when made; `nn`'s norms keep their own)."""
-        infos = [info_of(p) for p in params]
-        key = (op, info_of(x), *infos, None if out is None else info_of(out), signed(eps))
-        return self._plan(key, self._plan_norm, op, x, params, eps, out)
-
-    def _plan_norm(self, op: str, x: Any, params: tuple[Any, ...], eps: float, out: Any) -> Planned:
-        dtype, rows, length = self._rows(op, x)
-        wdtype = dtype_name(params[0])
-        if wdtype not in SHORT:
-            raise InvalidArgument(f"{op}: weight is {wdtype}, not one of {list(SHORT)}")
-        if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
-            raise InvalidArgument(f"{op}: eps must be finite and >= 0, not {eps!r}")
-        result = TensorInfo(dtype, tuple(x.shape)) if out is None else out
-        name, grid = f"{op}_{SHORT[dtype]}_{SHORT[wdtype]}", _grid(rows)
-        if op == "layernorm" and rows_apply(length) and self._software(x):  # lavapipe: a thread per row
-            name, grid = f"layernorm_rows_{SHORT[dtype]}_{SHORT[wdtype]}", rows_grid(rows)
-        elif op == "layernorm" and self._client.backend == "cuda" and warp_applies(length):  # a warp per row
-            name, grid = f"layernorm_warp_{SHORT[dtype]}_{SHORT[wdtype]}", warp_grid(rows)
-        return Planned(tuple(x.shape), dtype, self._check(name, grid, [x, *params, result], [rows, length, float(eps)]))
-
 
 def _reduction(op: str, p: Plan) -> tuple[str, tuple[int, int, int], list[int]]:
     """The kernel, grid and scalars that reduce (or argmax) as `p` plans: a row kernel over the last
@@ -251,6 +181,18 @@ def _reduction(op: str, p: Plan) -> tuple[str, tuple[int, int, int], list[int]]:
         return f"{kind}_{SHORT[p.dtype]}", _grid(p.rows[0]), [*p.rows, *codes]
     assert p.view is not None
     return f"{kind}_axis_{SHORT[p.dtype]}", axis_grid(p.view[0]), [*p.view[:3], *codes, *p.view[3:]]
+
+
+def rows_of(op: str, x: Any) -> tuple[str, int, int]:
+    """(dtype, rows, length) of an x reduced over its last axis by a row kernel, checked."""
+    dtype = dtype_name(x)
+    if dtype not in SHORT:
+        raise InvalidArgument(f"x is {dtype}, not one of {list(SHORT)}", op=op)
+    try:
+        rows, length = rows_and_length(tuple(x.shape))
+    except OpError as exc:
+        raise InvalidArgument(str(exc), op=op) from None
+    return dtype, rows, length
 
 
 def _grid(rows: int) -> tuple[int, int, int]:

@@ -1,4 +1,4 @@
-"""Matrix products: out = x @ w (+ bias), products accumulated in float32.
+"""Matrix products: out = act(x @ w (+ bias)), products accumulated in float32.
 
 x is (M, K) or batched (B, M, K); w is (K, N), or (N, K) with `wt` (PyTorch Linear's weight
 layout), or batched (B, K, N) / (B, N, K); a 2-D operand is shared by every batch. out is (M, N),
@@ -9,12 +9,16 @@ bias (N,) is float32, float16 or bfloat16.
 
 Kernels `matvec_<x>_<w>` (at most MATVEC_ROWS rows of x per weight matrix: decode) and
 `matmul_<x>_<w>` (tiled, any M), for the pairs (<x>, <w>) of PAIRS (f32, f16, bf16). Every kernel takes
-tensors (x, w, bias, out) and u32 scalars (batch, m, n, k, x_stride, w_stride, wt, bias_kind):
+tensors (x, w, bias, out) and u32 scalars (batch, m, n, k, x_stride, w_stride, wt, epilogue):
 
-    out[b*m*n + i*n + j] = bias[j] + sum_t x[b*x_stride + i*k + t] * W[b*w_stride + (j*k + t if wt else t*n + j)]
+    out[b*m*n + i*n + j] = act(bias[j] + sum_t x[b*x_stride + i*k + t] * W[b*w_stride + (j*k + t if wt else t*n + j)])
 
-for b < batch, i < m, j < n. bias_kind: 0 none (the bias tensor is not read; the client passes x),
-1 float32, 2 float16, 3 bfloat16 (BIAS_KINDS). A 2-D w shared by a batched x folds the batches into
+for b < batch, i < m, j < n. epilogue = bias kind + 256 * activation. The bias kind: 0 none (the bias
+tensor is not read; the client passes x), 1 float32, 2 float16, 3 bfloat16 (BIAS_KINDS). The
+activation (ACTIVATIONS, ew_unary's codes): 0 none, 3 silu, 4 gelu (erf), 5 gelu (tanh), applied to
+out as rounded, then rounded again: the bits of the product, then of ew_unary on it. Only the
+warpgroup kernels (matmul_wg, matmul_tma: CUDA, Hopper) take an activation, applied as they store their
+tiles; the client runs the unary op after the other kernels. A 2-D w shared by a batched x folds the batches into
 the rows (batch 1, m = B*M) so that each weight matrix is read once; the unfolded form (batch B,
 x_stride M*K, w_stride 0) is accepted too, and so are the rows of a shared w split into equal
 groups of 4 to 8 (matvec_groups: how up to MATVEC_GROUPED rows go to matvec).
@@ -36,20 +40,21 @@ matmul_<x>_<w> for the other pairs (float32 products, which 16-bit operands woul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from gpud_protocol.ops import MAX_GROUPS, KernelSpec, TensorInfo, need
 
 DTYPES = ("float32", "float16", "bfloat16")
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-BIAS_KINDS = {"float32": 1, "float16": 2, "bfloat16": 3}  # bias_kind by the bias's dtype; 0: no bias
+BIAS_KINDS = {"float32": 1, "float16": 2, "bfloat16": 3}  # epilogue's low byte by the bias's dtype; 0: no bias
+ACTIVATIONS = {"silu": 3, "gelu": 4, "gelu_tanh": 5}  # epilogue >> 8: ew_unary's op codes; 0: none
 MATVEC_ROWS = 8  # the matvec kernels' most rows of x per weight matrix
 MATVEC_GROUPED = 32  # up to this many rows of x, in equal groups of 4..8 (grid z), still go to matvec
 MATVEC_COLS = 64  # matvec without wt: columns of out per workgroup
 TILE = 64  # matmul: a workgroup computes a TILE x TILE block of out
 BLOCK = 256  # threads per workgroup of every matmul kernel
-SCALARS = tuple((name, "u32") for name in ("batch", "m", "n", "k", "x_stride", "w_stride", "wt", "bias_kind"))
+SCALARS = tuple((name, "u32") for name in ("batch", "m", "n", "k", "x_stride", "w_stride", "wt", "epilogue"))
 LIMIT = 1 << 32  # elements per tensor: indices are u32 on WebGPU
 
 
@@ -204,7 +209,7 @@ def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK, family: str
 
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         x, w, bias, out = t
-        wt, bias_kind = s[6], s[7]
+        wt, epilogue = s[6], int(s[7])
         need(
             (x.dtype, w.dtype) == (x_dtype, w_dtype),
             f"takes x {x_dtype} and w {w_dtype}, got x {x.dtype} and w {w.dtype}",
@@ -222,16 +227,39 @@ def _spec(kind: str, x_dtype: str, w_dtype: str, block: int = BLOCK, family: str
             forms.add(grouped.sizes)
         sizes = tuple(s[:6])
         need(sizes in forms, f"the sizes passed {list(sizes)} do not match the tensors (expected {sorted(forms)})")
-        need(bias_kind in (0, *BIAS_KINDS.values()), f"bias_kind is 0, 1, 2 or 3, not {bias_kind}")
+        bias_kind = epilogue & 255
+        need(bias_kind in (0, *BIAS_KINDS.values()), f"epilogue's bias kind is 0, 1, 2 or 3, not {bias_kind}")
+        need(
+            activation_of(epilogue) == 0,
+            f"{name} applies no activation (epilogue {epilogue}): the warpgroup kernels (matmul_wg, matmul_tma) do",
+        )
         if bias_kind:
             want = next(dtype for dtype, kind in BIAS_KINDS.items() if kind == bias_kind)
-            need(bias.dtype == want, f"bias_kind {bias_kind} is a {want} bias, the bias is {bias.dtype}")
+            need(bias.dtype == want, f"bias kind {bias_kind} is a {want} bias, the bias is {bias.dtype}")
             need(bias.shape == (p.n,), f"bias is {list(bias.shape)}, it must be [{p.n}] (N)")
         if kind == "matvec":
             need(s[1] <= MATVEC_ROWS, f"matvec takes at most {MATVEC_ROWS} rows of x per weight matrix, not {s[1]}")
 
     name = f"{kind}_{SHORT[x_dtype]}_{SHORT[w_dtype]}"
     return KernelSpec(name, family, "matmul", ("x", "w", "bias", "out"), (3,), SCALARS, check, block)
+
+
+def activation_of(epilogue: int | float) -> int:
+    """The activation code of an epilogue scalar (0: none), checked against ACTIVATIONS."""
+    code = int(epilogue) >> 8
+    need(code in (0, *ACTIVATIONS.values()), f"epilogue's activation is 0 or one of {ACTIVATIONS} (x 256), not {code}")
+    return code
+
+
+def with_activation(check: Callable[[Sequence[TensorInfo], Sequence[int | float]], None]) -> Any:
+    """A kernel's rule that also takes an activation in its epilogue (the warpgroup kernels): `check` of the
+    epilogue without it, the activation checked on its own."""
+
+    def checked(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
+        activation_of(s[7])
+        check(t, [*s[:7], int(s[7]) & 255, *s[8:]])
+
+    return checked
 
 
 SPECS = [_spec(kind, xd, wd) for kind in ("matvec", "matmul") for xd, wd in PAIRS] + [

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
 from gpud_protocol.ops.matmul import SPECS as MATMUL_SPECS
+from gpud_protocol.ops.matmul import with_activation
 
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
@@ -106,9 +107,10 @@ def _spec(name: str, tile: TmaTile, dtype: str) -> KernelSpec:
 
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         need(s[6] == 1, f"{name} takes w as (N, K) only (wt 1), not wt {s[6]}")
-        tiled.check(t, s)
+        tiled_check(t, s)
         tma_check(name, t, s)
 
+    tiled_check = with_activation(tiled.check)
     return dataclasses.replace(
         tiled, name=name, family="matmul_tma", check=check, block=tile.threads, shared=tile.shared
     )

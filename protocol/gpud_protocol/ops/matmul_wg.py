@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
 from gpud_protocol.ops.matmul import SPECS as MATMUL_SPECS
-from gpud_protocol.ops.matmul import fold
+from gpud_protocol.ops.matmul import fold, with_activation
 
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
@@ -87,8 +87,9 @@ def _spec(name: str, tile: WgTile, dtype: str) -> KernelSpec:
 
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         need(s[6] == 1, f"takes w as (N, K) only (wt 1), not wt {s[6]}")
-        tiled.check(t, s)
+        tiled_check(t, s)
 
+    tiled_check = with_activation(tiled.check)
     return dataclasses.replace(
         tiled, name=name, family="matmul_wg", check=check, block=tile.threads, shared=tile.shared
     )
