@@ -5,9 +5,10 @@
 The linear layers of a 0.5B decoder (Qwen2.5-0.5B), out = x @ w.T with w (N, K) float16
 (transpose_w=True): q/o_proj (896, 896), k/v_proj (128, 896), gate/up_proj (4864, 896), down_proj
 (896, 4864) and the LM head (151936, 896); and MiniLM's (384, 384), (1152, 384), (1536, 384) and
-(384, 1536). M = 1 and 8 rows of x (decode: the matvec kernel), then 16 to 4096 (prefill: the kernel
-the op picks); x float32 (float32 out: the FFMA tiles past 8 rows, timed up to M = 256 only) and
-float16 (float16 out: the tensor cores past 8 rows); and PyTorch's `torch.nn.functional.linear` with
+(384, 1536). M = 1 and 8 rows of x (decode: the matvec kernel; float16 x at 8 rows goes to the tensor
+cores, as the op sends it), then 16 to 4096 (prefill: the kernel the op picks); x float32 (float32 out:
+the FFMA tiles past 8 rows, timed up to M = 256 only) and float16 (float16 out: the tensor cores past 8
+rows); and PyTorch's `torch.nn.functional.linear` with
 float16 x and w on the same shapes (cuBLAS). --quick: M = 1 and 128 only.
 
 Timing: each way is captured into one CUDA graph of many calls, each call reading another copy of w
@@ -65,7 +66,7 @@ def _choice(x_short: str, m: int, n: int, k: int, capability: str) -> tuple[str,
     from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
     from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 
-    if m <= MATVEC_ROWS:
+    if m == 1 or (m <= MATVEC_ROWS and x_short != "f16"):  # 16-bit x from 2 rows: the tensor cores
         return f"matvec_{x_short}_f16", matvec_grid(1, n, k, True)
     if x_short == "f16":
         hopper = capability == CAPABILITY
