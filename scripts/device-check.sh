@@ -180,6 +180,13 @@ main() {
             GPUD_DAEMON_ARGS=--trace section python3 -m gpud bench embed --backend cuda --weights .embed \
                 --json "$OUT/bench-embed-cuda-fusions.json" || status=1
             ;;
+        replay-profile) # one client replaying MiniLM: its calls under cProfile, the daemon under its --profile
+            for n in 16 256; do
+                GPUD_DAEMON_ARGS="--profile $OUT/daemon-embed-replay-$n.prof" section python3 -m benchmarks.embed_replay \
+                    --weights .embed --sentences "$n" --reps 300 || status=1
+                python3 -c "import pstats; pstats.Stats('$OUT/daemon-embed-replay-$n.prof').sort_stats('tottime').print_stats(30)" | tail -45
+            done
+            ;;
         picogpt-cuda) section python3 -m benchmarks.picogpt --backend cuda --shape 124M --json "$OUT/bench-picogpt-124M-cuda.json" || status=1 ;;
         tma) # the TMA matmuls (matmul_tma): their cuda tests, the backend's, then bench ops (the op's choice beside cuBLAS)
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matmul_tma.py \
