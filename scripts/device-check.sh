@@ -187,6 +187,10 @@ main() {
                 python3 -c "import pstats; pstats.Stats('$OUT/daemon-embed-replay-$n.prof').sort_stats('tottime').print_stats(30)" | tail -45
             done
             ;;
+        compile-time) # a fresh kernel cache: the first MiniLM replay compiles the op library's families it uses
+            GPUD_CACHE_DIR=$(mktemp -d) section python3 -m benchmarks.embed_replay --weights .embed --sentences 16 --reps 20 ||
+                status=1
+            ;;
         picogpt-cuda) section python3 -m benchmarks.picogpt --backend cuda --shape 124M --json "$OUT/bench-picogpt-124M-cuda.json" || status=1 ;;
         tma) # the TMA matmuls (matmul_tma): their cuda tests, the backend's, then bench ops (the op's choice beside cuBLAS)
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matmul_tma.py \

@@ -142,6 +142,8 @@ class Device(ABC):
     software: bool = False
     #: submit blocks while earlier work runs: keep one submission on the device at a time
     serial_submits: bool = False
+    #: compiles that may run at once, each on a worker thread of its own (a compiler that releases the GIL)
+    compile_threads: int = 1
     #: prepare may record work on its buffers that goes with the next submission (WebGPU's
     #: validation probes): the runtime keeps those buffers alive until it completes
     prepare_uses_buffers: bool = False

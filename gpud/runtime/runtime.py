@@ -76,7 +76,7 @@ class DeviceRuntime(Memory, Programs, Encoding, Transfers, Submission):
         self.idle = IdleRelease(loop, settings.pool_idle_release_s, pools, self.freed, self._free)
         self._compiling: dict[tuple[Any, ...], asyncio.Future[Program]] = {}
         self.submitter = Worker(f"gpud-submit-{self.index}", loop)
-        self.compiler = Worker(f"gpud-compile-{self.index}", loop)
+        self.compiler = Worker(f"gpud-compile-{self.index}", loop, device.compile_threads)
         self._completion = threading.Condition()  # the submit worker waits on it for serial submits
         self._ids = itertools.count(1)
         self.encoded = 0  # ops encoded since the last flush

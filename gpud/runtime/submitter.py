@@ -1,10 +1,11 @@
-"""A worker thread that runs the calls that may block: submits, and compiles.
+"""Worker threads that run the calls that may block: submits, and compiles.
 
 On lavapipe `queue.submit` blocks while an earlier submission runs, and a CUDA launch blocks once
-the device's launch queue is full; NVRTC and pipeline compiles take tens of milliseconds. None of
-that may run on the event-loop thread, which must keep answering every other session. Jobs run in
-the order they were given (a submit worker per device keeps submissions in order); each result
-comes back to the loop thread through `call_soon_threadsafe`.
+the device's launch queue is full; NVRTC and pipeline compiles take tens of milliseconds (a family of
+the op library's Hopper matmuls, seconds). None of that may run on the event-loop thread, which must
+keep answering every other session. A worker of one thread runs its jobs in the order they were given
+(a submit worker per device keeps submissions in order); one of several threads (compiles that may run
+at once) starts them in order. Each result comes back to the loop thread through `call_soon_threadsafe`.
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ Job = tuple[Callable[[], Any], Then]
 
 
 class Worker:
-    def __init__(self, name: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop, threads: int = 1) -> None:
         self._loop = loop
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.queued = 0  # jobs given and not yet reported back (loop thread only)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name=name if threads == 1 else f"{name}-{i}", daemon=True)
+            for i in range(max(1, threads))
+        ]
+        for thread in self._threads:
+            thread.start()
 
     @property
     def idle(self) -> bool:
@@ -69,5 +74,7 @@ class Worker:
         then(result, error)
 
     def close(self, timeout: float = 10.0) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout)
+        for _thread in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join(timeout)

@@ -15,7 +15,9 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import MutableMapping, Sequence
+import threading
+from collections.abc import Iterator, MutableMapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -228,10 +230,12 @@ def load_module(
     arch: str,
     cubin: bool,
     counters: MutableMapping[str, int],
+    counting: AbstractContextManager[Any],
 ) -> Any:
     """The module loaded in the current context: from the disk cache (named by a hash of the exact
     image key: source digest, flags, architecture, NVRTC) if it holds the image, else compiled and
-    stored. Counts `disk_cache_hits` and `nvrtc_compiles` in `counters`."""
+    stored. Counts `disk_cache_hits` and `nvrtc_compiles` in `counters`, holding `counting` (compiles
+    run on several threads)."""
     from gpud.backends.cuda.driver import check, cu, error
 
     path = cache_dir / (hashlib.sha256(repr(key).encode()).hexdigest() + (".cubin" if cubin else ".ptx"))
@@ -239,14 +243,42 @@ def load_module(
         image = path.read_bytes()
         status, module = cu.cuModuleLoadData(image)
         if not status:
-            counters["disk_cache_hits"] += 1
+            with counting:
+                counters["disk_cache_hits"] += 1
             return module
         log.warning("dropping unloadable cached kernel %s: %s", path.name, error(status))
         path.unlink(missing_ok=True)
     image = compile_cuda(source, entry, arch, flags, cubin)
-    counters["nvrtc_compiles"] += 1
+    with counting:
+        counters["nvrtc_compiles"] += 1
     _store(path, image)
     return check(cu.cuModuleLoadData(image), "loading the compiled kernel")
+
+
+class OneBuild:
+    """Compiles of one image, one at a time: where several threads ask for entries of one family at once,
+    the first compiles (and stores the image in the disk cache), the others wait and then load it. Holds
+    only the images being built."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # guards `_building`, and the counters of load_module
+        self._building: dict[tuple[Any, ...], threading.Event] = {}
+
+    @contextlib.contextmanager
+    def of(self, key: tuple[Any, ...]) -> Iterator[None]:
+        with self.lock:
+            built = self._building.get(key)
+            if built is None:
+                self._building[key] = threading.Event()
+        if built is not None:
+            built.wait()
+            yield
+            return
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._building.pop(key).set()
 
 
 def _store(path: Path, image: bytes) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import os
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 class CudaDevice(CudaCommands):
     kind = "cuda"
+    # NVRTC releases the GIL: the op library's families compile side by side on first use (a fresh MiniLM
+    # forward asks for six at once, 45 s one after another on an H100's host)
+    compile_threads = max(1, min(4, (os.cpu_count() or 2) // 2))
     zero_on_alloc = False
 
     def __init__(self, index: int, ordinal: int, loop: asyncio.AbstractEventLoop, settings: Any) -> None:
@@ -73,7 +77,8 @@ class CudaDevice(CudaCommands):
             raise
         self._cache_dir = Path(settings.cache_dir) / "cuda"
         self._ids = itertools.count(1)
-        self._counters: Counter[str] = Counter(nvrtc_compiles=0, disk_cache_hits=0)  # compile worker only
+        self._counters: Counter[str] = Counter(nvrtc_compiles=0, disk_cache_hits=0)  # under _builds.lock
+        self._builds = compiler.OneBuild()  # compile workers: one NVRTC build of a family at a time
         self._commands: list[tuple[Any, ...]] = []
         self._run: list[tuple[Any, ...]] = []  # launches since the last other command
         self._peers: dict[int, bool] = {}
@@ -180,9 +185,18 @@ class CudaDevice(CudaCommands):
             # NVRTC builds every kernel of a source at once: the image is keyed by what it depends on
             # (not the entry point), so the other entries of a family load it from the disk cache
             image_key = (key[0], options.flags, self._arch, self._nvrtc_version)
-            module = compiler.load_module(
-                self._cache_dir, image_key, source, entry, flags, self._arch, self._cubin, self._counters
-            )
+            with self._builds.of(image_key):
+                module = compiler.load_module(
+                    self._cache_dir,
+                    image_key,
+                    source,
+                    entry,
+                    flags,
+                    self._arch,
+                    self._cubin,
+                    self._counters,
+                    self._builds.lock,
+                )
             library = ops.waits_for_prior(source)
             layout = tma.layout(entry) if library else None  # the library's TMA kernels take tensor maps
             try:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from gpud.backends.cuda import check_flags, check_source, parse_parameters, scalar_kinds, written_tensors
-from gpud.backends.cuda.compiler import interface
+from gpud.backends.cuda.compiler import OneBuild, interface
 from gpud_protocol.errors import InvalidArgument
 
 SCALE = """
@@ -231,3 +232,34 @@ extern "C" __global__ void mm(const __grid_constant__ TmaMap tx, const __grid_co
 """
     tensors, scalars, writes, _ = interface(params(source, "mm"), None, True)
     assert (tensors, scalars, writes) == (4, ("u32", "f32"), frozenset({3}))
+
+
+def test_one_build_of_an_image_at_a_time() -> None:
+    """Threads asking for one image: the first builds it, the others wait for it; other images in parallel."""
+    builds = OneBuild()
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def first() -> None:
+        with builds.of(("family",)):
+            order.append("first builds")
+            started.set()
+            release.wait(5)
+            order.append("first built")
+
+    def second() -> None:
+        started.wait(5)
+        with builds.of(("family",)):
+            order.append("second loads")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    started.wait(5)
+    with builds.of(("another family",)):  # not held up by the first build
+        order.append("another builds")
+    release.set()
+    for thread in threads:
+        thread.join(5)
+    assert order == ["first builds", "another builds", "first built", "second loads"]
+    assert not builds._building  # only images being built are held
