@@ -5,6 +5,8 @@ with its entry of the memo, and what the entry holds is encoded as it is (`prepa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import gpud_protocol as proto
@@ -55,6 +57,19 @@ class Dispatching(SessionState):
             return Wait(future, lambda: self._kernel_compiled(op, rt.index, future.result(), source, options, builtin))
         self._kernel_compiled(op, rt.index, got, source, options, builtin)
         return None
+
+    def _prefetch(self, ops: Sequence[Any]) -> None:
+        """Start compiling the op library's kernels that `ops` register: a session registers in order, one
+        compile at a time, where the device's compile worker can run several (a MiniLM forward asks for
+        six families at once). Built-in kernels only: their sources are the daemon's own, a bounded set."""
+        rt = self.runtimes[self.device]
+        kind = rt.device.kind
+        for op in ops:
+            if type(op) is not proto.RegisterKernel or (builtin := ops_spec_of(op.source)) is None:
+                continue
+            if op.entry == builtin.name and self.kernels.find(op.source, op.entry, op.options) is None:
+                with contextlib.suppress(LookupError):  # no source for this backend: the op says so, in order
+                    rt.program(ops_source(builtin.family, kind), op.entry, ops_options(builtin, kind))
 
     def _kernel_compiled(
         self,

@@ -85,6 +85,7 @@ class Session(Holdings, Transfers, Dispatching, Requests):
                 self._refuse(batch, Busy(f"more than {self._settings.session_window} batches wait unexecuted"))
             else:
                 self._backlog.append((batch, 0, received_at))
+                self._prefetch(batch.ops)
             return
         self._run(batch, 0, received_at)
 
@@ -116,6 +117,8 @@ class Session(Holdings, Transfers, Dispatching, Requests):
 
     def _park(self, batch: proto.Batch, index: int, wait: Wait) -> None:
         self._parked = True
+        if type(batch.ops[index]) is proto.RegisterKernel:  # a compile: start the batch's next ones too
+            self._prefetch(batch.ops[index + 1 :])
         self._daemon.spawn(self._resume(batch, index, wait))
 
     async def _resume(self, batch: proto.Batch, index: int, wait: Wait | None) -> None:
