@@ -45,6 +45,9 @@ class Lib:
     silu: int | None = None  # fused silu_and_mul_f32
     rope: int | None = None  # fused rotary_kv_append_f32_f32
     matvec: int | None = None  # matvec_f32_f32, on 16 x 16 views of the flat tensors
+    binary16: int | None = None  # ew_binary16 (CUDA only)
+    norm: int | None = None  # layernorm_warp_f32_f32 (CUDA only)
+    added_norm: int | None = None  # add_layernorm_warp_f32_f32 (CUDA only)
     x: int = 0
     y: int = 0
     out: int = 0
@@ -83,6 +86,12 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
         ("rotary_kv_append_f32_f32", "rope"),
         ("matvec_f32_f32", "matvec"),
     )
+    if t.run.backend == "cuda":  # the CUDA backend's own kernels: 16 bytes a thread, a warp a row
+        kernels += (
+            ("ew_binary16", "binary16"),
+            ("layernorm_warp_f32_f32", "norm"),
+            ("add_layernorm_warp_f32_f32", "added_norm"),
+        )
     for name, field in kernels:
         b.op(Opcode.KERNEL, [t.new_handle(), f"gpud:{name}", name, {}], e.ok("kernel", name), then=registered(field))
     b.op(
@@ -116,8 +125,11 @@ def library(t: Any, b: Any, e: Expectations) -> None:
     rng = t.rng
     tensors = [[TENSOR, lib.x], [TENSOR, lib.y], [TENSOR, lib.out]]
     scalars = binary_scalars()
-    kind = rng.randrange(20)
+    kind = rng.randrange(21)
     what, args, codes, names = "", tensors + scalars, (INVALID,), "ew_binary"
+    if kind == 20:
+        _cuda_only(t, b, e)
+        return
     if kind == 17:
         _matvec(t, b, e)
         return
@@ -255,6 +267,50 @@ def _compare(t: Any, b: Any, e: Expectations) -> None:
         what, kernel = "a cast into bool", lib.cast
         args = [x, [TENSOR, lib.flags], [U32, N], [U32, f32], [U32, flag]]
     b.op(Opcode.DISPATCH, [kernel, [1, 1, 1], args, None], e.fails("dispatch", what, INVALID, names="ew_"))
+
+
+def _cuda_only(t: Any, b: Any, e: Expectations) -> None:
+    """The CUDA backend's own kernels, raw: ew_binary16 (a valid add, or broadcasting and lengths it does not
+    take), layernorm_warp and add_layernorm_warp over the flat tensors as one row (valid, their bits unknown
+    here; or sizes that lie, a row past a warp, a residual of another dtype), refused naming the kernel."""
+    lib: Lib = t.lib
+    if lib.binary16 is None or lib.norm is None or lib.added_norm is None or lib.x_values is None:
+        return
+    if lib.y_values is None:
+        return
+    x, y, out, ints = ([TENSOR, h] for h in (lib.x, lib.y, lib.out, lib.ints))
+    what = t.rng.choice(["add", "broadcast", "odd n", "norm", "norm rows", "a row past x", "added", "added ints"])
+    if what == "add":
+        b.op(Opcode.DISPATCH, [lib.binary16, [1, 1, 1], [x, y, out, *binary_scalars()], None], e.ok("dispatch", what))
+        t.tensors[lib.out].data = (lib.x_values + lib.y_values).astype(np.float32).tobytes()
+        return
+    if what in ("broadcast", "odd n"):
+        scalars = binary_scalars()
+        if what == "broadcast":
+            scalars[-5] = [U32, 1]  # x_bcast: x read as broadcast along the axis
+        else:
+            scalars[0] = [U32, N - 1]
+        b.op(
+            Opcode.DISPATCH,
+            [lib.binary16, [1, 1, 1], [x, y, out, *scalars], None],
+            e.fails("dispatch", what, INVALID, names="ew_binary16"),
+        )
+        return
+    rows, length = {"norm rows": (2, N), "a row past x": (1, 2 * N)}.get(what, (1, N))
+    sizes = [[U32, rows], [U32, length], [F32, 1e-5]]
+    if what.startswith("added"):
+        kernel, name, tensors = (
+            lib.added_norm,
+            "add_layernorm_warp",
+            [x, ints if what == "added ints" else y, y, y, out],
+        )
+    else:
+        kernel, name, tensors = lib.norm, "layernorm_warp", [x, y, y, out]
+    if what in ("norm", "added"):
+        b.op(Opcode.DISPATCH, [kernel, [1, 1, 1], [*tensors, *sizes], None], e.ok("dispatch", f"{name}: {what}"))
+        t.tensors[lib.out].data = None  # float arithmetic: its bits are not predicted here
+        return
+    b.op(Opcode.DISPATCH, [kernel, [1, 1, 1], [*tensors, *sizes], None], e.fails("dispatch", what, INVALID, names=name))
 
 
 ROWS = 16  # the matvec's x, w and out: 16 x 16 views of the flat tensors (x, y, out)
