@@ -79,7 +79,7 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
 
         return then
 
-    kernels = (
+    kernels: tuple[tuple[str, str], ...] = (
         ("ew_binary", "binary"),
         ("ew_cast", "cast"),
         ("silu_and_mul_f32", "silu"),
