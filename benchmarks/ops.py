@@ -61,15 +61,20 @@ SHORT = {"float32": "f32", "float16": "f16"}
 
 def _choice(x_short: str, m: int, n: int, k: int, capability: str) -> tuple[str, tuple[int, int, int]]:
     """The kernel and grid gpu.ops.matmul picks on CUDA for x @ w.T with w (N, K) float16 (client/
-    gpud_client/ops/matmul.py: matvec, then on the tensor cores matmul_tma, matmul_wg or matmul_tc)."""
+    gpud_client/ops/matmul.py: matvec, then on the tensor cores matmul_tmak (split-K), matmul_tma,
+    matmul_wg or matmul_tc)."""
     from gpud_protocol.ops.matmul import MATVEC_ROWS, matmul_grid, matvec_grid, tc_grid, tc_kernel
     from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
+    from gpud_protocol.ops.matmul_tmak import tma_splits, tmak_grid, tmak_name
     from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 
     if m == 1 or (m <= MATVEC_ROWS and x_short != "f16"):  # 16-bit x from 2 rows: the tensor cores
         return f"matvec_{x_short}_f16", matvec_grid(1, n, k, True)
     if x_short == "f16":
         hopper = capability == CAPABILITY
+        if hopper and (splits := tma_splits(1, m, n, k, "float16")) > 1:
+            split = tmak_name("float16", splits)
+            return split, tmak_grid(split, 1, m, n)
         if hopper and (name := tma_kernel(1, m, n, k, "float16")) is not None:
             return name, tma_grid(name, 1, m, n)
         if hopper and (name := wg_kernel(m, n, k, "float16")) is not None:
@@ -80,15 +85,21 @@ def _choice(x_short: str, m: int, n: int, k: int, capability: str) -> tuple[str,
 
 
 def _gpud_matmul(
-    dev: Device, kernel: str, x_host: np.ndarray, weights: list[int], n: int, reps: int
+    dev: Device,
+    kernel: str,
+    x_host: np.ndarray,
+    weights: list[int],
+    n: int,
+    reps: int,
+    grid: tuple[int, int, int] | None = None,
 ) -> tuple[list[float], np.ndarray]:
     """The kernel over w (N, K) at each of `weights` in turn, a CUDA graph of one launch per address;
-    also its output for the first weight, for the check."""
+    also its output for the first weight, for the check. `grid`: the kernel's, where not the op's choice."""
     m, k = x_host.shape
     out_dtype = "float16" if x_host.dtype == np.float16 else "float32"
     x_dev, out_dev = dev.alloc(x_host.nbytes), dev.alloc(m * n * np.dtype(out_dtype).itemsize)
     dev.upload(x_dev, x_host)
-    grid = _choice(SHORT[x_host.dtype.name], m, n, k, dev.capability)[1]
+    grid = grid or _choice(SHORT[x_host.dtype.name], m, n, k, dev.capability)[1]
     scalars = [1, m, n, k, 0, 0, 1, 0]  # batch, m, n, k, strides, transpose_w, no bias
     dev.launch(kernel, grid, [x_dev, weights[0], x_dev, out_dev], scalars)
     dev.sync()
@@ -171,6 +182,8 @@ async def _measure(quick: bool, cache_dir: str) -> dict[str, Any]:
             for x_dtype in ("float32", "float16"):
                 kernel = _choice(SHORT[x_dtype], m, n, k, dev.capability)[0]
                 kind = kernel.split("_")[0] if x_dtype == "float32" or m <= 8 else "_".join(kernel.split("_")[:2])[:10]
+                if kernel.startswith("matmul_tmak"):
+                    kind = kernel.split("_")[1]  # tmak<splits>
                 if (x_dtype == "float32" and m > FFMA_ROWS) or (shape_name == "lm_head" and m > 4096):
                     continue
                 ways.append((f"gpud {SHORT[x_dtype]} x, f16 w ({kind})", kernel, x_dtype))

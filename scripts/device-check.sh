@@ -197,6 +197,13 @@ main() {
                 tests/ops/test_matmul_wg.py tests/ops/test_matmul_tc.py tests/backends/cuda tests/testing/test_bert.py || status=1
             section python3 -m gpud bench ops --json "$OUT/bench-ops.json" || status=1
             ;;
+        splitk) # split-K for the TMA matmuls (matmul_tmak): its cuda tests and the op's, bench ops, the sweep of split counts
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matmul_tmak.py \
+                tests/ops/test_matmul_tma.py tests/ops/test_matmul_activation.py tests/ops/test_matmul_tc.py \
+                tests/backends/cuda/test_tma.py || status=1
+            section python3 -m gpud bench ops --json "$OUT/bench-ops-splitk.json" || status=1
+            section python3 -m benchmarks.splitk_sweep --json "$OUT/splitk-sweep.json" || status=1
+            ;;
         final) # the last kernels of session 6 on cuda (the warp layernorm, the 16-byte elementwise ops) and the
             # WGSL tanh through the NVIDIA Vulkan driver (these files run on both backends)
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin tests/ops/test_elementwise.py \

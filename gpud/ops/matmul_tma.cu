@@ -32,135 +32,9 @@
 // producer for empty[s] with parity (u & 1) ^ 1, the phase before the first, which passes at once while
 // u = 0 (the ring starts empty). Producer and consumers count the same stages, so their (slot, phase)
 // stay in step across tiles. No block-wide barrier after the barriers' initialization.
+// The mbarrier, TMA and loop helpers are tma.cu's, put before this source.
 // Registers: 168 a thread at entry (384 threads, one block); setmaxnreg gives the producer 40 and the
 // consumers 232 (128 x 40 + 256 x 232 = 64,512 of 65,536).
-
-typedef unsigned short u16;
-
-#define TMA_BM 128
-#define TMA_BK 64  // elements of K per stage: one 128-byte swizzled row, the box's width
-#define TMA_GROUP_M 8
-// a wait traps after this many cycles (~4 s; a stage takes microseconds): a broken ring fails the launch, not hangs
-#define TMA_WATCHDOG (1ll << 33)
-
-struct alignas(64) TmaMap {  // CUtensorMap: 128 opaque bytes, made by cuTensorMapEncodeTiled on the host
-    unsigned long long v[16];
-};
-
-__device__ __forceinline__ void mbar_init(unsigned int bar, unsigned int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ bool mbar_test(unsigned int bar, unsigned int parity) {
-    unsigned int done;
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    return done != 0;
-}
-// until the phase of parity `parity` has completed (try_wait: acquire, CTA scope)
-__device__ __forceinline__ void mbar_wait(unsigned int bar, unsigned int parity) {
-    if (mbar_test(bar, parity)) return;
-    const long long t0 = clock64();
-    while (!mbar_test(bar, parity)) {
-        if (clock64() - t0 > TMA_WATCHDOG) __trap();
-    }
-}
-__device__ __forceinline__ void mbar_arrive(unsigned int bar) {  // release, CTA scope
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned int bar, unsigned int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// the box of the tensor map at (c0 along K, c1 rows) into shared memory at dst, completing on `bar`
-__device__ __forceinline__ void tma_load(unsigned int dst, const TmaMap* map, unsigned int bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
-        ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1)
-        : "memory");
-}
-__device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
-}
-
-// the origin of tile `id` in matmul_wg's grouped order: groups of TMA_GROUP_M tiles of M walk N
-template <int BN>
-__device__ __forceinline__ void tma_tile(unsigned int id, unsigned int tiles_m, unsigned int tiles_n,
-                                         unsigned int& m0, unsigned int& n0) {
-    const unsigned int per_group = TMA_GROUP_M * tiles_n, first = id / per_group * TMA_GROUP_M;
-    const unsigned int group_rows = min(tiles_m - first, (unsigned int)TMA_GROUP_M), local = id % per_group;
-    m0 = (first + local % group_rows) * TMA_BM;
-    n0 = local / group_rows * BN;
-}
-
-// the producer (one thread): one tile's stages, x's box at row xrow and w's at wrow
-template <int BN, int S>
-__device__ __forceinline__ void tma_produce(const TmaMap* tx, const TmaMap* tw, int xrow, int wrow,
-                                            unsigned int base, unsigned int bars, unsigned int k,
-                                            unsigned int& slot, unsigned int& phase) {
-    constexpr unsigned int A_BYTES = TMA_BM * 128, STAGE = (TMA_BM + BN) * 128;
-    const unsigned int ktiles = (k + TMA_BK - 1) / TMA_BK;
-    for (unsigned int kt = 0; kt < ktiles; kt++) {
-        mbar_wait(bars + 8 * (S + slot), phase ^ 1u);  // empty
-        const unsigned int sa = base + slot * STAGE, full = bars + 8 * slot;
-        mbar_expect_tx(full, STAGE);
-        tma_load(sa, tx, full, (int)(kt * TMA_BK), xrow);
-        tma_load(sa + A_BYTES, tw, full, (int)(kt * TMA_BK), wrow);
-        if (++slot == S) slot = 0, phase ^= 1u;
-    }
-}
-
-// a consumer warpgroup's products over K for one tile (c = 0, 1: rows 64 c of the tile); every stage it
-// waited for is released, the last one after wgmma.wait_group 0
-template <int BN, int S, bool BF>
-__device__ __forceinline__ void tma_mainloop(float* d, unsigned int base, unsigned int bars, unsigned int k,
-                                             unsigned int& slot, unsigned int& phase) {
-    constexpr unsigned int A_BYTES = TMA_BM * 128, STAGE = (TMA_BM + BN) * 128;
-    const unsigned int c = (threadIdx.x - 128) >> 7, lane = threadIdx.x & 31u;
-    const unsigned int ktiles = (k + TMA_BK - 1) / TMA_BK;
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;  // so every product accumulates (scale-d 1)
-    unsigned int prev = 0;
-    for (unsigned int kt = 0; kt < ktiles; kt++) {
-        mbar_wait(bars + 8 * slot, phase);  // full; the bulk copies write by the async proxy, as wgmma reads
-        __syncwarp();                       // the warp converged for the .aligned instructions
-        const unsigned int sa = base + slot * STAGE;
-        const u64 da = desc(sa + c * 64 * 128), db = desc(sa + A_BYTES);
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < TMA_BK / 16; j++) {  // 16 elements of K = 32 bytes along the swizzled row
-            if (BF) {
-                if (BN == 128) wgmma_128_bf16(d, da + 2 * j, db + 2 * j);
-                if (BN == 256) wgmma_256_bf16(d, da + 2 * j, db + 2 * j);
-            } else {
-                if (BN == 128) wgmma_128_f16(d, da + 2 * j, db + 2 * j);
-                if (BN == 256) wgmma_256_f16(d, da + 2 * j, db + 2 * j);
-            }
-        }
-        wgmma_commit();
-        wgmma_wait1();  // stage kt - 1's products are done: its slot goes back to the producer
-        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (S + prev));
-        prev = slot;
-        if (++slot == S) slot = 0, phase ^= 1u;
-    }
-    wgmma_wait0();
-    if (lane == 0) mbar_arrive(bars + 8 * (S + prev));
-}
-
-// both consumers: out from d through the staging buffer (wgmma.cu's stage_tile and store_tile): warp q of
-// consumer c holds rows 64 c + 16 q + lane / 4 (+ 8). The first barrier: every consumer is done reading
-// the last tile's staged values.
-template <int BN, bool BF>
-__device__ __forceinline__ void tma_epilogue(const float* d, unsigned int staging, const void* __restrict__ bias,
-                                             u16* __restrict__ out, unsigned int m0, unsigned int n0, unsigned int m,
-                                             unsigned int n, unsigned int epilogue) {
-    const unsigned int t = threadIdx.x - 128, c = t >> 7, lane = t & 31u, q = (t >> 5) & 3u;
-    asm volatile("bar.sync 1, 256;" ::: "memory");  // the consumers' own barrier (0 would wait for the producer)
-    stage_tile<BN, BF>(d, staging, c * 64 + q * 16 + (lane >> 2), lane, bias, epilogue, n0, n);
-    asm volatile("bar.sync 1, 256;" ::: "memory");
-    store_tile<TMA_BM, BN, 256, BF>(staging, out, t, m0, n0, m, n, epilogue);
-}
 
 template <int BN, int S, bool BF>
 __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, const void* __restrict__ bias,
@@ -173,20 +47,11 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
     const unsigned int staging = base + S * (TMA_BM + BN) * 128, bars = staging + STAGING;  // full[S], empty[S]
 
     const unsigned int tiles_m = (m + TMA_BM - 1) / TMA_BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
-    const unsigned int b = blockIdx.z;
+    const unsigned int ktiles = (k + TMA_BK - 1) / TMA_BK, b = blockIdx.z;
     // uniform over the block; blocks past y = 0 would repeat its tiles
     if (b >= batch || blockIdx.y != 0 || m == 0 || n == 0 || k == 0 || blockIdx.x >= tiles) return;
     out += (u64)b * m * n;
-
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < S; s++) {
-            mbar_init(bars + 8 * s, 1u);
-            mbar_init(bars + 8 * (S + s), 8u);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();  // the last block-wide barrier: the roles part here
+    tma_init<S>(bars);
 
     unsigned int slot = 0, phase = 0;  // the ring's, in step between the producer and the consumers
     if (threadIdx.x < 128) {
@@ -198,7 +63,7 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
                 unsigned int m0, n0;
                 tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
                 const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
-                tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, k, slot, phase);
+                tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, 0, ktiles, slot, phase);
             }
         }
     } else {
@@ -207,9 +72,140 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
         for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
             unsigned int m0, n0;
             tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
-            tma_mainloop<BN, S, BF>(d, base, bars, k, slot, phase);
+            tma_mainloop<BN, S, BF>(d, base, bars, 0, ktiles, slot, phase);
             tma_epilogue<BN, BF>(d, staging, bias, out, m0, n0, m, n, epilogue);
         }
+    }
+}
+
+// ---------------------------------------------------------------- split-K over a cluster (matmul_tmak)
+// A cluster of SPLITS blocks per tile (grid x = tiles x SPLITS, __cluster_dims__(SPLITS, 1, 1)): the block
+// of rank s sums the tile's products over K's slices s ktiles / SPLITS to (s + 1) ktiles / SPLITS - 1
+// (none where ktiles < SPLITS) as matmul_tma does, puts its float32 sums in its shared memory (the drained
+// ring: rows of BN + 8 floats), and after a cluster barrier sums rows s BM / SPLITS to (s + 1) BM / SPLITS - 1
+// of every block's, in rank order (distributed shared memory), for out: bias added, rounded once, the
+// activation applied (the bits of stage_tile and store_tile's arithmetic). A second cluster barrier keeps
+// each block's shared memory until its peers have read it. The cluster's blocks run at once (the
+// hardware schedules a cluster whole): no block waits for one that is not running.
+
+__device__ __forceinline__ void cluster_sync() {  // every thread of the cluster's blocks; release, acquire
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned int cluster_rank() {
+    unsigned int r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// the shared address `addr` of this block in the block of rank `rank` of the cluster
+__device__ __forceinline__ unsigned int cluster_map(unsigned int addr, unsigned int rank) {
+    unsigned int r;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float4 ld_cluster4(unsigned int addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr));
+    return v;
+}
+
+// the consumers (t of 256): rows of the tile from every block's sums, into out (m x n, the tile at m0, n0)
+template <int BN, bool BF, int SPLITS>
+__device__ __forceinline__ void tmak_reduce(unsigned int sums, unsigned int rank, const void* __restrict__ bias,
+                                            u16* __restrict__ out, unsigned int t, unsigned int m0, unsigned int n0,
+                                            unsigned int m, unsigned int n, unsigned int epilogue) {
+    constexpr unsigned int LD = BN + 8, ROWS = TMA_BM / SPLITS, QUADS = BN / 4;  // float4s a row
+    unsigned int peer[SPLITS];
+#pragma unroll
+    for (int s = 0; s < SPLITS; s++) peer[s] = cluster_map(sums, s);
+    const bool vec_out = n % 4 == 0 && (reinterpret_cast<u64>(out) & 7u) == 0;
+#pragma unroll 2
+    for (unsigned int idx = t; idx < ROWS * QUADS; idx += 256) {
+        const unsigned int r = rank * ROWS + idx / QUADS, c = idx % QUADS * 4, gr = m0 + r, gc = n0 + c;
+        if (gr >= m || gc >= n) continue;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < SPLITS; s++) {
+            const float4 p = ld_cluster4(peer[s] + (r * LD + c) * 4);
+            v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+        }
+        unsigned short h[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            h[e] = to_out<BF>(v[e] + (gc + e < n ? bias_at(bias, epilogue, gc + e) : 0.0f));
+            if (epilogue >> 8) h[e] = to_out<BF>(activate(BF ? bf2f(h[e]) : h2f(h[e]), epilogue));
+        }
+        unsigned short* dst = out + (u64)gr * n + gc;
+        if (vec_out) {
+            const unsigned int lo = h[0] | (unsigned int)h[1] << 16, hi = h[2] | (unsigned int)h[3] << 16;
+            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (gc + e < n) dst[e] = h[e];
+            }
+        }
+    }
+}
+
+template <int BN, int S, bool BF, int SPLITS>
+__device__ __forceinline__ void matmul_tmak(const TmaMap* tx, const TmaMap* tw, const void* __restrict__ bias,
+                                            u16* __restrict__ out, unsigned int batch, unsigned int m, unsigned int n,
+                                            unsigned int k, unsigned int x_stride, unsigned int w_stride,
+                                            unsigned int epilogue) {
+    constexpr unsigned int STAGING = (TMA_BM * (BN + 8) * 2 + 1023) / 1024 * 1024;
+    static_assert(TMA_BM * (BN + 8) * 4 <= S * (TMA_BM + BN) * 128, "the sums fit in the ring");
+    extern __shared__ unsigned char dyn[];
+    const unsigned int base = (smem_u32(dyn) + 1023u) & ~1023u;  // the launch asks 1 KB more for this
+    const unsigned int bars = base + S * (TMA_BM + BN) * 128 + STAGING;  // full[S], empty[S]
+
+    const unsigned int tiles_n = (n + BN - 1) / BN, tiles = (m + TMA_BM - 1) / TMA_BM * tiles_n;
+    const unsigned int ktiles = (k + TMA_BK - 1) / TMA_BK, b = blockIdx.z;
+    // uniform over the cluster (whole clusters lie past tiles x SPLITS): none waits at its barriers alone
+    if (b >= batch || blockIdx.y != 0 || m == 0 || n == 0 || k == 0 || blockIdx.x >= tiles * SPLITS) return;
+    const unsigned int rank = cluster_rank(), kt0 = rank * ktiles / SPLITS, kt1 = (rank + 1) * ktiles / SPLITS;
+    unsigned int m0, n0;
+    tma_tile<BN>(blockIdx.x / SPLITS, (m + TMA_BM - 1) / TMA_BM, tiles_n, m0, n0);
+    out += (u64)b * m * n;
+    tma_init<S>(bars);
+
+    unsigned int slot = 0, phase = 0;
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        if (threadIdx.x == 0) {
+            tma_prefetch(tx);
+            tma_prefetch(tw);
+            const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
+            tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, kt0, kt1, slot, phase);
+        }
+        __syncwarp();  // converged for the cluster barriers
+        cluster_sync();
+        cluster_sync();
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+        const unsigned int t = threadIdx.x - 128, c = t >> 7, lane = t & 31u, q = (t >> 5) & 3u;
+        float d[BN / 2];
+        if (kt1 > kt0) {
+            tma_mainloop<BN, S, BF>(d, base, bars, kt0, kt1, slot, phase);
+        } else {
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+        }
+        asm volatile("bar.sync 1, 256;" ::: "memory");  // both consumers' products are done: the ring is free
+        const unsigned int r0 = c * 64 + q * 16 + (lane >> 2);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {  // d's layout: stage_tile's
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const unsigned int at = base + ((r0 + 8 * h) * (BN + 8) + j * 8 + 2 * (lane & 3u)) * 4;
+                const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(v0), "f"(v1) : "memory");
+            }
+        }
+        cluster_sync();
+        tmak_reduce<BN, BF, SPLITS>(base, rank, bias, out, t, m0, n0, m, n, epilogue);
+        cluster_sync();
     }
 }
 
@@ -218,6 +214,7 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
 // (TMA_TILES in gpud_protocol/ops/matmul_tma.py: the stages and dynamic shared memory), as measured on an
 // H100 (the experiment of commit 867701f: ws_tmap128x128_s5; 128 x 256 tiles gained nothing past
 // noise where they won, and lost up to 0.2x cuBLAS elsewhere). wt is matmul's scalar, always 1 here.
+// matmul_tmak<K>_128x128_<t>_<t>: split-K in clusters of K blocks (gpud_protocol/ops/matmul_tmak.py).
 
 extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_f16_f16(const __grid_constant__ TmaMap tx,
     const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
@@ -233,3 +230,50 @@ extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_bf16_bf16
     matmul_tma<128, 5, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) matmul_tmak2_128x128_f16_f16(
+    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tmak<128, 5, false, 2>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) matmul_tmak2_128x128_bf16_bf16(
+    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tmak<128, 5, true, 2>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(384, 1) matmul_tmak4_128x128_f16_f16(
+    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tmak<128, 5, false, 4>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(384, 1) matmul_tmak4_128x128_bf16_bf16(
+    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tmak<128, 5, true, 4>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(384, 1) matmul_tmak8_128x128_f16_f16(
+    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tmak<128, 5, false, 8>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(384, 1) matmul_tmak8_128x128_bf16_bf16(
+    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
+    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
+    unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tmak<128, 5, true, 8>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}

@@ -11,8 +11,10 @@ CUDA_FAMILIES = (
 )  # fmt: skip
 _CUDA: dict[str, tuple[str, ...]] = {
     "matmul_tc": ("cp_async", "products"),
-    # wgmma.cu uses products.cu's u64; matmul_tma takes cp_async.cu's smem_u32 only (TMA fills its stages)
-    **{family: ("activation", "cp_async", "products", "wgmma") for family in ("matmul_tma", "matmul_wg")},
+    # wgmma.cu uses products.cu's u64; matmul_tma takes cp_async.cu's smem_u32 only (TMA fills its stages),
+    # and tma.cu's mbarriers, copies and loops (its unsplit and split-K kernels share them)
+    "matmul_tma": ("activation", "cp_async", "products", "wgmma", "tma"),
+    "matmul_wg": ("activation", "cp_async", "products", "wgmma"),
     "attention": ("rotary",),
     "elementwise": ("activation", "nan"),
     "fused": ("halves", "load_store", "rotary"),

@@ -4,9 +4,10 @@ matrix-vector kernel that reads each weight once, and so do up to 8 rows but for
 x and w of one dtype on CUDA: those go from 2 rows to the tensor cores (a matmul_tc kernel with a tile
 sized to the product, whose 16-row tiles match cuBLAS there; on Hopper, wide products with w as (N, K)
 to a matmul_wg kernel: its warpgroup instructions, and large ones to matmul_tma: TMA copies feeding
-warp-specialized warpgroups). On a WebGPU adapter that runs on the CPU
-(lavapipe), products with w as (N, K) and K a multiple of 8 go to matmul_nk_<x>_<w>; anything else to
-matmul_<x>_<w>."""
+warp-specialized warpgroups; products of few tiles and a long K to matmul_tmak: matmul_tma with K split
+over a cluster of blocks, their float32 sums added in block order). On a WebGPU adapter that runs on
+the CPU (lavapipe), products with w as (N, K) and K a multiple of 8 go to matmul_nk_<x>_<w>; anything
+else to matmul_<x>_<w>."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from gpud_protocol.ops.matmul import (
 )
 from gpud_protocol.ops.matmul_nk import nk_applies, nk_grid
 from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
+from gpud_protocol.ops.matmul_tmak import tma_splits, tmak_grid, tmak_name
 from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 
 
@@ -128,9 +130,13 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
             elif tensor_cores:  # from 2 rows: matmul_tc's 16-row tiles match cuBLAS where matvec did not
                 hopper = wt and self._capability(x) == CAPABILITY  # a Linear's weight layout on sm_90
-                tma = tma_kernel(p.batch, p.m, p.n, p.k, xd) if hopper else None
-                wide = wg_kernel(p.m, p.n, p.k, xd) if hopper and tma is None else None
-                if tma is not None:  # large products: TMA copies and warp-specialized warpgroups
+                splits = tma_splits(p.batch, p.m, p.n, p.k, xd) if hopper else 1
+                tma = tma_kernel(p.batch, p.m, p.n, p.k, xd) if hopper and splits == 1 else None
+                wide = wg_kernel(p.m, p.n, p.k, xd) if hopper and tma is None and splits == 1 else None
+                if splits > 1:  # few tiles, a long K: clusters that split K give every multiprocessor work
+                    name = tmak_name(xd, splits)
+                    grid = tmak_grid(name, p.batch, p.m, p.n)
+                elif tma is not None:  # large products: TMA copies and warp-specialized warpgroups
                     name, grid = tma, tma_grid(tma, p.batch, p.m, p.n)
                 elif wide is not None:  # Hopper's warpgroup kernels
                     name, grid = wide, wg_grid(wide, p.batch, p.m, p.n)

@@ -38,6 +38,7 @@ class Launch:
     # argument kinds -> struct format; the least recently used goes when full
     formats: LruCache[tuple[Any, ...], str] = dataclasses.field(default_factory=lambda: LruCache(FORMATS_KEPT))
     tma: tma.TmaLayout | None = None  # a TMA kernel: x and w go as tensor maps
+    cluster: int = 1  # blocks a cluster along x (`__cluster_dims__`): the grid's x must be a multiple
     # (address, rows, k, box rows) -> an encoded map; the least recently used goes when full
     maps: LruCache[tuple[int, int, int, int], bytes] = dataclasses.field(default_factory=lambda: LruCache(MAPS_KEPT))
 
@@ -91,10 +92,24 @@ def make_launch(
             raise InvalidArgument(f"{entry} cannot have {shared} bytes of dynamic shared memory: {error(status)}")
     sizes = parameter_sizes(function, max_args)
     nparams = len(sizes) if sizes is not None else None if parameters is None else len(parameters)
-    return Launch(module_id, function, block, shared, sizes, nparams, tma=layout)
+    return Launch(module_id, function, block, shared, sizes, nparams, tma=layout, cluster=cluster_width(function))
+
+
+def cluster_width(function: Any) -> int:
+    """The cluster width a kernel was compiled for (`__cluster_dims__`), 1 where none or unknown."""
+    attribute = getattr(cu.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH", None)
+    if attribute is None:
+        return 1
+    status, width = cu.cuFuncGetAttribute(attribute, function)
+    return max(1, int(width)) if not status else 1
 
 
 def pack(launch: Launch, entry: str, grid: tuple[int, int, int], args: Sequence[Arg], max_args: int) -> tuple[Any, ...]:
+    if grid[0] % launch.cluster:  # the launch would fail, and with it the submission of every session in it
+        raise InvalidArgument(
+            f"{entry} runs in clusters of {launch.cluster} blocks: the grid's x must be a multiple of "
+            f"{launch.cluster}, not {grid[0]}"
+        )
     kinds: list[Any] = []
     values: list[Any] = []
     for arg in args:

@@ -1,9 +1,9 @@
-"""Tensor maps for the library's TMA kernels (family matmul_tma, gpud/ops/matmul_tma.cu): such a kernel
-takes x and w as two 128-byte CUtensorMap parameters in place of their pointers. The dispatch carries
-pointers like any other; `pack` (gpud.backends.cuda.launch) encodes the maps from them and the sizes,
-as the family's contract says (gpud_protocol.ops.matmul_tma), keeping each launch's maps by what they
-depend on. A TMA launch's parameter bytes are the two maps, then an 8-byte slot per other argument;
-`TmaLayout.offsets` is where cuLaunchKernel finds each parameter in them.
+"""Tensor maps for the library's TMA kernels (family matmul_tma, gpud/ops/matmul_tma.cu: matmul_tma and
+split-K's matmul_tmak): such a kernel takes x and w as two 128-byte CUtensorMap parameters in place of
+their pointers. The dispatch carries pointers like any other; `pack` (gpud.backends.cuda.launch) encodes
+the maps from them and the sizes, as the family's contract says (gpud_protocol.ops.matmul_tma), keeping
+each launch's maps by what they depend on. A TMA launch's parameter bytes are the two maps, then an
+8-byte slot per other argument; `TmaLayout.offsets` is where cuLaunchKernel finds each parameter in them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from gpud_protocol.errors import InvalidArgument
 from gpud_protocol.ops.matmul_tma import BOX_K, TMA_TILES
+from gpud_protocol.ops.matmul_tmak import TMAK_TILES
 
 MAP_BYTES = 128  # sizeof(CUtensorMap), 64-byte aligned where the driver writes it
 MAPS = 2  # x's and w's, the first two parameters
@@ -36,8 +37,9 @@ class TmaLayout(NamedTuple):
 
 
 def layout(entry: str) -> TmaLayout | None:
-    """The layout of a matmul_tma entry point (`matmul_tma128x256_f16_f16`), None for any other."""
-    tile = TMA_TILES.get(entry)
+    """The layout of a matmul_tma entry point (`matmul_tma128x128_f16_f16`, split-K's
+    `matmul_tmak4_128x128_f16_f16`), None for any other."""
+    tile = TMA_TILES.get(entry) or TMAK_TILES.get(entry)
     if tile is None:
         return None
     return TmaLayout(_DATA_TYPES[entry.rsplit("_", 1)[1]], tile.bm, tile.bn)

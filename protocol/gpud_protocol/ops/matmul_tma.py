@@ -17,7 +17,8 @@ which the daemon encodes from the tensors it binds there:
 A block of TMA_TILES[name].threads threads (one producer warpgroup issuing the copies, two consumer
 warpgroups) walks tiles of BM x BN of out, in TMA_TILES[name].shared bytes of dynamic shared memory.
 Grid: tma_grid, (min(tiles, SMS), 1, batch): a block per multiprocessor at most, each taking every
-gridDim.x-th tile (blocks past the last tile, or with y > 0, do nothing).
+gridDim.x-th tile (blocks past the last tile, or with y > 0, do nothing). The family's split-K kernels,
+for few tiles and a long K, are gpud_protocol.ops.matmul_tmak's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from gpud_protocol.ops import KernelSpec, TensorInfo, need
+from gpud_protocol.ops import Check, KernelSpec, TensorInfo, need
 from gpud_protocol.ops.matmul import SPECS as MATMUL_SPECS
 from gpud_protocol.ops.matmul import with_activation
 
@@ -101,18 +102,24 @@ def tma_check(name: str, t: Sequence[TensorInfo], s: Sequence[int | float]) -> N
         )
 
 
-def _spec(name: str, tile: TmaTile, dtype: str) -> KernelSpec:
-    """matmul_<t>_<t>'s interface and rule, for w as (N, K) only, and tma_check's."""
-    tiled = _TILED[f"matmul_{SHORT[dtype]}_{SHORT[dtype]}"]
+def tma_rule(name: str, dtype: str) -> Check:
+    """Kernel `name`'s rule for x and w of `dtype`: matmul_<t>_<t>'s (an activation too), for w as (N, K)
+    only, and tma_check's; refusals name the kernel."""
+    tiled_check = with_activation(_TILED[f"matmul_{SHORT[dtype]}_{SHORT[dtype]}"].check)
 
     def check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
         need(s[6] == 1, f"{name} takes w as (N, K) only (wt 1), not wt {s[6]}")
         tiled_check(t, s)
         tma_check(name, t, s)
 
-    tiled_check = with_activation(tiled.check)
+    return check
+
+
+def _spec(name: str, tile: TmaTile, dtype: str) -> KernelSpec:
+    """matmul_<t>_<t>'s interface, and tma_rule's rule."""
+    tiled = _TILED[f"matmul_{SHORT[dtype]}_{SHORT[dtype]}"]
     return dataclasses.replace(
-        tiled, name=name, family="matmul_tma", check=check, block=tile.threads, shared=tile.shared
+        tiled, name=name, family="matmul_tma", check=tma_rule(name, dtype), block=tile.threads, shared=tile.shared
     )
 
 
