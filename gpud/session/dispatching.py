@@ -48,6 +48,11 @@ class Dispatching(SessionState):
                 source = ops_source(builtin.family, rt.device.kind)
             except LookupError as exc:
                 raise InvalidArgument(str(exc)) from None
+            if rt.device.kind not in builtin.backends:
+                raise InvalidArgument(
+                    f"{builtin.name} is the op library's kernel for {' and '.join(builtin.backends)} only: the "
+                    f"{rt.device.kind} backend has none (the op picks another kernel there)"
+                )
             options = ops_options(builtin, rt.device.kind)
         elif op.source.startswith(OPS_PREFIX):
             raise NotFound(f"no built-in kernel {op.source[len(OPS_PREFIX) :]!r}")
@@ -67,7 +72,8 @@ class Dispatching(SessionState):
         for op in ops:
             if type(op) is not proto.RegisterKernel or (builtin := ops_spec_of(op.source)) is None:
                 continue
-            if op.entry == builtin.name and self.kernels.find(op.source, op.entry, op.options) is None:
+            known = self.kernels.find(op.source, op.entry, op.options) is not None
+            if kind in builtin.backends and op.entry == builtin.name and not known:
                 with contextlib.suppress(LookupError):  # no source for this backend: the op says so, in order
                     rt.program(ops_source(builtin.family, kind), op.entry, ops_options(builtin, kind))
 

@@ -104,3 +104,17 @@ def test_the_daemon_checks_the_dispatches() -> None:
     odd = TensorInfo("float16", (12,))
     with pytest.raises(OpError, match=r"n 12"):
         KERNELS["ew_unary16"].verify([odd, odd], [12, 4, 0.0, 0.0, code, code])
+
+
+async def test_webgpu_refuses_the_cuda_kernels_by_name(gpu: gpud_client.Client) -> None:
+    """A CUDA-only kernel of a family both backends have (elementwise, reduce): registered raw on WebGPU it
+    is refused saying so, not compiled into a pipeline whose entry point is missing."""
+    if gpu.backend == "cuda":
+        pytest.skip("the CUDA backend has them")
+    for name in ("ew_binary16", "layernorm_warp_f16_f16", "add_layernorm_warp_f32_f32"):
+        assert KERNELS[name].backends == ("cuda",)
+        gpu.ops._kernel(name)  # not awaited: its error comes with a request after it
+        with pytest.raises(gpud_client.InvalidArgument, match=f"{name} is the op library's kernel for cuda only"):
+            await gpu.sync()
+            await gpu.sync()
+    assert KERNELS["ew_binary"].backends == ("cuda", "webgpu")

@@ -65,6 +65,7 @@ class KernelSpec:
     # view; its tensor is bound whole). Every other tensor must be dense: see `layout_problem`.
     strided: tuple[int, ...] = ()
     shared: int = 0  # CUDA dynamic shared memory per block, bytes
+    backends: tuple[str, ...] = ("cuda", "webgpu")  # whose sources have it (its module's BACKENDS)
 
     def verify(self, infos: Sequence[TensorInfo], scalars: Sequence[int | float]) -> None:
         """The layout rule (a dense tensor wherever the kernel takes no strides), then the op's own."""
@@ -139,9 +140,10 @@ def _registry() -> dict[str, KernelSpec]:
 
     specs: dict[str, KernelSpec] = {}
     for module in FAMILIES:
+        backends = getattr(module, "BACKENDS", KernelSpec.backends)
         for spec in module.SPECS:
             assert spec.name not in specs, spec.name
-            specs[spec.name] = spec
+            specs[spec.name] = dataclasses.replace(spec, backends=tuple(backends))
     return specs
 
 
