@@ -59,15 +59,23 @@ class Worker:
 
     def _run(self) -> None:
         while (item := self._jobs.get()) is not None:
-            job, then = item
-            try:
-                result, error = job(), None
-            except BaseException as exc:  # reported to the loop, never lost in this thread
-                result, error = None, exc
-            try:
-                self._loop.call_soon_threadsafe(self._report, then, result, error)
-            except RuntimeError:  # the loop is closed: nobody waits any more
+            if not self._do(*item):
                 return
+            # Nothing of the job stays alive while this thread waits for the next (which, with several
+            # threads, may be long): a compiled kernel nobody holds any more must be freed, its module unloaded.
+            item = None
+
+    def _do(self, job: Callable[[], Any], then: Then) -> bool:
+        """Run one job and hand its outcome to the loop; False once the loop is closed."""
+        try:
+            result, error = job(), None
+        except BaseException as exc:  # reported to the loop, never lost in this thread
+            result, error = None, exc
+        try:
+            self._loop.call_soon_threadsafe(self._report, then, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            return False
+        return True
 
     def _report(self, then: Then, result: Any, error: BaseException | None) -> None:
         self.queued -= 1

@@ -4,7 +4,9 @@ several threads side by side."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 
 from gpud.runtime.submitter import Worker
 
@@ -30,5 +32,23 @@ async def test_a_worker_of_one_thread_keeps_the_order() -> None:
     try:
         await asyncio.gather(*(worker.future(lambda i=i: ran.append(i)) for i in range(20)))  # type: ignore[misc]
         assert ran == list(range(20))
+    finally:
+        worker.close(5)
+
+
+async def test_a_thread_keeps_nothing_of_a_job_while_it_waits() -> None:
+    """Regression: an idle compile thread held its last kernel (and so its module) until its next job."""
+    worker = Worker("test-compile", asyncio.get_running_loop(), threads=2)
+
+    class Made:
+        pass
+
+    try:
+        made = await worker.future(Made)
+        seen = weakref.ref(made)
+        del made
+        await asyncio.sleep(0.01)  # the report has run on the loop
+        gc.collect()
+        assert seen() is None, "the worker thread still holds the job's result"
     finally:
         worker.close(5)

@@ -423,7 +423,7 @@ async def test_compiles_run_on_the_compile_worker(make: Make, monkeypatch: pytes
         program = await first
     finally:
         await ticker.stop()
-    assert threads == ["gpud-compile-0"], threads
+    assert len(threads) == 1 and threads[0].startswith("gpud-compile-0"), threads  # one of its threads
     assert ticker.ticks > 0, "the event loop did not run while NVRTC compiled"
     assert rt.program(SCALE, "scale", OPTIONS) is program  # cached from now on
     assert rt.stats()["nvrtc_compiles"] == 1 and rt.counters["compiles"] == 1
