@@ -36,7 +36,7 @@ def patch() -> None:
     import gpud.ops
     from gpud.backends import fake
     from gpud.backends.base import Program
-    from gpud_protocol.ops import KERNELS
+    from gpud_protocol.ops import KERNEL_BACKENDS, KERNELS
 
     original_source = gpud.ops.source
     original_compile = fake.FakeDevice.compile
@@ -52,6 +52,8 @@ def patch() -> None:
         kernel = fake.FakeKernel(_noop, len(spec.tensors), kinds, frozenset(spec.writes))
         return Program(key, entry, kernel, kernel.tensors, kernel.scalars, kernel.writes)
 
+    for name, backends in KERNEL_BACKENDS.items():  # every kernel of the library has a fake stand-in
+        KERNEL_BACKENDS[name] = (*backends, "fake")
     gpud.ops.source = source  # type: ignore[assignment]
     fake.FakeDevice.compile = compile  # type: ignore[method-assign]
 

@@ -18,8 +18,8 @@ from gpud.session.state import SessionState
 from gpud.session.tensors import Handle, bind_views, view_of
 from gpud_protocol import TensorView
 from gpud_protocol.errors import InvalidArgument, NotFound, PermissionDenied
+from gpud_protocol.ops import KERNEL_BACKENDS, TensorInfo
 from gpud_protocol.ops import PREFIX as OPS_PREFIX
-from gpud_protocol.ops import TensorInfo
 from gpud_protocol.ops import spec_of as ops_spec_of
 
 _TENSOR = int(proto.ArgKind.TENSOR)
@@ -48,9 +48,10 @@ class Dispatching(SessionState):
                 source = ops_source(builtin.family, rt.device.kind)
             except LookupError as exc:
                 raise InvalidArgument(str(exc)) from None
-            if rt.device.kind not in builtin.backends:
+            backends = KERNEL_BACKENDS.get(builtin.name, ())
+            if rt.device.kind not in backends:
                 raise InvalidArgument(
-                    f"{builtin.name} is the op library's kernel for {' and '.join(builtin.backends)} only: the "
+                    f"{builtin.name} is the op library's kernel for {' and '.join(backends)} only: the "
                     f"{rt.device.kind} backend has none (the op picks another kernel there)"
                 )
             options = ops_options(builtin, rt.device.kind)
@@ -73,7 +74,7 @@ class Dispatching(SessionState):
             if type(op) is not proto.RegisterKernel or (builtin := ops_spec_of(op.source)) is None:
                 continue
             known = self.kernels.find(op.source, op.entry, op.options) is not None
-            if kind in builtin.backends and op.entry == builtin.name and not known:
+            if kind in KERNEL_BACKENDS.get(builtin.name, ()) and op.entry == builtin.name and not known:
                 with contextlib.suppress(LookupError):  # no source for this backend: the op says so, in order
                     rt.program(ops_source(builtin.family, kind), op.entry, ops_options(builtin, kind))
 

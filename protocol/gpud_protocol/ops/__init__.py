@@ -65,7 +65,6 @@ class KernelSpec:
     # view; its tensor is bound whole). Every other tensor must be dense: see `layout_problem`.
     strided: tuple[int, ...] = ()
     shared: int = 0  # CUDA dynamic shared memory per block, bytes
-    backends: tuple[str, ...] = ("cuda", "webgpu")  # whose sources have it (its module's BACKENDS)
 
     def verify(self, infos: Sequence[TensorInfo], scalars: Sequence[int | float]) -> None:
         """The layout rule (a dense tensor wherever the kernel takes no strides), then the op's own."""
@@ -135,16 +134,24 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return broadcast_shapes(a, b)
 
 
+BACKENDS = ("cuda", "webgpu")  # a family module's kernels, unless it names its own BACKENDS
+
+
 def _registry() -> dict[str, KernelSpec]:
     from gpud_protocol.ops import FAMILIES
 
     specs: dict[str, KernelSpec] = {}
     for module in FAMILIES:
-        backends = getattr(module, "BACKENDS", KernelSpec.backends)
         for spec in module.SPECS:
             assert spec.name not in specs, spec.name
-            specs[spec.name] = dataclasses.replace(spec, backends=tuple(backends))
+            specs[spec.name] = spec
     return specs
+
+
+def _backends() -> dict[str, tuple[str, ...]]:
+    from gpud_protocol.ops import FAMILIES
+
+    return {spec.name: tuple(getattr(module, "BACKENDS", BACKENDS)) for module in FAMILIES for spec in module.SPECS}
 
 
 from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers above)
@@ -189,6 +196,8 @@ FAMILIES = [
     fused,
 ]
 KERNELS: dict[str, KernelSpec] = _registry()
+# Whose sources have each kernel: its module's BACKENDS, else both (the daemon refuses the others by name)
+KERNEL_BACKENDS: dict[str, tuple[str, ...]] = _backends()
 
 
 def spec_of(source: str) -> KernelSpec | None:
@@ -201,6 +210,7 @@ def spec_of(source: str) -> KernelSpec | None:
 __all__ = [
     "BLOCK",
     "KERNELS",
+    "KERNEL_BACKENDS",
     "PREFIX",
     "KernelSpec",
     "OpError",
