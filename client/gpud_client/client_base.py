@@ -14,13 +14,27 @@ import gpud_protocol as proto
 from gpud_client import packing
 from gpud_client.dtypes import HostDType, host_dtype
 from gpud_client.errors import GpudError, InvalidArgument, OutOfMemory
+from gpud_client.geometries import dense_geometry
 from gpud_client.liveness import Connection
-from gpud_client.pool import Origin, Pool, default_bytes
+from gpud_client.memo import Memo
+from gpud_client.pool import Key, Origin, Pool, default_bytes
 from gpud_client.rpc import Trace
 from gpud_client.scope import Scope
-from gpud_client.tensor import Tensor
+from gpud_client.tensor import Tensor, output
 from gpud_client.values import F32, I32, TENSOR, U32, Scalar
+from gpud_protocol.ops import TensorInfo
 from gpud_protocol.wire import pack
+
+# An op output's (device, dtype name, shape) -> what every output of a step repeats: its host dtype, its bytes,
+# its Alloc's packed dtype, shape and device, the key itself (for its origins to share), its strides and info
+Kind = tuple[HostDType, int, bytes, Key, tuple[tuple[int, ...], TensorInfo]]
+_outputs: Memo[Key, Kind] = Memo(4096)
+
+
+def _output_kind(key: Key) -> Kind:
+    device, dtype, shape = key
+    nbytes = math.prod(shape) * proto.DTYPE_SIZES[dtype]
+    return host_dtype(dtype), nbytes, packing.alloc_tail(dtype, shape, device), key, dense_geometry(dtype, shape)
 
 
 class ClientBase:
@@ -171,15 +185,19 @@ class ClientBase:
         if pool.dropped:
             self._collect()
         key = (where, dtype, shape)
-        got = pool.take(key)
-        if got is None:
-            tensor = self._new(shape, dtype, where)
-            origin = Origin(key, self._seq_last, math.prod(shape) * proto.DTYPE_SIZES[dtype])
+        kind = _outputs.get(key) or _outputs.keep(key, _output_kind(key))
+        got = pool.take(kind[3])  # the key the pool holds: found by identity
+        if got is None:  # `_new`'s Alloc (its dtype, shape and device packed once, in `kind`)
+            handle = next(self._handles)
+            seq = self._seq_last = next(self._seqs)
+            packed = packing.pack_fast(handle)
+            self._queue_packed(b"".join((packing.ALLOC, packing.pack_fast(seq), packed, kind[2])))
+            self._allocs += 1
+            # Origin(...) without the call of its Python __new__
+            origin = tuple.__new__(Origin, (kind[3], seq, kind[1], (TENSOR, handle), packing.TENSOR_ARG + packed))
         else:
             handle, origin = got
-            tensor = Tensor(self, handle, host_dtype(dtype), shape, where, dtype_name=dtype)
-        tensor._origin = origin
-        return tensor
+        return output(self, handle, kind[0], shape, where, dtype, origin, kind[4])
 
     def _release(self, handle: int, origin: Origin | None) -> None:
         """The memory of a freed tensor: pooled when it is an op output, else (or when it does not fit) freed."""
@@ -251,19 +269,20 @@ class ClientBase:
         if isinstance(error, OutOfMemory) and self._connection.lost is None:
             self.trim()
 
-    def _queue_launch(self, kernel: int, head: bytes, tail: bytes, tensors: Sequence[Any]) -> int:
-        """Queue a dispatch of `kernel` whose grid and argument count are packed in `head`, and its
-        scalar arguments (and writes) in `tail` (gpud_client.packing); `tensors` are its tensor
-        arguments. The seq of the dispatch."""
-        parts = [packing.DISPATCH, b"", pack(kernel), head]
+    def _queue_launch(self, kernel: bytes, head: bytes, tail: bytes, tensors: Sequence[Any], made: bytes = b"") -> int:
+        """Queue a dispatch of `kernel` (its handle, packed) whose grid and argument count are packed in
+        `head`, and its scalar arguments (and writes) in `tail` (gpud_client.packing); `tensors` are its
+        tensor arguments, then `made` (packed: an output just made, the last tensor argument, if any).
+        The seq of the dispatch."""
+        parts = [packing.DISPATCH, b"", kernel, head]
         for t in tensors:
             if type(t) is Tensor and t._client is self and not t._freed and not (t._base and t._base._freed):
                 parts.append(t._packed)
             else:  # refused here (freed, of another connection, not a tensor), or a Tensor subclass
                 parts.append(pack(self._arg(t)))
-        parts.append(tail)
+        parts += (made, tail)
         seq = self._seq_last = next(self._seqs)
-        parts[1] = pack(seq)
+        parts[1] = packing.pack_fast(seq)
         self._queue_packed(b"".join(parts))
         return seq
 

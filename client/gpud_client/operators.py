@@ -24,41 +24,48 @@ class Operators:
                 break
         return getattr(self._ops(), op)(*operands, graph=graph)
 
+    def _call2(self, op: str, x: Any, y: Any) -> Any:
+        """`_call` of two operands (every binary operator: `x + y`, `s * 0.5`), without its loop."""
+        graph = getattr(x, "graph", None)
+        if graph is None:
+            graph = getattr(y, "graph", None)
+        return getattr(self._ops(), op)(x, y, graph=graph)
+
     def __add__(self, other: Any) -> Any:
-        return self._call("add", self, other)
+        return self._call2("add", self, other)
 
     def __radd__(self, other: Any) -> Any:
-        return self._call("add", other, self)
+        return self._call2("add", other, self)
 
     def __sub__(self, other: Any) -> Any:
-        return self._call("sub", self, other)
+        return self._call2("sub", self, other)
 
     def __rsub__(self, other: Any) -> Any:
-        return self._call("sub", other, self)
+        return self._call2("sub", other, self)
 
     def __mul__(self, other: Any) -> Any:
-        return self._call("mul", self, other)
+        return self._call2("mul", self, other)
 
     def __rmul__(self, other: Any) -> Any:
-        return self._call("mul", other, self)
+        return self._call2("mul", other, self)
 
     def __truediv__(self, other: Any) -> Any:
-        return self._call("div", self, other)
+        return self._call2("div", self, other)
 
     def __rtruediv__(self, other: Any) -> Any:
-        return self._call("div", other, self)
+        return self._call2("div", other, self)
 
     def __pow__(self, other: Any) -> Any:
-        return self._call("power", self, other)
+        return self._call2("power", self, other)
 
     def __rpow__(self, other: Any) -> Any:
-        return self._call("power", other, self)
+        return self._call2("power", other, self)
 
     def __matmul__(self, other: Any) -> Any:
-        return self._call("matmul", self, other)
+        return self._call2("matmul", self, other)
 
     def __rmatmul__(self, other: Any) -> Any:
-        return self._call("matmul", other, self)
+        return self._call2("matmul", other, self)
 
     def __neg__(self) -> Any:
         return self._call("negative", self)
@@ -67,13 +74,13 @@ class Operators:
         return self._call("abs", self)
 
     def __gt__(self, other: Any) -> Any:
-        return self._call("greater", self, other)
+        return self._call2("greater", self, other)
 
     def __ge__(self, other: Any) -> Any:
-        return self._call("greater_equal", self, other)
+        return self._call2("greater_equal", self, other)
 
     def __lt__(self, other: Any) -> Any:
-        return self._call("less", self, other)
+        return self._call2("less", self, other)
 
     def __le__(self, other: Any) -> Any:
-        return self._call("less_equal", self, other)
+        return self._call2("less_equal", self, other)

@@ -7,16 +7,22 @@ and scalars) are packed once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import msgpack
+
 from gpud_client.memo import Memo
-from gpud_protocol import DispatchEncoder, Opcode
+from gpud_protocol import ArgKind, DispatchEncoder, Opcode
 from gpud_protocol.wire import pack
+
+pack_fast: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack  # `pack`'s bytes, minus a call
 
 ALLOC = b"\x96" + pack(int(Opcode.ALLOC))  # [opcode, seq, handle, dtype, shape, device]
 FREE = b"\x93" + pack(int(Opcode.FREE))  # [opcode, seq, handle]
 DISPATCH = DispatchEncoder.PREFIX  # [opcode, seq, kernel, grid, args, writes]
 NIL = pack(None)
+TENSOR_ARG = b"\x92" + pack(int(ArgKind.TENSOR))  # a dispatch's tensor argument [TENSOR, ref], before its ref
 
 _alloc_tails: Memo[tuple[str, tuple[int, ...], int], bytes] = Memo(4096)
 
@@ -32,11 +38,16 @@ def array_header(count: int) -> bytes:
 
 def alloc(seq: int, handle: int, dtype: str, shape: tuple[int, ...], device: int) -> bytes:
     """`Alloc(seq, handle, dtype, shape, device)`, packed."""
+    return ALLOC + pack_fast(seq) + pack_fast(handle) + alloc_tail(dtype, shape, device)
+
+
+def alloc_tail(dtype: str, shape: tuple[int, ...], device: int) -> bytes:
+    """What follows an Alloc's seq and handle: its dtype, shape and device, packed."""
     key = (dtype, shape, device)
     tail = _alloc_tails.get(key)
     if tail is None:
         tail = _alloc_tails.keep(key, pack(dtype) + pack(shape) + pack(device))
-    return ALLOC + pack(seq) + pack(handle) + tail
+    return tail
 
 
 def free(seq: int, handle: int) -> bytes:

@@ -44,11 +44,14 @@ Key = tuple[int, str, tuple[int, ...]]  # (device, dtype name, shape)
 
 
 class Origin(NamedTuple):
-    """What a poolable tensor carries: its key, the seq of the Alloc that made its handle, its bytes."""
+    """What a poolable tensor carries: its key, the seq of the Alloc that made its handle, its bytes; and
+    how its handle travels as a dispatch argument, and that packed (each tensor of the handle takes them)."""
 
     key: Key
     seq: int
     nbytes: int
+    wire: tuple[int, int] | None = None  # (TENSOR, handle)
+    packed: bytes = b""
 
 
 class Pool:

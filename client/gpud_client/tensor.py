@@ -9,29 +9,17 @@ import numpy as np
 
 import gpud_protocol as proto
 from gpud_client.dtypes import HostDType, from_storage, name_of, values_dtype
-from gpud_client.memo import Memo
+from gpud_client.geometries import Wire, kept_geometries, kept_views, strides_and_info, view_of
 from gpud_client.operators import Operators
+from gpud_client.packing import pack_fast
 from gpud_client.pool import Origin, Pool
 from gpud_client.reshapes import Reshapes
-from gpud_client.scope import Scoped
+from gpud_client.scope import Scoped, current_task
 from gpud_client.scope import made as scope_made
 from gpud_client.values import TENSOR
 from gpud_client.views import TensorViews, picked
 from gpud_protocol.ops import TensorInfo
 from gpud_protocol.wire import pack
-
-Geometry = tuple[str, tuple[int, ...], int, tuple[int, ...] | None]  # dtype name, shape, offset, strides (None: dense)
-# A tensor's geometry -> (its strides, what the op library's rules see): made once, as every step's repeat
-_geometries: Memo[Geometry, tuple[tuple[int, ...], TensorInfo]] = Memo(8192)
-
-
-def _strides_and_info(geometry: Geometry) -> tuple[tuple[int, ...], TensorInfo]:
-    name, shape, offset, strides = geometry
-    if strides is None:
-        strides = proto.contiguous_strides(shape)
-    # dtype, shape, offset, and strides unless dense
-    return strides, TensorInfo(name, shape, offset, None if proto.is_contiguous(shape, strides) else strides)
-
 
 if TYPE_CHECKING:
     from gpud_client.liveness import Connection
@@ -96,9 +84,10 @@ class Tensor(TensorViews, Reshapes, Operators):
         offset: int = 0,
         strides: tuple[int, ...] | None = None,
         dtype_name: str | None = None,
+        origin: Origin | None = None,
     ) -> None:
         self._client = client
-        self._origin: Origin | None = None
+        self._origin = origin
         self.handle = handle
         self.dtype = dtype
         self.dtype_name = name = name_of(dtype) if dtype_name is None else dtype_name  # "float32", "bfloat16"...
@@ -110,24 +99,35 @@ class Tensor(TensorViews, Reshapes, Operators):
         # own: dropped, it goes at once (a reference to itself would leave every one to the garbage collector).
         self._base = base
         self.offset = offset  # in elements, into the base's memory
-        # its strides (in elements) and what the op library's rules see (gpud_protocol.ops)
-        geometry = (name, shape, offset, strides)
-        self.strides, self.info = _geometries.get(geometry) or _geometries.keep(geometry, _strides_and_info(geometry))
-        # how the daemon is told which tensor: the handle, or the base's handle with this view's geometry
-        ref = handle if base is None else proto.TensorView(handle, offset, shape, self.strides)
-        self.ref: int | proto.TensorView = ref
-        self._as_arg = wire = (TENSOR, self.ref)  # as a dispatch argument (`_wire`)
-        self._packed = pack(wire)  # the same, packed (gpud_client.packing)
+        # its strides (in elements) and what the op library's rules see (gpud_protocol.ops); how the daemon
+        # is told which tensor: the handle, or the base's handle with this view's geometry; that as a dispatch
+        # argument (`_wire`), and packed (gpud_client.packing)
+        self.ref: int | proto.TensorView
+        self._as_arg: Wire
+        if base is None:
+            geometry = (name, shape, offset, strides)
+            known = kept_geometries.get(geometry) or kept_geometries.keep(geometry, strides_and_info(geometry))
+            self.strides, self.info = known
+            self.ref = handle
+            if origin is not None and origin.wire is not None:  # an op output's handle: packed when allocated
+                self._as_arg, self._packed = origin.wire, origin.packed
+            else:
+                self._as_arg = wire = (TENSOR, handle)
+                self._packed = pack_fast(wire)
+        else:
+            self.strides = strides = proto.contiguous_strides(shape) if strides is None else strides
+            key = (handle, name, offset, shape, strides)
+            self.info, self.ref, self._as_arg, self._packed = kept_views.get(key) or kept_views.keep(key, view_of(key))
         if client._scopes:  # a scope is open: the tensor is its
             scope_made(client, self)
 
     @property
-    def _wire(self) -> tuple[int, int | proto.TensorView]:
+    def _wire(self) -> Wire:
         """How the tensor travels as a dispatch argument: (TENSOR, ref)."""
         return self._as_arg
 
     @_wire.setter
-    def _wire(self, wire: tuple[int, int | proto.TensorView]) -> None:
+    def _wire(self, wire: Wire) -> None:
         self._as_arg, self._packed = wire, pack(wire)
 
     @property
@@ -177,11 +177,33 @@ class Tensor(TensorViews, Reshapes, Operators):
 
     def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
         """A view of this tensor's memory (no copy, no message, no daemon handle)."""
-        self._client._ref_of(self)  # refuse a view of a freed tensor now, not at its first use
-        base = self.base
-        return Tensor(
-            self._client, base.handle, self.dtype, shape, self.device, self.mode, base, offset, strides, self.dtype_name
-        )
+        base = self if self._base is None else self._base
+        if self._freed or base._freed:
+            self._client._ref_of(self)  # refuse a view of a freed tensor now, not at its first use
+        # Tensor(client, base.handle, dtype, shape, device, mode, base, offset, strides, dtype_name), without
+        # its arguments' handling (`.T` and reshapes every step); tests/client/test_hot_path_memos.py compares them
+        key = (base.handle, self.dtype_name, offset, shape, strides)
+        known = kept_views.get(key) or kept_views.keep(key, view_of(key))
+        t: Tensor = _new_tensor(Tensor)
+        t._client = client = self._client
+        t._origin = None
+        t.handle = base.handle
+        t.dtype = self.dtype
+        t.dtype_name = self.dtype_name
+        t.shape = shape
+        t.device = self.device
+        t.mode = self.mode
+        t._freed = False
+        t._base = base
+        t.offset = offset
+        t.strides = strides
+        t.info, t.ref, t._as_arg, t._packed = known
+        scopes = client._scopes
+        if scopes:  # `scope.made`, inlined (as in `output`)
+            stack = scopes.get(current_task())
+            if stack:
+                stack[-1]._made[id(t)] = t
+        return t
 
     @property
     def _whole(self) -> bool:
@@ -208,3 +230,46 @@ class Tensor(TensorViews, Reshapes, Operators):
         state = " freed" if self.freed else ""
         view = " (a view)" if self.base is not self else ""
         return f"<gpud Tensor #{self.handle}{view} {self.dtype}{list(self.shape)} device {self.device}{state}>"
+
+
+def output(
+    client: Owner,
+    handle: int,
+    dtype: HostDType,
+    shape: tuple[int, ...],
+    device: int,
+    name: str,
+    origin: Origin,
+    geometry: tuple[tuple[int, ...], TensorInfo],
+) -> Tensor:
+    """`Tensor(client, handle, dtype, shape, device, dtype_name=name, origin=origin)`, an op's output (every
+    op makes one: `ClientBase._output`), from what its caller keeps: its `dense_geometry`, and `origin`'s
+    packed handle. tests/client/test_hot_path_memos.py checks that it is `Tensor(...)` slot for slot."""
+    t: Tensor = _new_tensor(Tensor)
+    t._client = client
+    t._origin = origin
+    t.handle = handle
+    t.dtype = dtype
+    t.dtype_name = name
+    t.shape = shape
+    t.device = device
+    t.mode = "rw"
+    t._freed = False
+    t._base = None
+    t.offset = 0
+    t.strides, t.info = geometry
+    t.ref = handle
+    if origin.wire is None:
+        t._as_arg = wire = (TENSOR, handle)
+        t._packed = pack_fast(wire)
+    else:
+        t._as_arg, t._packed = origin.wire, origin.packed
+    scopes = client._scopes
+    if scopes:  # `scope.made`, inlined: the tensor is the innermost scope's of this task, if one is open
+        stack = scopes.get(current_task())
+        if stack:
+            stack[-1]._made[id(t)] = t
+    return t
+
+
+_new_tensor = object.__new__

@@ -29,6 +29,7 @@ from gpud_protocol import views as geometry
 
 if TYPE_CHECKING:
     from gpud_client.dtypes import HostDType
+    from gpud_protocol.ops import TensorInfo
 
 
 # (shape, strides, the dimensions asked for) -> (shape, strides) of the view: reshapes repeat every step
@@ -57,6 +58,7 @@ class TensorViews:
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # in elements
     offset: int  # in elements, into the base's memory
+    info: TensorInfo  # what the op library's rules see: strides None where they are row-major
 
     def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Self:
         raise NotImplementedError
@@ -64,7 +66,12 @@ class TensorViews:
     @property
     def T(self) -> Self:
         """Every axis reversed (numpy's `.T`; torch's for a 2-D tensor): a view."""
-        return self.permute(tuple(reversed(range(len(self.shape)))))
+        shape, strides = self.shape, self.strides
+        known = _moved.get(("T", shape, strides))  # `q @ k.T` every step: no permutation to build
+        if known is None:
+            order = tuple(reversed(range(len(shape))))
+            known = _moved.keep(("T", shape, strides), _geometry("permute", geometry.permuted, shape, strides, order))
+        return self._view(known[0], known[1], self.offset)
 
     def __getitem__(self, key: Any) -> Self:
         """numpy's basic indexing (integers, slices of a positive step, None, ...): a view, no copy, no
@@ -81,7 +88,7 @@ class TensorViews:
     @property
     def is_contiguous(self) -> bool:
         """Row-major without gaps (it may still start at an offset of its base: a narrow of the first axis)."""
-        return geometry.is_contiguous(self.shape, self.strides)
+        return self.info.strides is None  # the info's strides are None exactly where they are row-major
 
     def reshape(self, *shape: int | Sequence[int]) -> Self:
         """This memory with another shape (one dimension may be -1): a view, no copy, no message.
@@ -136,8 +143,12 @@ class TensorViews:
 
 
 def _geometry(op: str, fn: Any, *args: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """fn's (shape, strides) of the view, kept by its arguments (`.T` and transposes repeat every step)."""
-    key = (op, *args) if all(type(a) is int or type(a) is tuple for a in args) else None  # else: fn refuses
+    """fn's (shape, strides) of the view, kept by its arguments (transposes repeat every step)."""
+    key: tuple[Any, ...] | None = (op, *args)
+    for a in args:
+        if type(a) is not int and type(a) is not tuple:  # fn refuses it: not kept
+            key = None
+            break
     known = None if key is None else _moved.get(key)
     if known is not None:
         return known

@@ -24,6 +24,7 @@ from gpud_client.ops.constants import Constants
 from gpud_client.values import F32, Kernel, Scalar
 from gpud_protocol.ops import KERNELS, KernelSpec, OpError, TensorInfo
 from gpud_protocol.views import is_contiguous
+from gpud_protocol.wire import pack
 
 if TYPE_CHECKING:
     from gpud_client.client_base import ClientBase
@@ -57,6 +58,7 @@ class OpsBase:
     def __init__(self, client: ClientBase) -> None:
         self._client = client
         self._kernels: dict[str, Kernel] = {}
+        self._packed_kernels: dict[str, bytes] = {}  # a kernel's handle, packed, by name (every dispatch's)
         self._plans: Memo[tuple[Any, ...], Any] = Memo(PLANS_KEPT)  # Planned, or Launch (`_run`), by call
         self._constants = Constants(client)  # numbers given as operands, as 0-d tensors
 
@@ -84,6 +86,13 @@ class OpsBase:
             client._connection.expect(seq)
             kernel = self._kernels[name] = Kernel(handle, name, spec.writes)
         return kernel
+
+    def _packed_kernel(self, name: str) -> bytes:
+        """The handle of `_kernel(name)`, packed as a dispatch names it."""
+        packed = self._packed_kernels.get(name)
+        if packed is None:
+            packed = self._packed_kernels[name] = pack(self._kernel(name).handle)
+        return packed
 
     def _out(self, out: Any, shape: tuple[int, ...], dtype: str, like: Any, graph: Graph | None) -> Any:
         """The output tensor: `out` as given (checked), else one on the device of `like` (pooled or new:
@@ -141,12 +150,12 @@ class OpsBase:
         (or just made), else it is checked here."""
         if not fresh:
             check_writes(KERNELS[launch.name], launch.op, tensors)
-        kernel = self._kernels.get(launch.name) or self._kernel(launch.name)
         if graph is not None:
-            graph.dispatch(kernel, launch.grid, [*tensors, *launch.scalars])
+            graph.dispatch(self._kernel(launch.name), launch.grid, [*tensors, *launch.scalars])
             return
+        kernel = self._packed_kernels.get(launch.name) or self._packed_kernel(launch.name)
         client = self._client
-        seq = client._queue_launch(kernel.handle, launch.head, launch.tail, tensors)
+        seq = client._queue_launch(kernel, launch.head, launch.tail, tensors)
         client._connection.name_op(seq, launch.op)
 
     def _plan(self, key: tuple[Any, ...], make: Callable[..., P], *args: Any) -> P:
@@ -167,7 +176,14 @@ class OpsBase:
         elif graph is not None:
             result = graph.empty(plan.shape, plan.dtype)
         else:
-            result = self._client._output(plan.shape, plan.dtype, getattr(like, "device", None))
+            client = self._client
+            result = client._output(plan.shape, plan.dtype, getattr(like, "device", None))
+            launch = plan.launch
+            if launch is not None:  # `_launch` of a new output (what it writes was just made), inlined
+                kernel = self._packed_kernels.get(launch.name) or self._packed_kernel(launch.name)
+                seq = client._queue_launch(kernel, launch.head, launch.tail, inputs, result._packed)
+                client._connection.name_op(seq, launch.op)
+            return result
         if plan.launch is not None:
             inputs.append(result)
             self._launch(plan.launch, inputs, graph, fresh=out is None)
@@ -184,8 +200,10 @@ def check_writes(spec: KernelSpec, op: str, tensors: Sequence[Any]) -> None:
                 "write into a tensor of your own",
                 op=op,
             )
-        if any(same_memory(t, written) for i, t in enumerate(tensors) if i != position):
-            raise InvalidArgument(f"out is also an input; ops do not run in place ({spec.name})", op=op)
+        memory = getattr(written, "base", written)  # `same_memory`, inlined: every call with out= comes here
+        for i, t in enumerate(tensors):
+            if i != position and getattr(t, "base", t) is memory:
+                raise InvalidArgument(f"out is also an input; ops do not run in place ({spec.name})", op=op)
 
 
 def info_of(tensor: Any) -> TensorInfo:

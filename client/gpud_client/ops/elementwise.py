@@ -179,12 +179,18 @@ class ElementwiseOps(OpsBase):
         return result
 
     def _binary(self, op: str, x: Any, y: Any, out: Any, graph: Any) -> Any:
-        try:  # a session's or a recording's tensors
-            key = ("_binary", op, x.info, y.info, None if out is None else info_of(out))
-        except AttributeError:  # a number among them (a 0-d tensor then), or a TensorInfo
-            x, y = self._constants.operands(x, y, graph=graph)
-            key = ("_binary", op, info_of(x), info_of(y), None if out is None else info_of(out))
-        return self._execute(self._plan(key, self._plan_binary, op, x, y, out), [x, y], out, x, graph)
+        xi, yi = getattr(x, "info", None), getattr(y, "info", None)  # a session's or a recording's tensors
+        if xi is None or yi is None:  # a number among them (a 0-d tensor then), or a TensorInfo
+            x, y = self._constants.pair(x, y, graph)
+            xi, yi = info_of(x), info_of(y)
+        key = ("_binary", op, xi, yi, None if out is None else info_of(out))
+        try:  # `_plan`'s lookup, inlined
+            plan = self._plans.get(key)
+        except TypeError:
+            plan = None
+        if plan is None:
+            plan = self._plan(key, self._plan_binary, op, x, y, out)
+        return self._execute(plan, [x, y], out, x, graph)
 
     def _plan_binary(self, op: str, x: Any, y: Any, out: Any) -> Planned:
         if op not in LOGICAL:
@@ -210,7 +216,13 @@ class ElementwiseOps(OpsBase):
     def _unary(self, op: str, x: Any, out: Any, graph: Any, a: float = 0.0, b: float = 0.0) -> Any:
         a, b = float(a), float(b)
         key = ("_unary", op, info_of(x), None if out is None else info_of(out), signed(a), signed(b))
-        return self._execute(self._plan(key, self._plan_unary, op, x, out, a, b), [x], out, x, graph)
+        try:  # `_plan`'s lookup, inlined
+            plan = self._plans.get(key)
+        except TypeError:
+            plan = None
+        if plan is None:
+            plan = self._plan(key, self._plan_unary, op, x, out, a, b)
+        return self._execute(plan, [x], out, x, graph)
 
     def _plan_unary(self, op: str, x: Any, out: Any, a: float, b: float) -> Planned:
         name = "gelu" if op == "gelu_tanh" else op

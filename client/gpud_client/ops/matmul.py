@@ -16,9 +16,11 @@ from typing import Any
 
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
+from gpud_client.memo import Memo
 from gpud_client.operands import not_a_tensor
-from gpud_client.ops.base import Planned, info_of
+from gpud_client.ops.base import PLANS_KEPT, Planned, info_of
 from gpud_client.ops.elementwise import ElementwiseOps
+from gpud_client.tensor import Tensor
 from gpud_protocol.ops import OpError, TensorInfo
 from gpud_protocol.ops.broadcast import broadcast_shapes
 from gpud_protocol.ops.matmul import (
@@ -72,12 +74,10 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
             xs, ws = x.shape, w.shape
         except AttributeError:
             raise not_a_tensor(w if hasattr(x, "shape") else x) from None
-        if len(ws) >= 2 and not getattr(w, "is_contiguous", True):
+        if len(ws) >= 2 and not (w.info.strides is None if type(w) is Tensor else getattr(w, "is_contiguous", True)):
             flipped = _swapped_back(w)  # w = k.transpose(-1, -2) of a dense k: that k, the other layout
-            if flipped.is_contiguous:
-                return self.matmul(
-                    x, flipped, transpose_w=not transpose_w, bias=bias, activation=activation, out=out, graph=graph
-                )
+            if flipped.info.strides is None if type(flipped) is Tensor else flipped.is_contiguous:
+                w, ws, transpose_w = flipped, flipped.shape, not transpose_w
         if 2 <= len(xs) <= 3 and 2 <= len(ws) <= 3 and (len(xs) == 2 or len(ws) == 2 or xs[0] == ws[0]):
             plan = self._matmul_plan(x, w, bool(transpose_w), bias, out, activation)
             inputs = [x, w, x if bias is None else bias]  # no bias: x stands in (not read)
@@ -110,8 +110,13 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
 
     def _matmul_plan(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None = None) -> Planned:
         """The plan of `matmul` for these operands (checked when made; see `nn.Linear`, which keeps its own)."""
-        infos = (info_of(x), info_of(w), None if bias is None else info_of(bias), None if out is None else info_of(out))
-        return self._plan(("matmul", wt, activation, *infos), self._plan_matmul, x, w, wt, bias, out, activation)
+        bi, oi = None if bias is None else info_of(bias), None if out is None else info_of(out)
+        key = ("matmul", wt, activation, info_of(x), info_of(w), bi, oi)
+        try:  # `_plan`'s lookup, inlined
+            plan: Planned | None = self._plans.get(key)
+        except TypeError:
+            plan = None
+        return self._plan(key, self._plan_matmul, x, w, wt, bias, out, activation) if plan is None else plan
 
     def _plan_matmul(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None) -> Planned:
         xd, wd = _operand_dtypes(x, w)
@@ -166,12 +171,34 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
 def _swapped_back(w: Any) -> Any:
     """w with its last two axes swapped back: where w is its base's `.T` or `transpose(-1, -2)` (q @ k.T),
     the base itself (no new view on the hot path), else a view."""
+    if type(w) is Tensor:  # (a session's: q @ k.T every step) its base without the property, the answer kept
+        base = w._base
+        if base is not None and not w.offset:
+            key = (w.shape, w.strides, base.shape, base.strides)
+            swapped = _swaps.get(key)
+            if swapped is None:
+                swapped = _swaps.keep(key, _swaps_back(*key))
+            if swapped:
+                return base
+        return w.transpose(-1, -2)
     base, strides = getattr(w, "base", w), getattr(w, "strides", None)
-    if base is not w and strides is not None and not w.offset and base.strides is not None:
-        shape, dense = tuple(w.shape), tuple(base.strides)
-        if tuple(base.shape) == (*shape[:-2], shape[-1], shape[-2]) and strides == (*dense[:-2], dense[-1], dense[-2]):
-            return base
+    if (
+        base is not w
+        and strides is not None
+        and not w.offset
+        and base.strides is not None
+        and _swaps_back(tuple(w.shape), strides, tuple(base.shape), tuple(base.strides))
+    ):
+        return base
     return w.transpose(-1, -2)
+
+
+# (the shape and strides of a view, and of its base) -> whether the view is the base, last two axes swapped
+_swaps: Memo[tuple[tuple[int, ...], ...], bool] = Memo(PLANS_KEPT)
+
+
+def _swaps_back(shape: tuple[int, ...], strides: Any, base_shape: tuple[int, ...], dense: tuple[int, ...]) -> bool:
+    return base_shape == (*shape[:-2], shape[-1], shape[-2]) and strides == (*dense[:-2], dense[-1], dense[-2])
 
 
 FUSING = ("matmul_wg", "matmul_tma")  # the kernels that apply an activation as they store (the epilogue)

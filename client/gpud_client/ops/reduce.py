@@ -99,6 +99,8 @@ class ReduceOps(OpsBase):
         return result
 
     def _over(self, op: str, x: Any, axis: Axes, keepdims: bool, out: Any, graph: Any) -> Any:
+        if type(axis) is int:  # the common case first: one axis (`_kept` of one axis is `_reduce`'s keepdims)
+            return self._reduce(op, x, axis, out, graph, keepdims=bool(keepdims))
         if isinstance(axis, tuple | list):
             return self._over_axes(op, x, tuple(axis), keepdims, out, graph)
         return self._kept(op, x, axis, out, graph) if keepdims else self._reduce(op, x, axis, out, graph)
@@ -153,7 +155,13 @@ class ReduceOps(OpsBase):
             self._run(name, grid, [p.x, result], scalars, graph)
             return result
         key = ("_reduce", op, info_of(x), axis, keepdims, None if out is None else info_of(out))
-        return self._execute(self._plan(key, self._plan_reduce, op, x, axis, out, keepdims), [x], out, x, graph)
+        try:  # `_plan`'s lookup, inlined
+            planned = self._plans.get(key)
+        except TypeError:
+            planned = None
+        if planned is None:
+            planned = self._plan(key, self._plan_reduce, op, x, axis, out, keepdims)
+        return self._execute(planned, [x], out, x, graph)
 
     def _plan_reduce(self, op: str, x: Any, axis: int, out: Any, keepdims: bool) -> Planned:
         p = plan(op, x, axis)  # checks the axis
