@@ -230,50 +230,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_bf16_bf16
     matmul_tma<128, 5, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) matmul_tmak2_128x128_f16_f16(
-    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tmak<128, 5, false, 2>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) matmul_tmak2_128x128_bf16_bf16(
-    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tmak<128, 5, true, 2>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(384, 1) matmul_tmak4_128x128_f16_f16(
-    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tmak<128, 5, false, 4>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(384, 1) matmul_tmak4_128x128_bf16_bf16(
-    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tmak<128, 5, true, 4>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(384, 1) matmul_tmak8_128x128_f16_f16(
-    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tmak<128, 5, false, 8>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(384, 1) matmul_tmak8_128x128_bf16_bf16(
-    const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,
-    unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
-    unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tmak<128, 5, true, 8>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
+#define MATMUL_TMAK(name, BF, S)                                                                                    \
+    extern "C" __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(384, 1) name(                               \
+        const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,              \
+        unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,                     \
+        unsigned int w_stride, unsigned int wt, unsigned int epilogue) {                                               \
+        gpud_wait_prior();                                                                                             \
+        matmul_tmak<128, 5, BF, S>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);                 \
+    }
+MATMUL_TMAK(matmul_tmak2_128x128_f16_f16, false, 2)
+MATMUL_TMAK(matmul_tmak2_128x128_bf16_bf16, true, 2)
+MATMUL_TMAK(matmul_tmak4_128x128_f16_f16, false, 4)
+MATMUL_TMAK(matmul_tmak4_128x128_bf16_bf16, true, 4)
+MATMUL_TMAK(matmul_tmak8_128x128_f16_f16, false, 8)
+MATMUL_TMAK(matmul_tmak8_128x128_bf16_bf16, true, 8)

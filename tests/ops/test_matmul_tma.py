@@ -19,7 +19,6 @@ from gpud.testing import nvrtc
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 from gpud_protocol.ops.matmul import BIAS_KINDS, plan
 from gpud_protocol.ops.matmul_tma import BOX_K, CAPABILITY, SMS, TMA_TILES, tma_check, tma_grid, tma_kernel, tma_rows
-from gpud_protocol.ops.matmul_tmak import TMAK_TILES
 from ops.test_matmul_bf16 import rand as rand_of
 from ops.test_matmul_bf16 import upload
 from ops.test_matmul_tc import close_of, dtype_of
@@ -146,8 +145,8 @@ def test_the_tensor_maps_need_batches_of_whole_rows() -> None:
 def test_the_source_matches_its_interface() -> None:
     text = (ROOT / "gpud" / "ops" / "matmul_tma.cu").read_text()
     found = re.findall(r"__launch_bounds__\((\d+), 1\) (matmul_tma\w+)\(", text)
-    tiles = {**TMA_TILES, **TMAK_TILES}  # split-K's entry points: test_matmul_tmak.py
-    assert {name: int(threads) for threads, name in found} == {name: t.threads for name, t in tiles.items()}
+    # split-K's entry points are MATMUL_TMAK lines, their blocks checked in the PTX: test_matmul_tmak.py
+    assert {name: int(threads) for threads, name in found} == {name: t.threads for name, t in TMA_TILES.items()}
     for name, tile in TMA_TILES.items():
         bn, stages, bf = re.search(rf"{name}\(.*?matmul_tma<(\d+), (\d+), (\w+)>", text, re.S).groups()  # type: ignore[union-attr]
         assert (tile.bm, int(bn), int(stages), bf) == (128, tile.bn, tile.stages, str("bf16" in name).lower())
