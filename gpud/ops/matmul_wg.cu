@@ -109,15 +109,7 @@ __device__ __forceinline__ void wg_main(float* d, unsigned int base, const Loade
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < WG_BK / 16; j++) {  // 16 elements of K = 32 bytes along the swizzled row
-            if (BF) {
-                if (BN == 64) wgmma_64_bf16(d, da + 2 * j, db + 2 * j);
-                if (BN == 128) wgmma_128_bf16(d, da + 2 * j, db + 2 * j);
-                if (BN == 256) wgmma_256_bf16(d, da + 2 * j, db + 2 * j);
-            } else {
-                if (BN == 64) wgmma_64_f16(d, da + 2 * j, db + 2 * j);
-                if (BN == 128) wgmma_128_f16(d, da + 2 * j, db + 2 * j);
-                if (BN == 256) wgmma_256_f16(d, da + 2 * j, db + 2 * j);
-            }
+            wgmma_k16<BN, BF>(d, da + 2 * j, db + 2 * j);
         }
         wgmma_commit();
         const unsigned int next = kt + S - 2;

@@ -112,13 +112,7 @@ __device__ __forceinline__ void tma_mainloop(float* d, unsigned int base, unsign
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < TMA_BK / 16; j++) {  // 16 elements of K = 32 bytes along the swizzled row
-            if (BF) {
-                if (BN == 128) wgmma_128_bf16(d, da + 2 * j, db + 2 * j);
-                if (BN == 256) wgmma_256_bf16(d, da + 2 * j, db + 2 * j);
-            } else {
-                if (BN == 128) wgmma_128_f16(d, da + 2 * j, db + 2 * j);
-                if (BN == 256) wgmma_256_f16(d, da + 2 * j, db + 2 * j);
-            }
+            wgmma_k16<BN, BF>(d, da + 2 * j, db + 2 * j);
         }
         wgmma_commit();
         wgmma_wait1();  // stage kt - 1's products are done: its slot goes back to the producer
