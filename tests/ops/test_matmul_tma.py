@@ -8,7 +8,9 @@ Tolerances as in test_matmul_tc.py."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,8 +45,15 @@ def hopper(gpu: gpud_client.Client) -> bool:
     return bool(gpu.backend == "cuda" and gpu.devices[0].get("compute_capability") == CAPABILITY)
 
 
-async def tma_product(gpu: gpud_client.Client, name: str, case: tuple[object, ...], rng: np.random.Generator) -> None:
-    """Kernel `name` dispatched directly into a poisoned output, checked against float64."""
+async def direct_product(
+    gpu: gpud_client.Client,
+    name: str,
+    case: tuple[object, ...],
+    rng: np.random.Generator,
+    grid_of: Callable[[str, int, int, int], tuple[int, int, int]],
+) -> tuple[np.ndarray, list[Any]]:
+    """Kernel `name` (a TMA matmul, unsplit or split-K) dispatched directly into a poisoned output on the
+    grid `grid_of(name, batch, m, n)`; (out, [x, w, bias])."""
     batch, m, n, k, bias_dtype, batched, unfolded = case
     assert isinstance(batch, int) and isinstance(m, int) and isinstance(n, int) and isinstance(k, int)
     dtype = dtype_of(name)
@@ -57,9 +66,14 @@ async def tma_product(gpu: gpud_client.Client, name: str, case: tuple[object, ..
     tx, tw = upload(gpu, x, dtype), upload(gpu, w, dtype)
     tb = tx if bias is None else upload(gpu, bias, str(bias_dtype))
     epilogue = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
-    grid = tma_grid(name, sizes[0], sizes[1], sizes[2])
-    gpu.ops._run(name, grid, [tx, tw, tb, out], [*sizes, 1, epilogue], None)
-    close_of(dtype, await out.numpy(), x, w, True, bias)
+    gpu.ops._run(name, grid_of(name, sizes[0], sizes[1], sizes[2]), [tx, tw, tb, out], [*sizes, 1, epilogue], None)
+    return await out.numpy(), [x, w, bias]
+
+
+async def tma_product(gpu: gpud_client.Client, name: str, case: tuple[object, ...], rng: np.random.Generator) -> None:
+    """Kernel `name` dispatched directly into a poisoned output, checked against float64."""
+    got, (x, w, bias) = await direct_product(gpu, name, case, rng, tma_grid)
+    close_of(dtype_of(name), got, x, w, True, bias)
 
 
 @pytest.mark.parametrize("name", list(TMA_TILES))

@@ -21,14 +21,14 @@ from gpud.backends.cuda import tma
 from gpud.ops import source
 from gpud.testing import nvrtc
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.matmul import ACTIVATIONS, BIAS_KINDS, plan
+from gpud_protocol.ops.matmul import ACTIVATIONS, BIAS_KINDS
 from gpud_protocol.ops.matmul_tma import SMS, TMA_TILES, tma_kernel
 from gpud_protocol.ops.matmul_tmak import SPLITS, TMAK_TILES, splits_of, tma_splits, tmak_grid, tmak_name
 from ops.test_matmul_activation import bits
 from ops.test_matmul_bf16 import rand as rand_of
 from ops.test_matmul_bf16 import upload
 from ops.test_matmul_tc import close_of, dtype_of
-from ops.test_matmul_tma import hopper
+from ops.test_matmul_tma import direct_product, hopper
 
 # (batch, M, N, K, bias dtype, batched w, shared w unfolded: batch B with x_stride M K and w_stride 0)
 EDGES = [
@@ -46,19 +46,7 @@ async def tmak_product(
     gpu: gpud_client.Client, name: str, case: tuple[Any, ...], rng: np.random.Generator
 ) -> tuple[np.ndarray, list[Any]]:
     """Kernel `name` dispatched directly into a poisoned output; (out, its operands)."""
-    batch, m, n, k, bias_dtype, batched, unfolded = case
-    dtype = dtype_of(name)
-    x = rand_of(rng, (batch, m, k), dtype)
-    w = rand_of(rng, (batch, n, k) if batched else (n, k), dtype)
-    bias = None if bias_dtype is None else rand_of(rng, (n,), str(bias_dtype), 4.0)
-    p = plan(x.shape, w.shape, True)
-    sizes = (batch, m, n, k, m * k, 0) if unfolded else p.sizes
-    out = upload(gpu, np.full(p.out_shape, np.nan, np.float32), dtype)
-    tx, tw = upload(gpu, x, dtype), upload(gpu, w, dtype)
-    tb = tx if bias is None else upload(gpu, bias, str(bias_dtype))
-    epilogue = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
-    gpu.ops._run(name, tmak_grid(name, *sizes[:3]), [tx, tw, tb, out], [*sizes, 1, epilogue], None)
-    return await out.numpy(), [x, w, bias]
+    return await direct_product(gpu, name, case, rng, tmak_grid)
 
 
 @pytest.mark.parametrize("name", list(TMAK_TILES))
