@@ -175,7 +175,7 @@ async def _measure(quick: bool, cache_dir: str) -> dict[str, Any]:
         w_dev = dev.alloc(stride * copies)
         dev.upload(w_dev, w_host)
         for i in range(1, copies):
-            check(cu.cuMemcpyDtoD(w_dev + i * stride, w_dev, w_bytes))
+            dev.copy(w_dev + i * stride, w_dev, w_bytes)
         for m in rows_list:
             x32 = rng.standard_normal((m, k), dtype=np.float32)
             ways: list[tuple[str, str, Any]] = []

@@ -98,7 +98,15 @@ class Device:
 
     def upload(self, dst: int, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array)
-        check(self.cu.cuMemcpyHtoD(dst, data.ctypes.data, data.nbytes))
+        # on self.stream, then waited for: a plain cuMemcpyHtoD from pageable memory may return before its
+        # DMA lands, and self.stream (non-blocking) would not wait for it (products of stale x seen that way)
+        check(self.cu.cuMemcpyHtoDAsync(dst, data.ctypes.data, data.nbytes, self.stream))
+        self.sync()
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """A device copy on self.stream, waited for."""
+        check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream))
+        self.sync()
 
     def download(self, src: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         out = np.empty(shape, dtype)

@@ -79,7 +79,7 @@ async def _measure(cache_dir: str) -> dict[str, Any]:
         w_dev = dev.alloc(stride * copies)
         dev.upload(w_dev, w_host)
         for i in range(1, copies):
-            check(cu.cuMemcpyDtoD(w_dev + i * stride, w_dev, w_host.nbytes))
+            dev.copy(w_dev + i * stride, w_dev, w_host.nbytes)
         for m in rows:
             x_host = rng.standard_normal((m, k), dtype=np.float32).astype(np.float16)
             before, before_grid = unsplit(m, n, k)

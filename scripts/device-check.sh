@@ -204,6 +204,17 @@ main() {
             section python3 -m gpud bench ops --json "$OUT/bench-ops-splitk.json" || status=1
             section python3 -m benchmarks.splitk_sweep --json "$OUT/splitk-sweep.json" || status=1
             ;;
+        gemm-sweep) # every tensor-core matmul kernel at every point of README's GEMM table, beside cuBLAS and the op's pick
+            section python3 -m benchmarks.gemm_sweep --json "$OUT/gemm-sweep.json" || status=1
+            ;;
+        gemm-s8) # session 8's matmul changes: the tile refit, 128 x 64 TMA tiles, the TMA kernels' bulk tile store
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matmul_tc.py \
+                tests/ops/test_matmul_wg.py tests/ops/test_matmul_tma.py tests/ops/test_matmul_tmak.py \
+                tests/ops/test_matmul_activation.py tests/backends/cuda/test_tma.py tests/testing/test_bert.py || status=1
+            section python3 -m benchmarks.gemm_sweep --json "$OUT/gemm-sweep.json" || status=1
+            GPUD_DAEMON_ARGS=--trace section python3 -m gpud bench embed --backend cuda --weights .embed \
+                --json "$OUT/bench-embed-cuda.json" || status=1
+            ;;
         final) # the last kernels of session 6 on cuda (the warp layernorm, the 16-byte elementwise ops) and the
             # WGSL tanh through the NVIDIA Vulkan driver (these files run on both backends)
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin tests/ops/test_elementwise.py \

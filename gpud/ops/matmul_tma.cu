@@ -230,6 +230,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_bf16_bf16
     matmul_tma<128, 5, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
+// 128 x 64 tiles, 8 stages of 24 KB: twice the tiles, for products of a wave of them or less
+extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x64_f16_f16(const __grid_constant__ TmaMap tx,
+    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
+    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tma<64, 8, false>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x64_bf16_bf16(const __grid_constant__ TmaMap tx,
+    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
+    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tma<64, 8, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
 #define MATMUL_TMAK(name, BF, S)                                                                                    \
     extern "C" __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(384, 1) name(                               \
         const __grid_constant__ TmaMap tx, const __grid_constant__ TmaMap tw, const void* bias, u16* out,              \

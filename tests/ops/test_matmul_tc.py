@@ -94,6 +94,24 @@ async def test_every_tile_at_edges(gpu: gpud_client.Client, name: str) -> None:
     close_of(dtype, await out.numpy(), x, w, True, None)
 
 
+WIDE = [  # one row of tiles over many columns (the gemm sweep found matmul_tc128x128 wrong at 64 and 128 rows)
+    (1, 64, 4864, 896, True, None, False),
+    (1, 128, 4864, 896, True, "float16", False),
+    (1, 16, 4864, 896, True, None, False),
+    (1, 100, 2560, 384, True, None, False),
+]
+
+
+@pytest.mark.parametrize("name", [name for name in TC_KERNELS if name.endswith("_f16_f16")])
+async def test_every_tile_over_a_wide_weight(gpu: gpud_client.Client, name: str) -> None:
+    if gpu.backend != "cuda":
+        pytest.skip("the matmul_tc kernels run on CUDA")
+    rng = np.random.default_rng()
+    for case in WIDE:
+        got, x, w, wt, bias = await tc_product(gpu, name, case, rng)
+        close_of(dtype_of(name), got, x, w, wt, bias)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 async def test_long_k_and_the_decoders_prefill(gpu: gpud_client.Client, dtype: str) -> None:
     """Through the op: a Linear's (N, K) weight at prefill sizes, a bias of its dtype, and K = 70,000."""

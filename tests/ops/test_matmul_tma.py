@@ -86,12 +86,15 @@ async def test_every_tile_at_edges(gpu: gpud_client.Client, name: str) -> None:
 
 
 def test_the_tiles_grids_and_rows() -> None:
-    assert set(TMA_TILES) == {f"matmul_tma128x128_{t}_{t}" for t in ("f16", "bf16")}
+    assert set(TMA_TILES) == {f"matmul_tma{size}_{t}_{t}" for t in ("f16", "bf16") for size in ("128x128", "128x64")}
     assert {name: (t.bm, t.bn, t.stages, t.threads) for name, t in TMA_TILES.items() if "_f16" in name} == {
         "matmul_tma128x128_f16_f16": (128, 128, 5, 384),
+        "matmul_tma128x64_f16_f16": (128, 64, 8, 384),
     }
     # the stages, the staging buffer of out, the barriers, 1 KB to align
     assert TMA_TILES["matmul_tma128x128_bf16_bf16"].shared == 5 * 256 * 128 + 34 * 1024 + 5 * 16 + 1024
+    assert TMA_TILES["matmul_tma128x64_f16_f16"].shared == 8 * 192 * 128 + 18 * 1024 + 8 * 16 + 1024
+    assert tma_grid("matmul_tma128x64_f16_f16", 1, 300, 200) == (12, 1, 1)  # 3 x 4 tiles
     for name, tile in TMA_TILES.items():
         assert KERNELS[name].shared == tile.shared <= 227 * 1024 and KERNELS[name].block == tile.threads == 384
     assert tma_grid("matmul_tma128x128_f16_f16", 1, 300, 200) == (6, 1, 1)  # 3 x 2 tiles
@@ -198,6 +201,16 @@ def test_the_kernel_choice() -> None:
     assert tma_kernel(1, 4096, 384, 384, "float16") is None  # 96 tiles of K 384: matmul_wg won there
     assert tma_kernel(1, 15360, 384, 1532, "float16") is None  # K not a multiple of 8
     assert tma_kernel(1, 15360, 384, 1536, "float32") is None
+    assert tma_kernel(1, 16, 151936, 896, "float16") is None  # an LM head at 16 rows: matmul_tc16x16 1.08x cuBLAS
+    assert tma_kernel(1, 64, 151936, 896, "float16") == f16  # ... at 64 rows this kernel (1.03x)
+    # 128 x 64 tiles for one wave of 72 to 132 of them, 128 rows or more, K from 768 (h100/session8/gemm-sweep.json)
+    narrow = "matmul_tma128x64_f16_f16"
+    assert tma_kernel(1, 1024, 896, 896, "float16") == narrow  # Qwen's q/o: 112 tiles, 0.82x cuBLAS
+    assert tma_kernel(1, 128, 4864, 896, "float16") == narrow  # gate/up at 128 rows: 76 tiles, 0.78x
+    assert tma_kernel(1, 1024, 896, 4864, "bfloat16") == "matmul_tma128x64_bf16_bf16"  # down: 112 tiles
+    assert tma_kernel(1, 64, 4864, 896, "float16") is None  # half of every tile's rows empty: matmul_wg
+    assert tma_kernel(1, 1024, 1152, 384, "float16") != narrow  # 144 tiles: a second wave
+    assert tma_kernel(1, 1024, 384, 1536, "float16") != narrow  # 48 tiles
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

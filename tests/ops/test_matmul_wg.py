@@ -88,6 +88,13 @@ def test_the_tile_choice_and_grids() -> None:
     assert wg_kernel(256, 128, 896, "float16") is None  # too few tiles to fill the GPU
     assert wg_kernel(4096, 1536, 384, "float32") is None
     assert wg_kernel(4096, 4864, 896, "bfloat16") == "matmul_wg128x256_bf16_bf16"
+    # refitted on h100/session8/gemm-sweep.json: 6 stages while the 64 x 64 tiles fit two blocks per
+    # multiprocessor, 4 past that; from 56 tiles and 64 rows
+    assert wg_kernel(256, 1152, 384, "float16") == "matmul_wg64x64d_f16_f16"  # MiniLM's qkv: 72 tiles
+    assert wg_kernel(4096, 128, 896, "float16") == "matmul_wg64x64d_f16_f16"  # Qwen's k/v: 128 tiles
+    assert wg_kernel(64, 4864, 896, "float16") == "matmul_wg64x64d_f16_f16"  # Qwen's gate/up at 64 rows
+    assert wg_kernel(1024, 1152, 384, "float16") == "matmul_wg64x64_f16_f16"  # 288 tiles: three blocks per SM
+    assert wg_kernel(256, 384, 384, "float16") is None  # 24 tiles: matmul_tc
     for m in (128, 300, 1024, 4096, 15360):
         for n in (384, 896, 1152, 4864, 151936):
             name = wg_kernel(m, n, 896, "float16")

@@ -176,6 +176,7 @@ def tc_name(name: str, dtype: str) -> str:
 
 TC_KERNELS: dict[str, TcTile] = {tc_name(n, d): t for d in TC_DTYPES for n, t in TC_TILES.items()}
 SMS = 132  # the multiprocessors of the GPU the tile choice was fitted on (an H100)
+TC_FEW_ROWS = 16  # up to this many rows, matmul_tc's 16 x 16 tiles beat every other kernel (an LM head too)
 TC_BUSY = 1.5  # ... and the tiles per multiprocessor a larger tile must still give
 
 
@@ -191,7 +192,7 @@ def tc_kernel(m: int, n: int, k: int, dtype: str = "float16") -> str:
     multiprocessor, else 16 x 16. Fitted on the measurements of benchmarks/gemm_harness.py --sweep
     (float16; K does not enter yet), and used for bfloat16 alike (the same instructions' rate)."""
     smallest = "matmul_tc16x16_f16_f16"
-    if m <= 16:
+    if m <= TC_FEW_ROWS:
         return tc_name(smallest, dtype)
     for name, tile in TC_TILES.items():
         if tile.bm <= m and _tiles(name, m, n) >= TC_BUSY * SMS:

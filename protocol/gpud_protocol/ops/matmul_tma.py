@@ -1,12 +1,12 @@
 """Matrix products on Hopper by TMA and warp-specialized warpgroups (CUDA, compute capability 9.0;
 family matmul_tma: gpud/ops/matmul_tma.cu, compiled for sm_90a).
 
-`matmul_tma128x128_<t>_<t>` for t in f16, bf16: matmul's tensors, scalars and rule (see
-gpud_protocol.ops.matmul) for x and w of one dtype, float16 or bfloat16, w as (N, K) only (wt = 1),
-and further K % 8 == 0, x_stride and w_stride multiples of K where batch > 1, and x and w at offsets of
-whole 16 bytes; out in that dtype, float32 accumulators, rounded once. The kernel's parameters are
-matmul_wg's except that x and w are CUDA tensor maps (CUtensorMap, 128 bytes, `const __grid_constant__`),
-which the daemon encodes from the tensors it binds there:
+`matmul_tma<BM>x<BN>_<t>_<t>` (TMA_TILES: 128 x 128 and 128 x 64) for t in f16, bf16: matmul's tensors,
+scalars and rule (see gpud_protocol.ops.matmul) for x and w of one dtype, float16 or bfloat16, w as (N,
+K) only (wt = 1), and further K % 8 == 0, x_stride and w_stride multiples of K where batch > 1, and x
+and w at offsets of whole 16 bytes; out in that dtype, float32 accumulators, rounded once. The kernel's
+parameters are matmul_wg's except that x and w are CUDA tensor maps (CUtensorMap, 128 bytes, `const
+__grid_constant__`), which the daemon encodes from the tensors it binds there:
 
     x's map: rank 2, K-major, the (rows_x, K) matrix at x's address, box BOX_K (K) x BM rows;
     w's map: the same for the (rows_w, K) matrix at w's address, box BOX_K x BN;
@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from gpud_protocol.ops import Check, KernelSpec, TensorInfo, need
 from gpud_protocol.ops.matmul import SPECS as MATMUL_SPECS
-from gpud_protocol.ops.matmul import with_activation
+from gpud_protocol.ops.matmul import TC_FEW_ROWS, with_activation
 
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
@@ -38,6 +38,8 @@ BOX_K = 64  # elements of K in a box of either tensor map (one 128-byte swizzled
 ALIGN = 8  # elements: x and w start on 16 bytes, and K % ALIGN == 0 keeps every row on 16 bytes
 MIN_TILES = 20  # fewer tiles: matmul_wg's smaller ones keep more multiprocessors busy
 MIN_WORK = 60_000  # tiles x K below this: the persistent pipeline's fill costs more than it saves
+NARROW_TILES = 72  # 128 x 64 tiles: at least this many (and one wave at most) ...
+NARROW_K = 768  # ... and K this long (h100/session8/gemm-sweep.json)
 
 
 class TmaTile(NamedTuple):
@@ -55,7 +57,10 @@ class TmaTile(NamedTuple):
         return self.stages * (self.bm + self.bn) * 2 * BOX_K + staging + 16 * self.stages + 1024
 
 
-TILES = {"128x128": TmaTile(128, 128, 5)}  # as measured on an H100 (wider tiles gained nothing past noise)
+TILES = {  # as measured on an H100 (wider tiles gained nothing past noise)
+    "128x128": TmaTile(128, 128, 5),
+    "128x64": TmaTile(128, 64, 8),  # twice the tiles, for products of few 128 x 128 ones
+}
 TMA_TILES = {f"matmul_tma{size}_{t}_{t}": tile for t in SHORT.values() for size, tile in TILES.items()}
 _TILED = {spec.name: spec for spec in MATMUL_SPECS}
 
@@ -65,13 +70,30 @@ def tma_kernel(batch: int, m: int, n: int, k: int, dtype: str) -> str | None:
     matmul_wg or matmul_tc serves them better or K is not a multiple of ALIGN. Fitted on an H100
     (the experiment of commit 867701f, h100/session6/wg-ws-persistent.json: Qwen2.5-0.5B's and
     MiniLM's layers, M from 256 to 15,360): it beat matmul_wg at every point with at least MIN_TILES
-    tiles and MIN_WORK tiles x K, and lost or tied at every other."""
-    if dtype not in SHORT or k % ALIGN:
+    tiles and MIN_WORK tiles x K, and lost or tied at every other; up to TC_FEW_ROWS rows matmul_tc's
+    16 x 16 tiles beat it even on an LM head's 1,187 tiles (h100/session8/gemm-sweep.json). 128 x 64
+    tiles where they make one wave of NARROW_TILES to SMS tiles at full 128 rows and K of NARROW_K or more:
+    there they beat every other kernel (the same sweep: Qwen's q/o at 1,024 rows 0.67 -> 0.82x cuBLAS,
+    gate/up at 128 rows 0.66 -> 0.78, down at 1,024 rows 0.70 -> 0.77), and lost wherever a wave was
+    partly empty or tiles were left for a second one."""
+    if dtype not in SHORT or k % ALIGN or m <= TC_FEW_ROWS:
         return None
-    tiles = batch * -(-m // TILES["128x128"].bm) * -(-n // TILES["128x128"].bn)
+    t = SHORT[dtype]
+    if narrow(batch, m, n, k):
+        return f"matmul_tma128x64_{t}_{t}"
+    tiles = tiles_of(TILES["128x128"], batch, m, n)
     if tiles < MIN_TILES or tiles * k < MIN_WORK:
         return None
-    return f"matmul_tma128x128_{SHORT[dtype]}_{SHORT[dtype]}"
+    return f"matmul_tma128x128_{t}_{t}"
+
+
+def tiles_of(tile: TmaTile, batch: int, m: int, n: int) -> int:
+    return batch * -(-m // tile.bm) * -(-n // tile.bn)
+
+
+def narrow(batch: int, m: int, n: int, k: int) -> bool:
+    """Whether the 128 x 64 tiles serve these products (see tma_kernel)."""
+    return m >= TILES["128x64"].bm and k >= NARROW_K and NARROW_TILES <= tiles_of(TILES["128x64"], batch, m, n) <= SMS
 
 
 def tma_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
-from gpud_protocol.ops.matmul_tma import ALIGN, BOX_K, SHORT, SMS, TILES, TmaTile, tma_rule
+from gpud_protocol.ops.matmul_tma import ALIGN, BOX_K, SHORT, SMS, TILES, narrow, tiles_of, tma_rule
 from gpud_protocol.ops.matmul_tma import SPECS as TMA_SPECS
 
 SPLITS = (2, 4, 8)  # cluster sizes (8: the most a cluster takes without opting in)
@@ -28,6 +28,7 @@ TMAK_TILES = {
     for splits in SPLITS
     for t in SHORT.values()
     for size, tile in TILES.items()
+    if size == "128x128"  # split-K is for products of few of these
 }
 # When the op splits K (tma_splits), fitted on an H100 (h100/session7/splitk-sweep.json: float16, N 896 or
 # 384, K 896 to 4864, beside the kernels picked before). Split-K won by 10-55% wherever the tile rows in
@@ -50,24 +51,23 @@ def splits_of(name: str) -> int:
     return int(name.removeprefix("matmul_tmak").split("_")[0])
 
 
-def _tiles(tile: TmaTile, batch: int, m: int, n: int) -> int:
-    return batch * -(-m // tile.bm) * -(-n // tile.bn)
-
-
 def tma_splits(batch: int, m: int, n: int, k: int, dtype: str) -> int:
     """The splits of K for `batch` products (m, k) @ (n, k)^T of `dtype` operands on Hopper: 1 (no
     split-K: matmul_tma, matmul_wg or matmul_tc as before) below MIN_ROWS rows or MIN_WORK, else the most
-    of SPLITS whose blocks (tiles x splits) fit in SMS (1 where none does: more tiles than SMS / 2)."""
+    of SPLITS whose blocks (tiles x splits) fit in SMS (1 where none does: more tiles than SMS / 2, or
+    where matmul_tma's 128 x 64 tiles serve: matmul_tma.narrow)."""
     ktiles = -(-k // BOX_K)
     if dtype not in SHORT or k % ALIGN or m < MIN_ROWS or min(m, TILES["128x128"].bm) * ktiles < MIN_WORK:
         return 1
-    tiles = _tiles(TILES["128x128"], batch, m, n)
+    if narrow(batch, m, n, k):
+        return 1
+    tiles = tiles_of(TILES["128x128"], batch, m, n)
     return max((s for s in SPLITS if tiles * s <= SMS and ktiles >= s), default=1)
 
 
 def tmak_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
     """A cluster of splits_of(name) blocks per tile, z the batch."""
-    return (_tiles(TMAK_TILES[name], 1, m, n) * splits_of(name), 1, batch)
+    return (tiles_of(TMAK_TILES[name], 1, m, n) * splits_of(name), 1, batch)
 
 
 def _spec(name: str, dtype: str) -> KernelSpec:

@@ -23,8 +23,8 @@ from gpud_protocol.ops.matmul import fold, with_activation
 
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 CAPABILITY = "9.0"  # the devices (compute_capability in their info) that run these kernels
-MIN_ROWS = 128  # fewer rows of x per weight matrix: matmul_tc's 16-row tiles waste less
-MIN_TILES = 80  # fewer 64 x 64 tiles than this: matmul_tc's small tiles keep more multiprocessors busy
+MIN_ROWS = 64  # fewer rows of x per weight matrix: matmul_tc's 16-row tiles waste less
+MIN_TILES = 56  # fewer 64 x 64 tiles than this: matmul_tc's small tiles keep more multiprocessors busy
 
 
 class WgTile(NamedTuple):
@@ -63,7 +63,10 @@ def wg_kernel(m: int, n: int, k: int, dtype: str) -> str | None:
     matmul_tc serves it better (too few tiles to fill the GPU). Fitted on an H100's measurements
     (benchmarks/wg_harness.py): 128 x 256 tiles for wide or deep products that still fill the GPU
     (at most one block per multiprocessor), 128 x 64 where there are 1.5 blocks per multiprocessor
-    for them, else 64 x 64: with 6 pipeline stages where K is long and the tiles few, else 4."""
+    for them, else 64 x 64: with 6 pipeline stages where its tiles fit two blocks per multiprocessor in
+    one wave, else 4 (three blocks per multiprocessor). The thresholds MIN_ROWS, MIN_TILES and the 6
+    stages' were refitted on every kernel at every point of README's table (h100/session8/gemm-sweep.json:
+    e.g. MiniLM's qkv at 256 rows 0.66 -> 0.78x cuBLAS, Qwen's k/v at 4,096 rows 0.61 -> 0.76)."""
     if dtype not in SHORT or m < MIN_ROWS or _tiles(TILES["64x64"], m, n) < MIN_TILES:
         return None
     t = SHORT[dtype]
@@ -72,7 +75,7 @@ def wg_kernel(m: int, n: int, k: int, dtype: str) -> str | None:
         return f"matmul_wg128x256_{t}_{t}"
     if 2 * _tiles(TILES["128x64"], m, n) >= 3 * SMS:
         return f"matmul_wg128x64_{t}_{t}"
-    deep = k >= 1536 and _tiles(TILES["64x64"], m, n) <= 2 * SMS
+    deep = _tiles(TILES["64x64"], m, n) <= 2 * SMS
     return f"matmul_wg64x64{'d' if deep else ''}_{t}_{t}"
 
 
