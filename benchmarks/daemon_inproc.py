@@ -95,11 +95,17 @@ class _Span:
 class InProcessDaemon:
     """One device and one session, wired as the server wires them (what a Session needs of a daemon)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock) -> None:
-        self.config = Config()
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        clock: Clock,
+        config: Config | None = None,
+        device: type[NoOpDevice] = NoOpDevice,
+    ) -> None:
+        self.config = config or Config()
         self.clock = clock
         self._loop = loop
-        rt = DeviceRuntime(NoOpDevice(0, loop, clock), self.config, self._lost, self.config.limits.reply_part_bytes)
+        rt = DeviceRuntime(device(0, loop, clock), self.config, self._lost, self.config.limits.reply_part_bytes)
         self.runtimes = [rt]
         self.residents = ResidentStore(lambda tensor: rt.release(tensor.buffer))
         self.graph_store = GraphStore(lambda _session: True)

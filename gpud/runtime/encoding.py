@@ -3,10 +3,10 @@ often as asked), replays of recorded steps, and copies within the device, in op 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from gpud.backends.base import Arg, Buffer, DispatchStep, GraphStep, Program, same_memory
-from gpud.runtime.graph import Piece, Replayable, buffers_of, split
+from gpud.runtime.graph import Piece, Replayable, allocations_of, buffers_of, split
 from gpud.runtime.state import Owner, Prepared, RuntimeState
 from gpud_protocol.errors import InvalidArgument
 
@@ -38,8 +38,10 @@ class Encoding(RuntimeState):
         self.dispatch_count += 1
         self.policy.dispatched(self.dispatches_pending)
 
-    def instantiate(self, steps: Sequence[GraphStep]) -> Replayable:
-        """A recorded step in this backend's replayable form (checked now, like a dispatch)."""
+    def instantiate(self, steps: Sequence[GraphStep], tracked: Collection[Buffer] = ()) -> Replayable:
+        """A recorded step in this backend's replayable form (checked now, like a dispatch). A replay
+        marks the allocations it uses with its submission, but those in `tracked`: their owner keeps
+        their last use itself (a graph's own memory, released after the graph's last replay)."""
         self._check_alive()
         max_grid = self.device.max_grid
         kept: list[GraphStep] = []
@@ -59,7 +61,8 @@ class Encoding(RuntimeState):
         pieces = []
         for steps in split(kept, 1 if self.device.software else 0):
             dispatches = sum(1 for step in steps if isinstance(step, DispatchStep))
-            pieces.append(Piece(self.device.instantiate(steps), buffers_of(steps), dispatches))
+            marked = allocations_of(buffers_of(steps), {id(buffer) for buffer in tracked})
+            pieces.append(Piece(self.device.instantiate(steps), marked, dispatches))
         self.counters["graphs_instantiated"] += 1
         return Replayable(tuple(pieces))
 
@@ -70,7 +73,10 @@ class Encoding(RuntimeState):
         for piece in replayable.pieces:  # an empty step has none: nothing to encode
             self.policy.make_room(self.dispatches_pending, piece.dispatches)
             self.device.encode_replay(piece.native, values)
-            self._encoded_with(*piece.buffers)
+            self.encoded += 1  # `_encoded_with`, over allocations alone
+            index = self.ledger.submitted + 1
+            for buffer in piece.buffers:
+                buffer.last_use = index
             self._owners.add(owner)
             self.dispatches_pending += piece.dispatches
             self.dispatch_count += piece.dispatches

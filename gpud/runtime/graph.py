@@ -10,7 +10,7 @@ replay into the pending command buffer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 from gpud.backends.base import Buffer, CopyStep, GraphStep
@@ -20,7 +20,10 @@ class Piece(NamedTuple):
     """A run of a recording's steps, instantiated: the flush policy may submit between pieces."""
 
     native: Any  # the backend's form
-    buffers: tuple[Buffer, ...]  # every buffer the piece uses (marked with the submission that runs it)
+    # The allocations of the buffers the piece uses (a view's base), once each: marked with the
+    # submission that runs it (a release waits for an allocation's last use; a view is never
+    # released), but those whose owner tracks their last use (`Encoding.instantiate`).
+    buffers: tuple[Buffer, ...]
     dispatches: int
 
 
@@ -59,4 +62,14 @@ def buffers_of(steps: Sequence[GraphStep]) -> tuple[Buffer, ...]:
             for arg in step.args:
                 if type(arg) is Buffer:
                     seen.setdefault(arg.id, arg)
+    return tuple(seen.values())
+
+
+def allocations_of(buffers: Sequence[Buffer], leave: Collection[int] = ()) -> tuple[Buffer, ...]:
+    """The allocations `buffers` are or are views of, each once, but those whose id() is in `leave`."""
+    seen: dict[int, Buffer] = {}
+    for buffer in buffers:
+        allocation = buffer.base or buffer
+        if id(allocation) not in leave:
+            seen.setdefault(id(allocation), allocation)
     return tuple(seen.values())

@@ -144,7 +144,9 @@ class RuntimeState:
         self.ledger.after(self.ledger.pending_index, fn)
 
     def after_use(self, buffer: Buffer, fn: Done) -> None:
-        self.ledger.after(buffer.last_use, fn)
+        """Run `fn(error)` once the work using `buffer`'s allocation has completed: a view's own last use
+        is not kept (a replay marks allocations alone, and a copy's target may be a view made for it)."""
+        self.ledger.after((buffer.base or buffer).last_use, fn)
 
     def want_flush(self) -> None:
         """A result is awaited: flush at the end of this drain."""

@@ -6,15 +6,16 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 import gpud_protocol as proto
-from gpud.backends.base import Buffer
+from gpud.runtime.graph import Replayable
 from gpud.runtime.runtime import Wait
 from gpud.runtime.waits import then
+from gpud.session import graph_binds
 from gpud.session.graph_build import build_graph
 from gpud.session.graph_run import execute, execute_steps
 from gpud.session.graphs import ALIGN, Family, Instance
 from gpud.session.merging import Pending
 from gpud_protocol import ArgKind
-from gpud_protocol.errors import Busy, InvalidArgument, NotFound, OutOfMemory, PermissionDenied
+from gpud_protocol.errors import Busy, InvalidArgument, NotFound, OutOfMemory
 
 if TYPE_CHECKING:
     from gpud.session.state import SessionState as Session
@@ -39,7 +40,7 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
     readback = type(op) is proto.Replay
     if readback:
         session._admit()
-    family, instance, values, binds, data = _checked(session, op, batch, 1)
+    family, instance, values, plan, data = _checked(session, op, batch, 1)
     rt = family.runtime
     if rt.saturated:
         return Wait(rt.unsaturated(), lambda: replay(session, op, batch))
@@ -48,7 +49,7 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
         _reserve(session, instance.output_bytes)
     session.touched.add(rt.index)
     if family.pool is None and not (family.rows and session._settings.merge_replays):
-        return execute(session, op, family, instance, values, data, binds)
+        return execute(session, op, family, instance, values, data, plan)
     # At the end of this slice, perhaps merged with other sessions' rows; a slot graph's row at its slot.
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -89,7 +90,7 @@ def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) ->
     """`op.steps` replays back to back, each step's fed inputs copied on the device from the outputs
     of the step before (`graph_run.execute_steps`)."""
     session._admit()
-    family, instance, values, binds, data = _checked(session, op, batch, op.steps)
+    family, instance, values, plan, data = _checked(session, op, batch, op.steps)
     rt = family.runtime
     if rt.saturated:
         return Wait(rt.unsaturated(), lambda: replay_steps(session, op, batch))
@@ -101,7 +102,7 @@ def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) ->
         )
     _reserve(session, op.steps * instance.output_bytes)
     session.touched.add(rt.index)
-    return execute_steps(session, op, family, instance, values, data, binds)
+    return execute_steps(session, op, family, instance, values, data, plan)
 
 
 def _reserve(session: Session, nbytes: int) -> None:
@@ -114,8 +115,9 @@ def _reserve(session: Session, nbytes: int) -> None:
 
 def _checked(
     session: Session, op: AnyReplay, batch: proto.Batch, steps: int
-) -> tuple[Family, Instance, tuple[int | float, ...], tuple[Buffer, ...], memoryview | None]:
-    """A replay's graph, instance, scalar values, bound tensors and packed inputs (`steps` steps' worth), checked."""
+) -> tuple[Family, Instance, tuple[int | float, ...], Replayable, memoryview | None]:
+    """A replay's graph, instance, scalar values, plan (with its bound tensors) and packed inputs
+    (`steps` steps' worth), checked."""
     family = graph_of(session, op.graph)
     instance = family.instances.get(op.shapes)
     if instance is None:
@@ -123,28 +125,8 @@ def _checked(
         raise NotFound(f"graph {family.name!r} has no instance for input shapes {shapes}: build one")
     if len(op.scalars) != len(instance.scalars):
         raise InvalidArgument(f"graph {family.name!r} takes {len(instance.scalars)} scalars, {len(op.scalars)} given")
-    values = tuple(_check_value(v, s.kind, s.name) for v, s in zip(op.scalars, instance.scalars, strict=True))
-    if len(op.binds) != len(instance.binds):
-        raise InvalidArgument(f"graph {family.name!r} binds {len(instance.binds)} tensors, {len(op.binds)} given")
-    binds: list[Buffer] = []
-    for index, (handle_id, spec) in enumerate(zip(op.binds, instance.binds, strict=True)):
-        handle = session._handle(handle_id)
-        tensor = handle.tensor
-        if (tensor.dtype, handle.shape) != (spec.dtype, spec.shape):
-            raise InvalidArgument(
-                f"bound tensor {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {handle.describe()}"
-            )
-        if not handle.whole:  # a replay binds buffers: a view's offset and strides would be lost
-            raise InvalidArgument(
-                f"bound tensor {spec.name!r} is a transposed or narrowed view: a graph binds whole tensors "
-                "(or reshapes of them); call gpu.ops.contiguous() on it first"
-            )
-        if tensor.device != family.device:
-            where = f"device {tensor.device}, the graph on {family.device}"
-            raise InvalidArgument(f"bound tensor {spec.name!r} is on {where}")
-        if index in instance.bind_writes and not handle.writable:
-            raise PermissionDenied(f"the graph writes bound tensor {spec.name!r}, a read-only resident")
-        binds.append(tensor.buffer)
+    values = tuple([_check_value(v, s.kind, s.name) for v, s in zip(op.scalars, instance.scalars, strict=True)])
+    binding = graph_binds.bind(session, family, instance, op.binds)
     data: memoryview | None = None
     if instance.input_bytes:
         if op.frame < 0:
@@ -157,8 +139,8 @@ def _checked(
             raise InvalidArgument(f"the packed inputs are {data.nbytes} bytes, graph {family.name!r} takes {want}")
     elif op.frame >= 0:
         raise InvalidArgument(f"graph {family.name!r} takes no inputs")
-    family.plan(instance, tuple(binds))  # checked here: a refused step fails this replay alone
-    return family, instance, values, tuple(binds), data
+    plan = graph_binds.plan(family, instance, binding)  # checked here: a refused step fails this replay alone
+    return family, instance, values, plan, data
 
 
 def graph_of(session: Session, handle: int) -> Family:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import gpud_protocol as proto
 from gpud.backends.base import Buffer
+from gpud.runtime.graph import Replayable
 from gpud.runtime.runtime import DeviceRuntime, Wait
 from gpud.runtime.waits import guarded, then
 from gpud.session.graphs import ALIGN
@@ -33,27 +34,40 @@ def execute(
     instance: Instance,
     values: tuple[int | float, ...],
     data: memoryview | None,
-    binds: tuple[Buffer, ...] = (),
+    plan: Replayable | None = None,
 ) -> Wait | None:
-    """Encode one replay, checked and admitted: the upload of its inputs, the launch and its readback."""
-    rt, slots = family.runtime, family.slots
-    plan = family.plan(instance, binds)
+    """Encode one replay, checked and admitted: the upload of its inputs, the launch and its readback
+    (`plan`: its plan with its bound tensors; None: the plan without any)."""
+    rt = family.runtime
+    if plan is None:
+        plan = family.plan(instance, ())
+    inputs, outputs = views(family, instance)
 
     def run() -> Wait | None:
         rt.replay(plan, values, session)
         family.last_use = rt.ledger.pending_index
         if type(op) is not proto.Replay:
             return None
-        reply = session._readback_reply(op.seq, instance.output_bytes, rt, {"outputs": layout(instance)})
+        reply = session._readback_reply(op.seq, instance.output_bytes, rt, instance.reply_fields)
         if instance.output_bytes == 0:
             reply.deliver(0, b"", None)
             rt.want_flush()
             return None
-        return rt.download(rt.view(slots["out"], 0, instance.output_bytes), reply.deliver, session)
+        return rt.download(outputs, reply.deliver, session)
 
     if data is None:
         return run()
-    return then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), data, session), run)
+    return then(rt.upload(inputs, data, session), run)
+
+
+def views(family: Family, instance: Instance) -> tuple[Buffer, Buffer]:
+    """Views of `instance`'s packed inputs and outputs in the family's slots, made once per generation."""
+    made = instance.io
+    if made is None or made[0] != family.generation:
+        rt, slots = family.runtime, family.slots
+        inputs, outputs = rt.view(slots["in"], 0, instance.input_bytes), rt.view(slots["out"], 0, instance.output_bytes)
+        made = instance.io = (family.generation, inputs, outputs)
+    return made[1], made[2]
 
 
 def execute_rows(
@@ -91,15 +105,14 @@ def execute_steps(
     instance: Instance,
     values: tuple[int | float, ...],
     data: memoryview | None,
-    binds: tuple[Buffer, ...],
+    plan: Replayable,
 ) -> Wait | None:
-    """Encode `op.steps` replays back to back: every step's inputs uploaded at once into scratch
+    """Encode `op.steps` replays of `plan` back to back: every step's inputs uploaded at once into scratch
     memory, each step's copied in before it runs, the fed inputs (`instance.feeds`) then copied from
     the step before's outputs on the device; each step's outputs copied into scratch, read back at
     once. The scratch is charged to the session until the steps completed, and given back on every
     way out (an error, or the session ending while the replay waits for staging)."""
     rt, slots, steps = family.runtime, family.slots, op.steps
-    plan = family.plan(instance, binds)
     size_in, size_out = instance.input_bytes, instance.output_bytes
     scratch = _Scratch(session, rt, [max(ALIGN, steps * size_in), max(ALIGN, steps * size_out)])
     inputs, outputs = scratch.buffers

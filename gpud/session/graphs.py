@@ -19,8 +19,9 @@ generation and bound-tensor set, cached), copies of the outputs into one packed 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gpud_protocol as proto
 from gpud.backends.base import Buffer, CopyStep, DispatchStep, GraphStep, Var, memory_key
@@ -32,6 +33,9 @@ from gpud.session.slots import Pool
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+
+if TYPE_CHECKING:
+    from gpud.session.graph_binds import Binding
 
 ALIGN = 256  # every part of the arena; also the packing of a replay's inputs (the client packs the same way)
 
@@ -83,9 +87,17 @@ class Instance:
     constants: list[Buffer]  # recorded uploads, copied in at their place every replay
     # One plan per set of bound tensors (in a decode, per client): instantiated once, replayed after.
     plans: LruCache[tuple[Any, ...], Replayable] = dataclasses.field(default_factory=lambda: LruCache(32))
+    # Bound tensors checked once per (session, bind handles), with their plan's key (`graph_binds`).
+    bindings: LruCache[tuple[Any, ...], Binding] = dataclasses.field(default_factory=lambda: LruCache(32))
+    io: tuple[int, Buffer, Buffer] | None = None  # views of the packed inputs and outputs (`graph_run`), by generation
     rows: int = 0  # a row-independent graph's: the leading axis of every input and output
     feeds: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (output, input) positions
     pads: list[bytes] = dataclasses.field(default_factory=list)  # a row graph's padding row of each input
+
+    @functools.cached_property
+    def reply_fields(self) -> dict[str, Any]:
+        """A replay's reply fields beside its data: the outputs' places in it (read, never changed)."""
+        return {"outputs": [[p.name, p.dtype, list(p.shape), p.offset] for p in self.outputs]}
 
     def name(self, ref: proto.Arg) -> str:
         """A (non-view) reference, for an error message."""
@@ -166,30 +178,38 @@ class Family:
         released: list[Buffer] = []
         old = self.instances.pop(instance.key, None)
         if old is not None:
-            released += old.constants
+            released += self._used(old.constants)
         while len(self.instances) >= self.max_instances:  # the least recently built goes
-            released += self.instances.pop(next(iter(self.instances))).constants
+            released += self._used(self.instances.pop(next(iter(self.instances))).constants)
         self.instances[instance.key] = instance
         for slot, buffer in grown.items():
             if (current := self.slots.get(slot)) is not None:
-                current.last_use = max(current.last_use, self.last_use)
-                released.append(current)
+                released += self._used([current])
             self.slots[slot] = buffer
         if grown:
             self.generation += 1
         return released
 
     def release_all(self) -> list[Buffer]:
-        buffers = [b for i in self.instances.values() for b in i.constants]
-        for slot in self.slots.values():
-            slot.last_use = max(slot.last_use, self.last_use)
-            buffers.append(slot)
+        buffers = self._used([*[b for i in self.instances.values() for b in i.constants], *self.slots.values()])
         self.slots.clear()
         self.instances.clear()
         return buffers
 
-    def plan(self, instance: Instance, binds: tuple[Buffer, ...]) -> Replayable:
-        key = (self.generation, *[b.id for b in binds])
+    def _used(self, buffers: list[Buffer]) -> list[Buffer]:
+        """`buffers` of the family's own (slots, recorded uploads), marked with its last replay's
+        submission: a replay leaves that to `last_use` (see `plan`)."""
+        for buffer in buffers:
+            buffer.last_use = max(buffer.last_use, self.last_use)
+        return buffers
+
+    def plan_key(self, binds: tuple[Buffer, ...]) -> tuple[Any, ...]:
+        return (self.generation, *[b.id for b in binds])
+
+    def plan(self, instance: Instance, binds: tuple[Buffer, ...], key: tuple[Any, ...] | None = None) -> Replayable:
+        """The instance's steps over `binds`, checked and instantiated once (`key`: `plan_key(binds)`)."""
+        if key is None:
+            key = self.plan_key(binds)
         if (plan := instance.plans.get(key)) is not None:
             return plan
         rt, slots = self.runtime, self.slots
@@ -233,7 +253,7 @@ class Family:
                 steps.append(CopyStep(source, 0, target, 0, nbytes))
         for ref, part in zip(instance.output_refs, instance.outputs, strict=True):
             steps.append(CopyStep(tensor(ref), 0, slots["out"], part.offset, part.nbytes))
-        plan = rt.instantiate(steps)
+        plan = rt.instantiate(steps, [*slots.values(), *instance.constants])  # their last use: `last_use`
         instance.plans.put(key, plan)
         return plan
 
@@ -245,7 +265,6 @@ class GraphStore:
         self._by_name: dict[str, Family] = {}
         self._is_connected = is_connected
         self.max_count = max_count
-
 
     def __len__(self) -> int:
         return len(self._by_name)

@@ -2,7 +2,9 @@
 decoding the body of a dispatch: the body (everything after the seq) stays bytes, the key under which
 a session's memo keeps it decoded and checked (`memo`). A repeated dispatch then costs a byte
 comparison instead of building and comparing its nested tuples, and is looked up as it is read: it
-leaves here as `Memoized(seq, entry)` (a miss as a `Body`, decoded by the caller).
+leaves here as `Memoized(seq, entry)` (a miss as a `Body`, decoded by the caller). A replay's body is
+kept the same way, keyed by (opcode, body): it leaves as a `ReplayBody` with the memo's entry, if
+any, whose fields the caller takes as checked but for the frame, which each message's frames decide.
 
 Only the client's own layout is read here (the keys in its order, each op an array). Anything else,
 a message this reader cannot vouch for included, raises `NotCanonical`, and the caller decodes the
@@ -25,10 +27,32 @@ BATCH_PREFIX = b"\x86" + pack("t") + pack("batch") + pack("ops")  # a map of 6, 
 _TAIL_KEYS = ("nf", "ack", "b", "rc")  # after "t" and "ops", in the client's order
 _MAX_FIELDS = 16  # more than any op has: a longer op is left to the general decoder
 _DISPATCH_FIELDS = 4  # kernel, grid, args, writes
+# graph, frame, shapes, scalars, binds (and steps): a replay's fields, kept in the memo by its body too
+_REPLAY_FIELDS = {int(Opcode.REPLAY): 5, int(Opcode.LAUNCH): 5, int(Opcode.REPLAY_STEPS): 6}
 
 
 class NotCanonical(Exception):
     """Not the client's layout (or not readable here): decode the message the general way."""
+
+
+class ReplayBody(NamedTuple):
+    """A replay (or launch, or steps) read by `read_batch`: its opcode, seq and body's bytes, and the
+    memo's entry for them (its checked fields but the frame, which the message's frames decide), if any."""
+
+    code: int
+    seq: int
+    body: bytes
+    entry: DispatchEntry | None
+
+    def unpacked(self, limits: Limits) -> tuple[Any, ...]:
+        """The op as the general decoder sees it: (opcode, seq, *fields)."""
+        unpacker = _unpacker(limits, len(self.body))
+        unpacker.feed(self.body)
+        try:
+            fields = [unpacker.unpack() for _ in range(_REPLAY_FIELDS[self.code])]
+        except Exception:  # over a limit the general decoder enforces on the whole header
+            raise NotCanonical from None
+        return (self.code, self.seq, *fields)
 
 
 class Body(NamedTuple):
@@ -73,7 +97,7 @@ def read_batch(frame: Any, limits: Limits, memo: DispatchMemo | None = None) -> 
 
 
 def _read_ops(
-    unpacker: msgpack.Unpacker, data: bytes, limits: Limits, find: Callable[[bytes], DispatchEntry | None] | None
+    unpacker: msgpack.Unpacker, data: bytes, limits: Limits, find: Callable[[Any], DispatchEntry | None] | None
 ) -> tuple[Any, ...]:
     count = unpacker.read_array_header()
     if count > limits.max_ops_per_batch:
@@ -86,7 +110,7 @@ def _read_ops(
         unpacker.skip,
         unpacker.tell,
     )
-    dispatch, new_tuple = int(Opcode.DISPATCH), tuple.__new__
+    dispatch, new_tuple, replays = int(Opcode.DISPATCH), tuple.__new__, _REPLAY_FIELDS
     for _ in range(count):
         length = read_header()
         if not 2 <= length <= _MAX_FIELDS:
@@ -105,6 +129,12 @@ def _read_ops(
                 append(new_tuple(Memoized, (seq, entry)))
             else:
                 append(Body(seq, body))
+        elif length == replays.get(code, -1) + 2:  # keyed (opcode, body): told apart from a dispatch's bytes
+            start = tell()
+            for _field in range(length - 2):
+                skip()
+            body = data[start : tell()]
+            append(new_tuple(ReplayBody, (code, seq, body, None if find is None else find((code, body)))))
         else:
             append((code, seq, *[unpack() for _ in range(length - 2)]))
     return tuple(ops)

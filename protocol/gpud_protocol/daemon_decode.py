@@ -7,7 +7,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from gpud_protocol.daemon_batch import Body, NotCanonical, read_batch
+from gpud_protocol.daemon_batch import Body, NotCanonical, ReplayBody, read_batch
 from gpud_protocol.errors import ErrorCode, ProtocolViolation
 from gpud_protocol.field_types import Field
 from gpud_protocol.fields import (
@@ -158,10 +158,16 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
     dispatch, new_tuple = int(Opcode.DISPATCH), tuple.__new__
     for raw in raw_ops:  # the hot loop: `read_batch` found the repeated dispatches in the memo
         key: Any = None
+        known = False  # a replay whose fields the memo holds checked (its frame is checked here)
         if type(raw) is Memoized:
             ops.append(raw)
             continue
-        if type(raw) is Body:  # a dispatch read by `read_batch` that the memo lacked: its body's bytes
+        if type(raw) is ReplayBody:
+            if raw.entry is not None:
+                raw, known = (raw.code, raw.seq, *raw.entry.fields), True
+            else:
+                key, raw = (raw.code, raw.body), raw.unpacked(limits)
+        elif type(raw) is Body:  # a dispatch read by `read_batch` that the memo lacked: its body's bytes
             key = raw.body
             if memo is not None and key in memo:  # added by an earlier op of this batch: one entry each
                 memo.misses -= 1  # `read_batch` counted a miss before that op added it
@@ -180,12 +186,17 @@ def _decode_batch(header: dict[str, Any], payloads: Sequence[Any], limits: Limit
                 ops.append(new_tuple(Memoized, (raw[1], entry)))
                 continue
         try:
-            op = decode_op(raw, payloads, limits)
-            if key is not None and memo is not None and type(op) is Dispatch:
+            if known:
+                op = new_tuple(_DECODERS[raw[0]][0], raw[1:])
+                check_frame_or_none(op.frame, limits, payloads)
+            else:
+                op = decode_op(raw, payloads, limits)
+            if key is not None and memo is not None:
                 entry = DispatchEntry(op[1:])
                 memo.put(key, entry)
-                ops.append(new_tuple(Memoized, (op.seq, entry)))
-                continue
+                if type(op) is Dispatch:
+                    ops.append(new_tuple(Memoized, (op.seq, entry)))
+                    continue
             frames = _frames_of(op)
             if frames:
                 if used_frames.intersection(frames) or len(set(frames)) != len(frames):

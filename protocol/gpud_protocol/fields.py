@@ -158,7 +158,12 @@ def check_operand(value: Any, limits: Limits, _payloads: Sequence[Any]) -> int |
 def check_operands(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[int | TensorView, ...]:
     if type(value) is not tuple or len(value) > limits.max_graph_tensors:
         raise bad(f"tensors must be a list of at most {limits.max_graph_tensors}")
-    return tuple(check_operand(v, limits, ()) for v in value)
+    if not value:
+        return value
+    # The usual case (a replay's bound tensors, handles alone) checked at once; else one by one.
+    if set(map(type, value)) == {int} and min(value) > 0 and max(value) <= limits.max_handle:
+        return value
+    return tuple([check_operand(v, limits, ()) for v in value])
 
 
 def check_args(value: Any, limits: Limits, _payloads: Sequence[Any]) -> tuple[DispatchArg, ...]:

@@ -138,3 +138,41 @@ def test_a_chain_of_two_new_alternating_bodies_decodes_each_once_then_only_hits(
     assert isinstance(second, proto.Batch)
     assert [op.entry for op in second.ops] == [op.entry for op in first.ops]  # type: ignore[union-attr]
     assert len(memo) == 2 and memo.misses == 2 and memo.hits == 198
+
+
+REPLAYS = [
+    [Opcode.REPLAY, 1, 3, 0, [[16, 32], [32]], [], [4, 5, 6]],
+    [Opcode.LAUNCH, 2, 3, 0, [[16, 32], [32]], [], [4, 5, 6]],  # the same body as a launch: frame 0 used twice
+    [Opcode.REPLAY_STEPS, 3, 3, -1, [[2]], [1.5, 2], [4, VIEW], 8],
+    [Opcode.REPLAY, 4, 3, 1, [[2]], [], []],  # frame 1: this message has one
+    [Opcode.REPLAY, 5, 0, -1, [[2]], [], []],  # handle 0
+    [Opcode.REPLAY, 6, 3, -1, [[2]], ["x"], []],
+    [Opcode.REPLAY, 7, 3, -1, [[2]], [], [True]],
+    [Opcode.REPLAY_STEPS, 8, 3, -1, [[2]], [], [], 0],
+    [Opcode.REPLAY, 9, 3, -1, [[2]], []],  # a field short
+]
+
+
+def test_replays_decode_as_the_general_decoder_decodes_them_first_and_from_the_memo() -> None:
+    frames = frames_of(REPLAYS, [b"\x00" * 16])
+    memo = proto.new_dispatch_memo()
+    for _ in range(3):
+        got = proto.decode_client_message(frames, LIMITS, memo)
+        assert isinstance(got, proto.Batch) and got.ops == general(frames).ops
+    assert len(memo) == 3  # the valid bodies (a replay and a launch of the same bytes are told apart)
+    assert memo.hits == 6
+
+
+def test_a_remembered_replay_has_its_frame_checked_against_each_message() -> None:
+    memo = proto.new_dispatch_memo()
+    op = [Opcode.REPLAY, 1, 3, 0, [[4]], [], []]
+    with_frame = frames_of([op], [b"\x00" * 16])
+    assert proto.decode_client_message(with_frame, LIMITS, memo) == general(with_frame)
+    without = frames_of([op])
+    got = proto.decode_client_message(without, LIMITS, memo)
+    assert memo.hits == 1 and got == general(without)
+    assert isinstance(got, proto.Batch) and type(got.ops[0]) is proto.OpError
+    assert "frame index 0 out of range" in got.ops[0].message
+    twice = frames_of([op, [Opcode.REPLAY, 2, *op[2:]]], [b"\x00" * 16])
+    got = proto.decode_client_message(twice, LIMITS, memo)  # the second use of frame 0 fails alone
+    assert got == general(twice) and type(got.ops[1]) is proto.OpError  # type: ignore[union-attr]

@@ -7,9 +7,12 @@ import uuid
 
 import numpy as np
 import pytest
+from runtime.test_runtime import make
 from support import Daemon, axpb, device_memory, wait_for_memory
 
 import gpud_client
+from gpud.backends.base import Buffer
+from gpud.session.graphs import Family, Instance, Signature
 from gpud_client import InvalidArgument, NotFound, PermissionDenied, u32
 
 N = 1000
@@ -225,3 +228,23 @@ async def test_a_built_in_op_takes_no_per_replay_scalar(gpu: gpud_client.Client)
     with pytest.raises(gpud_client.InvalidArgument, match="per-replay scalars") as info:
         await g.build()
     assert info.value.op == "graph"
+
+
+async def test_a_familys_own_memory_is_released_after_its_last_replay() -> None:
+    """A replay leaves the family's slots and recorded uploads unmarked (`Family.last_use` covers
+    them): every way they are released marks them with the family's last replay first."""
+    rt, _lost = make()
+
+    def instance(constant: Buffer) -> Instance:
+        return Instance(((4,),), [], 0, [], [], 0, (), frozenset(), (), [], [], [], [constant])
+
+    family = Family("f", "s1", rt, Signature((), (), (), ()), None)
+    first = rt.alloc(256)
+    assert family.add(instance(first)) == []
+    family.last_use = 7
+    released = family.add(instance(rt.alloc(256)))  # the same shapes: the old instance goes
+    assert released == [first] and first.last_use == 7
+    family.last_use = 9
+    released = family.release_all()
+    assert len(released) == 3 and all(b.last_use == 9 for b in released)  # its constant, "in", "out"
+    await rt.close()
