@@ -215,6 +215,20 @@ main() {
             GPUD_DAEMON_ARGS=--trace section python3 -m gpud bench embed --backend cuda --weights .embed \
                 --json "$OUT/bench-embed-cuda.json" || status=1
             ;;
+        ab) # BASE=DIR (a tree of an earlier commit beside this one, e.g. `git archive C | tar -x -C DIR`):
+            # MiniLM with the replay's stages and the quick decode, alternating that tree and this one
+            for round in ${ROUNDS:-1 2}; do
+                for tree in "$BASE" .; do
+                    tag=$([ "$tree" = . ] && echo new || echo base)
+                    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD/protocol:$PWD/client:$PWD GPUD_DAEMON_ARGS=--trace section \
+                        python3 -m gpud bench embed --backend cuda --weights "$OLDPWD/.embed" \
+                        --json "$OUT/bench-embed-$tag-$round.json") || status=1
+                    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD/protocol:$PWD/client:$PWD section \
+                        python3 -m gpud bench decode --backend cuda --quick --clients 1 \
+                        --json "$OUT/decode-quick-$tag-$round.json") || status=1
+                done
+            done
+            ;;
         final) # the last kernels of session 6 on cuda (the warp layernorm, the 16-byte elementwise ops) and the
             # WGSL tanh through the NVIDIA Vulkan driver (these files run on both backends)
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin tests/ops/test_elementwise.py \
