@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks import write_json
 from benchmarks.ops import MAX_LAUNCHES, MINILM, SHAPES, _choice, _gpud_matmul, _torch_linear
-from benchmarks.ops_device import Device, check, verify
+from benchmarks.ops_device import check, open_device0, optional_torch, verify, weight_copies
 from gpud_protocol.ops.matmul import TC_TILES, tc_grid
 from gpud_protocol.ops.matmul_tma import TMA_TILES, tma_grid
 from gpud_protocol.ops.matmul_tmak import SPLITS, tmak_grid, tmak_name
@@ -60,24 +60,12 @@ def candidates(m: int, n: int, k: int) -> list[tuple[str, tuple[int, int, int]]]
 
 
 async def _measure(cache_dir: str, shapes: set[str] | None) -> dict[str, Any]:
-    from gpud.backends.cuda import open_device
-    from gpud.backends.cuda.driver import cu
-    from gpud.runtime.runtime import DeviceRuntime
-    from gpud.service.config import Config
-
-    torch: Any = None
-    try:
-        import torch as torch_module
-
-        torch_module.cuda.init()
-        torch = torch_module
-    except Exception as exc:
-        print(f"torch skipped: {exc!r}")
+    torch, skipped = optional_torch()
+    if skipped:
+        print(f"torch skipped: {skipped}")
     reps = 5
-    config = Config(cache_dir=Path(cache_dir))
-    rt = DeviceRuntime(open_device(0, 0, asyncio.get_running_loop(), config), config, lambda _rt, error: None)
-    dev = Device(rt, cu)
-    check(cu.cuCtxSetCurrent(dev.context))
+    dev = open_device0(cache_dir)
+    rt, cu = dev.rt, dev.cu
     print(f"device: {dev.name}, L2 {dev.l2 >> 20} MiB, capability {dev.capability}")
     rng = np.random.default_rng(0)
     results: list[dict[str, Any]] = []
@@ -86,12 +74,8 @@ async def _measure(cache_dir: str, shapes: set[str] | None) -> dict[str, Any]:
         if shapes and shape not in shapes:
             continue
         w_host = (rng.standard_normal((n, k), dtype=np.float32) / math.sqrt(k)).astype(np.float16)
-        w64, stride = w_host.astype(np.float64), -(-w_host.nbytes // 256) * 256
-        copies = max(2, min(-(-4 * dev.l2 // w_host.nbytes), MAX_LAUNCHES))
-        w_dev = dev.alloc(stride * copies)
-        dev.upload(w_dev, w_host)
-        for i in range(1, copies):
-            dev.copy(w_dev + i * stride, w_dev, w_host.nbytes)
+        w64 = w_host.astype(np.float64)
+        w_dev, stride, copies = weight_copies(dev, w_host, MAX_LAUNCHES)
         for m in ROWS:
             if shape == "lm_head" and m > 4096:
                 continue

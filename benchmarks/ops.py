@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import write_json
-from benchmarks.ops_device import Device, check, times, verify
+from benchmarks.ops_device import Device, check, open_device0, optional_torch, times, verify, weight_copies
 
 SHAPES = [  # (name, N, K, count per decode step: 24 layers of the decoder, then the LM head)
     ("q_proj+o_proj", 896, 896, 48),
@@ -139,28 +139,11 @@ def _torch_linear(
 
 
 async def _measure(quick: bool, cache_dir: str) -> dict[str, Any]:
-    from gpud.backends.cuda import open_device
-    from gpud.backends.cuda.driver import cu
-    from gpud.runtime.runtime import DeviceRuntime
-    from gpud.service.config import Config
-
-    torch: Any = None
-    torch_skipped: str | None = None
-    try:
-        import torch as torch_module
-
-        torch_module.cuda.init()
-        torch = torch_module
-    except Exception as exc:
-        torch_skipped = repr(exc)
-
+    torch, torch_skipped = optional_torch()
     reps = 3 if quick else 7
     rows_list = (1, 128) if quick else ROWS
-    loop = asyncio.get_running_loop()
-    config = Config(cache_dir=Path(cache_dir))
-    rt = DeviceRuntime(open_device(0, 0, loop, config), config, lambda _rt, error: None)
-    dev = Device(rt, cu)
-    check(cu.cuCtxSetCurrent(dev.context))
+    dev = open_device0(cache_dir)
+    rt, cu = dev.rt, dev.cu
     copy_bw = dev.copy_bandwidth(reps)
     print(f"device: {dev.name}, L2 {dev.l2 >> 20} MiB")
     print(f"cuMemcpyDtoD of 1 GiB: {copy_bw / 1e9:.0f} GB/s (bytes read + written)")
@@ -170,12 +153,7 @@ async def _measure(quick: bool, cache_dir: str) -> dict[str, Any]:
     for shape_name, n, k in [(name, n, k) for name, n, k, _count in SHAPES] + MINILM:
         w_host = (rng.standard_normal((n, k), dtype=np.float32) / math.sqrt(k)).astype(np.float16)
         w_bytes, w64 = w_host.nbytes, w_host.astype(np.float64)
-        stride = -(-w_bytes // 256) * 256
-        copies = max(2, min(-(-4 * dev.l2 // w_bytes), MAX_LAUNCHES))
-        w_dev = dev.alloc(stride * copies)
-        dev.upload(w_dev, w_host)
-        for i in range(1, copies):
-            dev.copy(w_dev + i * stride, w_dev, w_bytes)
+        w_dev, stride, copies = weight_copies(dev, w_host, MAX_LAUNCHES)
         for m in rows_list:
             x32 = rng.standard_normal((m, k), dtype=np.float32)
             ways: list[tuple[str, str, Any]] = []

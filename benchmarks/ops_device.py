@@ -8,6 +8,7 @@ import ctypes
 import struct
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,3 +176,40 @@ class Device:
             check(cu.cuGraphLaunch(executable, self.stream))
 
         return replay
+
+
+def optional_torch() -> tuple[Any, str | None]:
+    """PyTorch with CUDA initialised, or None and why (its rows are then skipped)."""
+    try:
+        import torch
+
+        torch.cuda.init()
+        return torch, None
+    except Exception as exc:
+        return None, repr(exc)
+
+
+def open_device0(cache_dir: str) -> Device:
+    """Device 0 through a DeviceRuntime compiling into `cache_dir`, its context current (in a running loop)."""
+    from gpud.backends.cuda import open_device
+    from gpud.backends.cuda.driver import cu
+    from gpud.runtime.runtime import DeviceRuntime
+    from gpud.service.config import Config
+
+    config = Config(cache_dir=Path(cache_dir))
+    rt = DeviceRuntime(open_device(0, 0, asyncio.get_running_loop(), config), config, lambda _rt, error: None)
+    dev = Device(rt, cu)
+    check(cu.cuCtxSetCurrent(dev.context))
+    return dev
+
+
+def weight_copies(dev: Device, w: np.ndarray, most: int) -> tuple[int, int, int]:
+    """`w` uploaded, then copied on the device until the copies span 4x the L2 cache (2 to `most` of
+    them, 256 bytes apart): their address, the stride between them and their count."""
+    stride = -(-w.nbytes // 256) * 256
+    copies = max(2, min(-(-4 * dev.l2 // w.nbytes), most))
+    w_dev = dev.alloc(stride * copies)
+    dev.upload(w_dev, w)
+    for i in range(1, copies):
+        dev.copy(w_dev + i * stride, w_dev, w.nbytes)
+    return w_dev, stride, copies
