@@ -229,6 +229,10 @@ main() {
                 done
             done
             ;;
+        tma-tests) # the TMA matmuls' cuda tests (every tile of matmul_tma and matmul_tmak, the epilogue activation, the maps)
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matmul_tma.py \
+                tests/ops/test_matmul_activation.py tests/ops/test_matmul_tmak.py tests/backends/cuda || status=1
+            ;;
         final) # the last kernels of session 6 on cuda (the warp layernorm, the 16-byte elementwise ops) and the
             # WGSL tanh through the NVIDIA Vulkan driver (these files run on both backends)
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin tests/ops/test_elementwise.py \

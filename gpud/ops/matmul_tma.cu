@@ -35,6 +35,26 @@
 // The mbarrier, TMA and loop helpers are tma.cu's, put before this source.
 // Registers: 168 a thread at entry (384 threads, one block); setmaxnreg gives the producer 40 and the
 // consumers 232 (128 x 40 + 256 x 232 = 64,512 of 65,536).
+//
+// Ping-pong (matmul_tma_pp, CUTLASS's KernelTmaWarpSpecializedPingpong): the same producer, maps, grid and
+// tile order, but the block's j-th tile goes to consumer j % 2 alone (both 64-row halves: two m64nBNk16
+// wgmma per 16 of K, 2 x BN / 2 accumulators a thread, in the 232 registers without spills), so that one
+// consumer's epilogue runs beside the other's products. Differences:
+//   empty[s]: 4 arrivals, lane 0 of each warp of the consumer whose tile the stage is of.
+//   turn[c]:  1 arrival: the other consumer's thread 0 once every stage of its tile has passed its full
+//             wait (its products issued, before their wgmma.wait_group 0); consumer c waits for the
+//             other's tile j - 1 before tile j's products. Each consumer steps its (slot, phase) over
+//             the other's stages without waiting for them; without the turn, a full[s] of its tile
+//             could still be a phase behind (the other's use of the slot not yet in), which the wait's
+//             parity does not tell from the phase it waits for. Neither consumer gets a phase ahead:
+//             the producer refills a stage only once its owner released it, and a consumer arrives on
+//             the other's turn once per tile, after waiting for its own. The products of the block's
+//             tiles so run in tile order (the tensor cores taken in turn); the epilogues overlap them.
+//   Each consumer has its own staging buffer and named barrier (1 + c, 128 threads); none the producer
+//   or the other consumer joins. A block of one tile leaves consumer 1 idle: it waits for nothing,
+//   arrives on nothing, and leaves.
+//   Shared memory: S (BM + BN) 128 bytes of stages, two staging buffers, 16 S + 16 bytes of barriers
+//   (full[S], empty[S], turn[2]), 1 KB to align: S = 4 for 128 x 128 (201,808 bytes; 5 would not fit).
 
 template <int BN, int S, bool BF>
 __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, const void* __restrict__ bias,
@@ -74,6 +94,63 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
             tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
             tma_mainloop<BN, S, BF>(d, base, bars, 0, ktiles, slot, phase);
             tma_epilogue<BN, BF>(d, staging, bias, out, m0, n0, m, n, epilogue);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- ping-pong (matmul_tma_pp)
+// The interface, maps, grid and tile order of matmul_tma<BN, ...>, but the block's j-th tile goes to
+// consumer j % 2 alone (two m64nBNk16 wgmma per 16 of K, 128 accumulators a thread for BN = 128): one
+// consumer's epilogue, through its own staging buffer, overlaps the other's products. The producer is
+// matmul_tma's; each consumer steps its (slot, phase) over every tile's stages, the other's skipped.
+template <int BN, int S, bool BF>
+__device__ __forceinline__ void matmul_tma_pp(const TmaMap* tx, const TmaMap* tw, const void* __restrict__ bias,
+                                              u16* __restrict__ out, unsigned int batch, unsigned int m,
+                                              unsigned int n, unsigned int k, unsigned int x_stride,
+                                              unsigned int w_stride, unsigned int epilogue) {
+    constexpr unsigned int STAGING = (TMA_BM * (BN + 8) * 2 + 1023) / 1024 * 1024;
+    extern __shared__ unsigned char dyn[];
+    const unsigned int base = (smem_u32(dyn) + 1023u) & ~1023u;  // the launch asks 1 KB more for this
+    // staging[2], then full[S], empty[S], turn[2]
+    const unsigned int staging = base + S * (TMA_BM + BN) * 128, bars = staging + 2 * STAGING;
+
+    const unsigned int tiles_m = (m + TMA_BM - 1) / TMA_BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+    const unsigned int ktiles = (k + TMA_BK - 1) / TMA_BK, b = blockIdx.z;
+    // uniform over the block; blocks past y = 0 would repeat its tiles
+    if (b >= batch || blockIdx.y != 0 || m == 0 || n == 0 || k == 0 || blockIdx.x >= tiles) return;
+    out += (u64)b * m * n;
+    tma_init<S, 4, 2>(bars);  // empty[s]: the 4 warps of the stage's consumer
+
+    unsigned int slot = 0, phase = 0;  // the ring's, over every tile's stages
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        if (threadIdx.x == 0) {
+            tma_prefetch(tx);
+            tma_prefetch(tw);
+            for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
+                unsigned int m0, n0;
+                tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
+                const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
+                tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, 0, ktiles, slot, phase);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+        const unsigned int c = (threadIdx.x >> 7) - 1u, turn = bars + 16 * S;  // turn[c]: 8 c bytes in
+        float d0[BN / 2], d1[BN / 2];
+        for (unsigned int id = blockIdx.x, j = 0; id < tiles; id += gridDim.x, j++) {
+            if ((j & 1u) != c) {  // the other consumer's tile: step over its stages
+                const unsigned int next = slot + ktiles;
+                slot = next % S, phase ^= (next / S) & 1u;
+                continue;
+            }
+            unsigned int m0, n0;
+            tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
+            // tile j - 1 (the other consumer's (j - 1) / 2-th) has every stage in: no full[s] of this tile
+            // can be a phase behind, which its parity alone would not tell
+            if (j > 0) mbar_wait(turn + 8 * c, ((j - 1) >> 1) & 1u);
+            tma_mainloop_pp<BN, S, BF>(d0, d1, base, bars, ktiles, turn + 8 * (c ^ 1u), slot, phase);
+            tma_epilogue_pp<BN, BF>(d0, d1, staging + c * STAGING, bias, out, m0, n0, m, n, epilogue);
         }
     }
 }
@@ -243,6 +320,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x64_bf16_bf16(
     unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
     gpud_wait_prior();
     matmul_tma<64, 8, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
+// matmul_tma128x128pp_<t>_<t>: ping-pong, 4 stages (two staging buffers leave no room for a fifth)
+extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128pp_f16_f16(const __grid_constant__ TmaMap tx,
+    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
+    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tma_pp<128, 4, false>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128pp_bf16_bf16(const __grid_constant__ TmaMap tx,
+    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
+    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
+    gpud_wait_prior();
+    matmul_tma_pp<128, 4, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
 }
 
 #define MATMUL_TMAK(name, BF, S)                                                                                    \

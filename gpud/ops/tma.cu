@@ -52,16 +52,19 @@ __device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
 
-// the S stages' barriers (full[s]: the producer's arrival, empty[s]: one per consumer warp), by thread 0,
-// then the block's last barrier: the roles part after it
-template <int S>
+// the S stages' barriers (full[s]: the producer's arrival, empty[s]: EMPTY, one per consumer warp that
+// reads a stage) and TURNS more of one arrival after them (matmul_tma_pp's turns), by thread 0, then the
+// block's last barrier: the roles part after it
+template <int S, unsigned int EMPTY = 8, int TURNS = 0>
 __device__ __forceinline__ void tma_init(unsigned int bars) {
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < S; s++) {
             mbar_init(bars + 8 * s, 1u);
-            mbar_init(bars + 8 * (S + s), 8u);
+            mbar_init(bars + 8 * (S + s), EMPTY);
         }
+#pragma unroll
+        for (int i = 0; i < TURNS; i++) mbar_init(bars + 8 * (2 * S + i), 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -136,4 +139,66 @@ __device__ __forceinline__ void tma_epilogue(const float* d, unsigned int stagin
     stage_tile<BN, BF>(d, staging, c * 64 + q * 16 + (lane >> 2), lane, bias, epilogue, n0, n);
     asm volatile("bar.sync 1, 256;" ::: "memory");
     store_tile<TMA_BM, BN, 256, BF>(staging, out, t, m0, n0, m, n, epilogue);
+}
+
+// ---------------------------------------------------------------- ping-pong (matmul_tma_pp)
+// One consumer warpgroup's products of a whole 128 x BN tile over its K-slices 0 .. ktiles - 1: rows 0-63
+// into d0, rows 64-127 (the stage's x + 64 x 128 bytes) into d1, two m64nBNk16 wgmma per 16 of K. Each
+// stage goes back to the producer as in tma_mainloop, by lane 0 of this warpgroup's 4 warps (empty[s]
+// counts 4); once every stage of the tile has passed its full wait and its products are issued, thread 0
+// arrives on `next`, the other consumer's turn barrier (matmul_tma.cu says why).
+template <int BN, int S, bool BF>
+__device__ __forceinline__ void tma_mainloop_pp(float* d0, float* d1, unsigned int base, unsigned int bars,
+                                                unsigned int ktiles, unsigned int next, unsigned int& slot,
+                                                unsigned int& phase) {
+    constexpr unsigned int A_BYTES = TMA_BM * 128, STAGE = (TMA_BM + BN) * 128;
+    const unsigned int lane = threadIdx.x & 31u;
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d0[i] = 0.0f, d1[i] = 0.0f;  // so every product accumulates (scale-d 1)
+    unsigned int prev = 0;
+    for (unsigned int kt = 0; kt < ktiles; kt++) {
+        mbar_wait(bars + 8 * slot, phase);  // full
+        __syncwarp();                       // the warp converged for the .aligned instructions
+        const unsigned int sa = base + slot * STAGE;
+        const u64 da0 = desc(sa), da1 = desc(sa + 64 * 128), db = desc(sa + A_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < TMA_BK / 16; j++) {  // 16 elements of K = 32 bytes along the swizzled row
+            wgmma_k16<BN, BF>(d0, da0 + 2 * j, db + 2 * j);
+            wgmma_k16<BN, BF>(d1, da1 + 2 * j, db + 2 * j);
+        }
+        wgmma_commit();
+        wgmma_wait1();  // stage kt - 1's products are done: its slot goes back to the producer
+        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (S + prev));
+        prev = slot;
+        if (++slot == S) slot = 0, phase ^= 1u;
+    }
+    if ((threadIdx.x & 127u) == 0) mbar_arrive(next);
+    wgmma_wait0();
+    if (lane == 0) mbar_arrive(bars + 8 * (S + prev));
+}
+
+// named barrier 1 + c of consumer c's 128 threads (constant ids: ptxas reserves all 16 for a register's)
+__device__ __forceinline__ void consumer_sync(unsigned int c) {
+    if (c == 0) {
+        asm volatile("bar.sync 1, 128;" ::: "memory");
+    } else {
+        asm volatile("bar.sync 2, 128;" ::: "memory");
+    }
+}
+
+// consumer c alone: its tile of out from d0 (rows 0-63) and d1 (rows 64-127) through its own staging
+// buffer, with its own named barrier (1 + c, its 128 threads). The first barrier: its threads are done
+// reading its last tile's staged values.
+template <int BN, bool BF>
+__device__ __forceinline__ void tma_epilogue_pp(const float* d0, const float* d1, unsigned int staging,
+                                                const void* __restrict__ bias, u16* __restrict__ out,
+                                                unsigned int m0, unsigned int n0, unsigned int m, unsigned int n,
+                                                unsigned int epilogue) {
+    const unsigned int t = threadIdx.x & 127u, c = (threadIdx.x >> 7) - 1u, lane = t & 31u, q = t >> 5;
+    consumer_sync(c);
+    stage_tile<BN, BF>(d0, staging, q * 16 + (lane >> 2), lane, bias, epilogue, n0, n);
+    stage_tile<BN, BF>(d1, staging, 64 + q * 16 + (lane >> 2), lane, bias, epilogue, n0, n);
+    consumer_sync(c);
+    store_tile<TMA_BM, BN, 128, BF>(staging, out, t, m0, n0, m, n, epilogue);
 }

@@ -15,10 +15,11 @@ import gpud_client
 from gpud_client.errors import InvalidArgument
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
 from gpud_protocol.ops.matmul import ACTIVATIONS
-from gpud_protocol.ops.matmul_tma import tma_kernel
+from gpud_protocol.ops.matmul_tma import TMA_TILES, tma_grid, tma_kernel
 from gpud_protocol.ops.matmul_wg import wg_kernel
 from ops.test_matmul_bf16 import rand, upload
-from ops.test_matmul_tma import hopper
+from ops.test_matmul_tc import dtype_of
+from ops.test_matmul_tma import direct_product, hopper
 
 ERF = np.vectorize(math.erf)
 REFERENCE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -83,6 +84,30 @@ async def test_hopper_applies_it_in_the_warpgroup_kernels(gpu: gpud_client.Clien
     g.output("y", gpu.ops.matmul(v, tw, transpose_w=True, activation="gelu", graph=g))
     step = await g.build()
     assert bits(np.asarray((await step.replay(x=x))["y"])) == bits(eager)
+
+
+@pytest.mark.parametrize("name", list(TMA_TILES))
+async def test_every_tma_tile_applies_it(gpu: gpud_client.Client, name: str) -> None:
+    """Each matmul_tma kernel dispatched directly (the op picks only some): its activated out is, bit for
+    bit, its plain out through the unary op, over blocks of one and of two tiles (ping-pong: both
+    consumers' epilogues)."""
+    if not hopper(gpu):
+        pytest.skip("the TMA kernels run on compute capability 9.0")
+    dtype, case = dtype_of(name), (1, 1500, 1700, 200, "float32", False, False)  # 168 tiles
+    plain, (x, w, bias) = await direct_product(gpu, name, case, np.random.default_rng(7), tma_grid)
+    product = upload(gpu, plain, dtype)
+    for activation, code in ACTIVATIONS.items():
+        fused, _ = await direct_product(gpu, name, case, np.random.default_rng(7), tma_grid, code)
+        unary = (
+            gpu.ops.silu(product)
+            if activation == "silu"
+            else gpu.ops.gelu(product, approximate="tanh" if activation == "gelu_tanh" else "none")
+        )
+        assert bits(fused) == bits(await unary.numpy()), f"{name} {activation}: not the product's unary op"
+        x64, w64, b64 = x[0].astype(np.float64), w.astype(np.float64), bias.astype(np.float64)
+        want = REFERENCE[activation](x64 @ w64.T + b64)
+        scale = np.abs(x64) @ np.abs(w64).T + np.abs(b64) + 1.0
+        assert np.all(np.abs(fused[0] - want) <= TOLERANCE[dtype] * scale), f"{name} {activation}"
 
 
 async def test_an_unknown_activation_is_refused_by_name(gpu: gpud_client.Client) -> None:

@@ -38,6 +38,10 @@ EDGES = [
     (3, 50, 40, 64, "float32", False, True),
     (1, 2100, 2200, 128, None, False, False),  # more tiles than SMS: blocks walk several
     (1, 150, 40, 1000, None, False, False),
+    # blocks of several tiles with K past the ring (ping-pong: each consumer steps over the other's stages)
+    (1, 2100, 2200, 448, "bfloat16", False, False),  # 306 tiles: 42 blocks walk 3, 7 K-slices
+    (2, 1700, 1800, 320, "float32", True, False),  # 210 tiles a batch: blocks of 2 and of 1
+    (1, 3000, 2900, 328, None, False, False),  # 552 tiles: blocks of 5 and of 4, 6 K-slices
 ]
 
 
@@ -51,9 +55,10 @@ async def direct_product(
     case: tuple[object, ...],
     rng: np.random.Generator,
     grid_of: Callable[[str, int, int, int], tuple[int, int, int]],
+    activation: int = 0,
 ) -> tuple[np.ndarray, list[Any]]:
     """Kernel `name` (a TMA matmul, unsplit or split-K) dispatched directly into a poisoned output on the
-    grid `grid_of(name, batch, m, n)`; (out, [x, w, bias])."""
+    grid `grid_of(name, batch, m, n)`, with the epilogue's `activation` code; (out, [x, w, bias])."""
     batch, m, n, k, bias_dtype, batched, unfolded = case
     assert isinstance(batch, int) and isinstance(m, int) and isinstance(n, int) and isinstance(k, int)
     dtype = dtype_of(name)
@@ -65,7 +70,7 @@ async def direct_product(
     out = upload(gpu, np.full(p.out_shape, np.nan, np.float32), dtype)
     tx, tw = upload(gpu, x, dtype), upload(gpu, w, dtype)
     tb = tx if bias is None else upload(gpu, bias, str(bias_dtype))
-    epilogue = 0 if bias is None else BIAS_KINDS[str(bias_dtype)]
+    epilogue = (0 if bias is None else BIAS_KINDS[str(bias_dtype)]) | activation << 8
     gpu.ops._run(name, grid_of(name, sizes[0], sizes[1], sizes[2]), [tx, tw, tb, out], [*sizes, 1, epilogue], None)
     return await out.numpy(), [x, w, bias]
 
@@ -86,14 +91,21 @@ async def test_every_tile_at_edges(gpu: gpud_client.Client, name: str) -> None:
 
 
 def test_the_tiles_grids_and_rows() -> None:
-    assert set(TMA_TILES) == {f"matmul_tma{size}_{t}_{t}" for t in ("f16", "bf16") for size in ("128x128", "128x64")}
-    assert {name: (t.bm, t.bn, t.stages, t.threads) for name, t in TMA_TILES.items() if "_f16" in name} == {
-        "matmul_tma128x128_f16_f16": (128, 128, 5, 384),
-        "matmul_tma128x64_f16_f16": (128, 64, 8, 384),
+    sizes = ("128x128", "128x64", "128x128pp")
+    assert set(TMA_TILES) == {f"matmul_tma{size}_{t}_{t}" for t in ("f16", "bf16") for size in sizes}
+    assert {name: (t.bm, t.bn, t.stages, t.threads, t.pingpong) for name, t in TMA_TILES.items() if "_f16" in name} == {
+        "matmul_tma128x128_f16_f16": (128, 128, 5, 384, False),
+        "matmul_tma128x64_f16_f16": (128, 64, 8, 384, False),
+        "matmul_tma128x128pp_f16_f16": (128, 128, 4, 384, True),
     }
     # the stages, the staging buffer of out, the barriers, 1 KB to align
     assert TMA_TILES["matmul_tma128x128_bf16_bf16"].shared == 5 * 256 * 128 + 34 * 1024 + 5 * 16 + 1024
     assert TMA_TILES["matmul_tma128x64_f16_f16"].shared == 8 * 192 * 128 + 18 * 1024 + 8 * 16 + 1024
+    # ping-pong: a staging buffer per consumer, and the consumers' two turns beside the stages' barriers
+    assert TMA_TILES["matmul_tma128x128pp_f16_f16"].shared == 4 * 256 * 128 + 2 * 34 * 1024 + 4 * 16 + 16 + 1024
+    assert TMA_TILES["matmul_tma128x128pp_bf16_bf16"].shared == 201_808
+    assert tma_grid("matmul_tma128x128pp_f16_f16", 4, 300, 200) == (6, 1, 4)  # matmul_tma128x128's
+    assert tma_grid("matmul_tma128x128pp_bf16_bf16", 1, 2100, 2200) == (SMS, 1, 1)
     assert tma_grid("matmul_tma128x64_f16_f16", 1, 300, 200) == (12, 1, 1)  # 3 x 4 tiles
     for name, tile in TMA_TILES.items():
         assert KERNELS[name].shared == tile.shared <= 227 * 1024 and KERNELS[name].block == tile.threads == 384
@@ -165,8 +177,11 @@ def test_the_source_matches_its_interface() -> None:
     # split-K's entry points are MATMUL_TMAK lines, their blocks checked in the PTX: test_matmul_tmak.py
     assert {name: int(threads) for threads, name in found} == {name: t.threads for name, t in TMA_TILES.items()}
     for name, tile in TMA_TILES.items():
-        bn, stages, bf = re.search(rf"{name}\(.*?matmul_tma<(\d+), (\d+), (\w+)>", text, re.S).groups()  # type: ignore[union-attr]
+        call = re.search(rf"{name}\(.*?(matmul_tma(?:_pp)?)<(\d+), (\d+), (\w+)>", text, re.S)
+        assert call is not None, name
+        kernel, bn, stages, bf = call.groups()
         assert (tile.bm, int(bn), int(stages), bf) == (128, tile.bn, tile.stages, str("bf16" in name).lower())
+        assert kernel == ("matmul_tma_pp" if tile.pingpong else "matmul_tma"), name
     full = source("matmul_tma", "cuda")
     assert full.count("struct alignas(64) TmaMap") == 1 and full.count("void wgmma_256_bf16(") == 1
     assert full.index("void gpud_wait_prior(") < full.index("u64 desc(") < full.index("struct alignas(64) TmaMap")
@@ -202,7 +217,13 @@ def test_the_kernel_choice() -> None:
     assert tma_kernel(1, 15360, 384, 1532, "float16") is None  # K not a multiple of 8
     assert tma_kernel(1, 15360, 384, 1536, "float32") is None
     assert tma_kernel(1, 16, 151936, 896, "float16") is None  # an LM head at 16 rows: matmul_tc16x16 1.08x cuBLAS
-    assert tma_kernel(1, 64, 151936, 896, "float16") == f16  # ... at 64 rows this kernel (1.03x)
+    # ping-pong from 800 tiles with K up to 1,024 (h100/session8/gemm-sweep-pingpong.json)
+    pp = "matmul_tma128x128pp_f16_f16"
+    assert tma_kernel(1, 15360, 1152, 384, "float16") == pp  # MiniLM's qkv at 256 sentences: 1,080 tiles
+    assert tma_kernel(1, 4096, 4864, 896, "bfloat16") == "matmul_tma128x128pp_bf16_bf16"  # Qwen's gate/up
+    assert tma_kernel(1, 15360, 896, 4864, "float16") == f16  # Qwen's down: K 4,864
+    assert tma_kernel(1, 15360, 384, 384, "float16") == f16  # 360 tiles: 3 a block
+    assert tma_kernel(1, 64, 151936, 896, "float16") == "matmul_tma128x128pp_f16_f16"  # ... at 64 rows 1.06x
     # 128 x 64 tiles for one wave of 72 to 132 of them, 128 rows or more, K from 768 (h100/session8/gemm-sweep.json)
     narrow = "matmul_tma128x64_f16_f16"
     assert tma_kernel(1, 1024, 896, 896, "float16") == narrow  # Qwen's q/o: 112 tiles, 0.82x cuBLAS

@@ -1,12 +1,13 @@
 """Matrix products on Hopper by TMA and warp-specialized warpgroups (CUDA, compute capability 9.0;
 family matmul_tma: gpud/ops/matmul_tma.cu, compiled for sm_90a).
 
-`matmul_tma<BM>x<BN>_<t>_<t>` (TMA_TILES: 128 x 128 and 128 x 64) for t in f16, bf16: matmul's tensors,
-scalars and rule (see gpud_protocol.ops.matmul) for x and w of one dtype, float16 or bfloat16, w as (N,
-K) only (wt = 1), and further K % 8 == 0, x_stride and w_stride multiples of K where batch > 1, and x
-and w at offsets of whole 16 bytes; out in that dtype, float32 accumulators, rounded once. The kernel's
-parameters are matmul_wg's except that x and w are CUDA tensor maps (CUtensorMap, 128 bytes, `const
-__grid_constant__`), which the daemon encodes from the tensors it binds there:
+`matmul_tma<BM>x<BN>[pp]_<t>_<t>` (TMA_TILES: 128 x 128, 128 x 64 and 128 x 128 ping-pong) for t in f16,
+bf16: matmul's tensors, scalars and rule (see gpud_protocol.ops.matmul) for x and w of one dtype,
+float16 or bfloat16, w as (N, K) only (wt = 1), and further K % 8 == 0, x_stride and w_stride multiples
+of K where batch > 1, and x and w at offsets of whole 16 bytes; out in that dtype, float32
+accumulators, rounded once. The kernel's parameters are matmul_wg's except that x and w are CUDA tensor
+maps (CUtensorMap, 128 bytes, `const __grid_constant__`), which the daemon encodes from the tensors it
+binds there:
 
     x's map: rank 2, K-major, the (rows_x, K) matrix at x's address, box BOX_K (K) x BM rows;
     w's map: the same for the (rows_w, K) matrix at w's address, box BOX_K x BN;
@@ -15,7 +16,9 @@ __grid_constant__`), which the daemon encodes from the tensors it binds there:
     elements filled with zeros, element type float16 or bfloat16 (the kernel's).
 
 A block of TMA_TILES[name].threads threads (one producer warpgroup issuing the copies, two consumer
-warpgroups) walks tiles of BM x BN of out, in TMA_TILES[name].shared bytes of dynamic shared memory.
+warpgroups: each tile's halves of 64 rows, or with `pingpong` every other tile whole, one's epilogue
+beside the other's products) walks tiles of BM x BN of out, in TMA_TILES[name].shared bytes of dynamic
+shared memory.
 Grid: tma_grid, (min(tiles, SMS), 1, batch): a block per multiprocessor at most, each taking every
 gridDim.x-th tile (blocks past the last tile, or with y > 0, do nothing). The family's split-K kernels,
 for few tiles and a long K, are gpud_protocol.ops.matmul_tmak's.
@@ -40,6 +43,8 @@ MIN_TILES = 20  # fewer tiles: matmul_wg's smaller ones keep more multiprocessor
 MIN_WORK = 60_000  # tiles x K below this: the persistent pipeline's fill costs more than it saves
 NARROW_TILES = 72  # 128 x 64 tiles: at least this many (and one wave at most) ...
 NARROW_K = 768  # ... and K this long (h100/session8/gemm-sweep.json)
+PINGPONG_TILES = 800  # 128 x 128 tiles: from this many (6 a block or more) ...
+PINGPONG_K = 1024  # ... and K this short, the ping-pong tiles (the same sweep, with them)
 
 
 class TmaTile(NamedTuple):
@@ -47,19 +52,26 @@ class TmaTile(NamedTuple):
     bn: int
     stages: int
     threads: int = 384  # a producer warpgroup and two consumer warpgroups of 64 rows
+    pingpong: bool = False  # each consumer warpgroup takes every other tile whole (matmul_tma_pp)
 
     @property
     def shared(self) -> int:
         """Dynamic shared memory: the stages (K-slices of BOX_K elements of both tiles), the staging
-        buffer of the tile of out (BM rows of BN + 8 halves, in whole KB), two 8-byte mbarriers per
-        stage, and 1 KB to align the stages."""
+        buffer of the tile of out (BM rows of BN + 8 halves, in whole KB; ping-pong: one per consumer),
+        two 8-byte mbarriers per stage (ping-pong: and the consumers' two turns), and 1 KB to align the
+        stages."""
         staging = -(-self.bm * (self.bn + 8) * 2 // 1024) * 1024
+        if self.pingpong:
+            return self.stages * (self.bm + self.bn) * 2 * BOX_K + 2 * staging + 16 * self.stages + 16 + 1024
         return self.stages * (self.bm + self.bn) * 2 * BOX_K + staging + 16 * self.stages + 1024
 
 
 TILES = {  # as measured on an H100 (wider tiles gained nothing past noise)
     "128x128": TmaTile(128, 128, 5),
     "128x64": TmaTile(128, 64, 8),  # twice the tiles, for products of few 128 x 128 ones
+    # ping-pong: one consumer's epilogue beside the other's products; two staging buffers leave room
+    # for 4 stages
+    "128x128pp": TmaTile(128, 128, 4, pingpong=True),
 }
 TMA_TILES = {f"matmul_tma{size}_{t}_{t}": tile for t in SHORT.values() for size, tile in TILES.items()}
 _TILED = {spec.name: spec for spec in MATMUL_SPECS}
@@ -75,7 +87,11 @@ def tma_kernel(batch: int, m: int, n: int, k: int, dtype: str) -> str | None:
     tiles where they make one wave of NARROW_TILES to SMS tiles at full 128 rows and K of NARROW_K or more:
     there they beat every other kernel (the same sweep: Qwen's q/o at 1,024 rows 0.67 -> 0.82x cuBLAS,
     gate/up at 128 rows 0.66 -> 0.78, down at 1,024 rows 0.70 -> 0.77), and lost wherever a wave was
-    partly empty or tiles were left for a second one."""
+    partly empty or tiles were left for a second one. The ping-pong form of the 128 x 128 tiles from
+    PINGPONG_TILES tiles with K up to PINGPONG_K, where each block has several tiles whose epilogues
+    it can hide (h100/session8/gemm-sweep-pingpong.json: Qwen's gate/up at 4,096 rows 0.83 -> 0.87x,
+    the LM head at 1,024 rows 0.85 -> 0.90, MiniLM's qkv at 15,360 rows 0.78 -> 0.81; it lost with
+    K = 4,864 and with few tiles a block)."""
     if dtype not in SHORT or k % ALIGN or m <= TC_FEW_ROWS:
         return None
     t = SHORT[dtype]
@@ -84,6 +100,8 @@ def tma_kernel(batch: int, m: int, n: int, k: int, dtype: str) -> str | None:
     tiles = tiles_of(TILES["128x128"], batch, m, n)
     if tiles < MIN_TILES or tiles * k < MIN_WORK:
         return None
+    if tiles >= PINGPONG_TILES and k <= PINGPONG_K:
+        return f"matmul_tma128x128pp_{t}_{t}"
     return f"matmul_tma128x128_{t}_{t}"
 
 
