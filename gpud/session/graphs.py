@@ -6,10 +6,9 @@ the packed inputs, one per intermediate (by its index) and one for the packed ou
 large as the largest instance needs; an instance binds views of them of its own sizes. Replays on
 one device never overlap (one stream), so sharing is safe; intermediates are not cleared between
 replays. (Separate buffers, not one arena: WebGPU refuses one buffer bound read-only and
-read-write in one dispatch, whatever the ranges.) A family holds a
-reference to every session tensor its steps use (no replay touches freed memory) and is private
-to the session that built it until published; published, any session can open and replay it with
-its own inputs, scalars and bound tensors.
+read-write in one dispatch, whatever the ranges.) A family holds a reference to every session tensor
+its steps use (no replay touches freed memory) and is private to the session that built it until
+published; published, any session can open and replay it with its own inputs, scalars and bound tensors.
 
 Per replay: one upload of the packed inputs into the arena, the instantiated steps (one per family
 generation and bound-tensor set, cached), copies of the outputs into one packed region, and, for
