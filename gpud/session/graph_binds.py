@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpud.backends.base import Buffer
 from gpud.runtime.graph import Replayable
+from gpud.session.binding import UNBOUND, Binding
 from gpud.session.tensors import Handle
 from gpud_protocol.errors import InvalidArgument, PermissionDenied
 from gpud_protocol.views import TensorView
@@ -20,21 +21,6 @@ from gpud_protocol.views import TensorView
 if TYPE_CHECKING:
     from gpud.session.graphs import Family, Instance
     from gpud.session.state import SessionState as Session
-
-
-class Binding:
-    """A replay's bound tensors as checked: the handles they were named by, their buffers, and the key
-    of their plan in `Instance.plans` (made on first use, for the family's generation then)."""
-
-    __slots__ = ("buffers", "handles", "key")
-
-    def __init__(self, handles: tuple[Handle | None, ...], buffers: tuple[Buffer, ...]) -> None:
-        self.handles = handles
-        self.buffers = buffers
-        self.key: tuple[Any, ...] | None = None
-
-
-UNBOUND = Binding((), ())
 
 
 def bind(session: Session, family: Family, instance: Instance, refs: tuple[int | TensorView, ...]) -> Binding:

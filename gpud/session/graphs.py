@@ -20,21 +20,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import gpud_protocol as proto
 from gpud.backends.base import Buffer, CopyStep, DispatchStep, GraphStep, Var, memory_key
 from gpud.runtime.cache import LruCache
 from gpud.runtime.graph import Replayable
 from gpud.runtime.runtime import DeviceRuntime
+from gpud.session.binding import Binding
 from gpud.session.graph_checks import check_copy, check_dispatch
 from gpud.session.slots import Pool
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
-
-if TYPE_CHECKING:
-    from gpud.session.graph_binds import Binding
 
 ALIGN = 256  # every part of the arena; also the packing of a replay's inputs (the client packs the same way)
 

@@ -14,6 +14,7 @@ import gpud_client
 from gpud.backends.base import Buffer
 from gpud.runtime.cache import LruCache
 from gpud.session import graph_binds
+from gpud.session.binding import UNBOUND, Binding
 from gpud.session.tensors import Handle, Tensor
 from gpud_client import InvalidArgument as ClientInvalidArgument
 from gpud_client import u32
@@ -65,7 +66,7 @@ def _handle(writable: bool = True, shape: tuple[int, ...] = (4,), dtype: str = "
     return Handle(Tensor(Buffer(next(_ids), 16, bytearray(16), 0), dtype, shape), writable, shape)
 
 
-def _bind(session: _Session, family: _Family, instance: _Instance, refs: tuple[Any, ...]) -> graph_binds.Binding:
+def _bind(session: _Session, family: _Family, instance: _Instance, refs: tuple[Any, ...]) -> Binding:
     return graph_binds.bind(session, family, instance, refs)  # type: ignore[arg-type]
 
 
@@ -132,7 +133,7 @@ def test_a_wrong_count_is_refused_before_any_handle_is_looked_up() -> None:
         _bind(session, family, instance, (5, 6))
     no_binds = _Instance()
     no_binds.binds = ()
-    assert _bind(session, family, no_binds, ()) is graph_binds.UNBOUND
+    assert _bind(session, family, no_binds, ()) is UNBOUND
 
 
 async def test_replays_follow_their_bound_tensors_across_frees(gpu: gpud_client.Client) -> None:
