@@ -7,7 +7,8 @@ Per case, `calls` calls are queued back to back and timed (the batches they fill
 without waiting), then the session syncs and frees what they made, outside the timing; the least of
 `reps` such runs is printed as microseconds of this thread's CPU per call (and of wall time). The
 targets (issue #17): <= 2 us per raw `gpu.dispatch`, <= 5 us per op-library call (an output made per
-call included).
+call included). Then the client's side of a MiniLM replay, by stage (benchmarks.client_replay; the daemon
+runs with --trace for it), the least of `reps` runs' medians.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any
 import numpy as np
 
 import gpud_client
-from benchmarks import fake_ops, write_json
+from benchmarks import client_replay, fake_ops, write_json
 from gpud_client import nn, u32
 
 Case = Callable[[int], None]  # queues `calls` calls
+REPLAYS = 300  # replays per run of the replay's case (benchmarks.client_replay)
 
 
 def _cases(gpu: gpud_client.Client, kernel: gpud_client.Kernel, tensors: dict[str, Any]) -> dict[str, Case]:
@@ -153,7 +155,8 @@ async def run(address: str, calls: int, reps: int) -> dict[str, float]:
             cpu, wall = await _measure(gpu, case, calls, reps)
             results[name] = cpu
             print(f"  {name:<40} {cpu:8.2f} us per call   (wall {wall:.2f})", flush=True)
-        return results
+    results.update(await client_replay.run(address, REPLAYS, reps))  # a session of its own
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write the results (us of CPU per call, by case) here")
     args = parser.parse_args(argv)
     print(f"client CPU per call ({args.backend} daemon, {args.calls} calls a run, least of {args.reps}):")
-    with fake_ops.daemon(args.backend) as address:
+    with fake_ops.daemon(args.backend, extra_args=("--trace",)) as address:  # (the replay's stages)
         results = asyncio.run(run(address, args.calls, args.reps))
     meta = {"calls": args.calls, "reps": args.reps, "backend": args.backend, "unit": "us of client CPU per call"}
     write_json(args.json, {"benchmark": "client_ops", "meta": meta, "results": results})

@@ -283,7 +283,11 @@ class ClientBase:
         parts += (made, tail)
         seq = self._seq_last = next(self._seqs)
         parts[1] = packing.pack_fast(seq)
-        self._queue_packed(b"".join(parts))
+        connection = self._connection  # `_queue_packed`, inlined: every op's dispatch comes here
+        if connection.lost is not None:
+            raise connection.lost
+        if connection.queue.add(b"".join(parts), None):
+            connection.send_batch()
         return seq
 
     _seq_last = 0

@@ -29,6 +29,8 @@ class Operators:
         graph = getattr(x, "graph", None)
         if graph is None:
             graph = getattr(y, "graph", None)
+            if graph is None:  # a session's tensors: the call without the keyword
+                return getattr(self._ops(), op)(x, y)
         return getattr(self._ops(), op)(x, y, graph=graph)
 
     def __add__(self, other: Any) -> Any:

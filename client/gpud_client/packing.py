@@ -1,8 +1,8 @@
 """The ops that eager work sends most, packed without the generic encoder (`gpud_protocol.encode_op`
-builds a NamedTuple and packs every field per op: about a microsecond): allocations, frees and the op
-library's dispatches. The bytes are exactly the generic encoder's (tests/client/test_packing.py
-compares them); the parts that repeat (an allocation's dtype, shape and device; a dispatch's grid
-and scalars) are packed once.
+builds a NamedTuple and packs every field per op: about a microsecond): allocations, frees, the op
+library's dispatches and replay graphs' runs. The bytes are exactly the generic encoder's
+(tests/client/test_hot_path.py compares them); the parts that repeat (an allocation's dtype, shape and
+device; a dispatch's grid and scalars) are packed once.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 
 from gpud_client.memo import Memo
-from gpud_protocol import ArgKind, DispatchEncoder, Opcode
+from gpud_protocol import ArgKind, DispatchEncoder, Launch, Opcode, Replay, ReplaySteps
 from gpud_protocol.wire import pack
 
 pack_fast: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack  # `pack`'s bytes, minus a call
@@ -63,3 +63,11 @@ def dispatch_head(grid: tuple[int, int, int], args: int) -> bytes:
 def dispatch_tail(scalars: tuple[Any, ...]) -> bytes:
     """What follows the tensor arguments: the scalar arguments (`Scalar`s) and writes (none)."""
     return b"".join([pack(s) for s in scalars]) + NIL
+
+
+_RUNS = {Replay: int(Opcode.REPLAY), ReplaySteps: int(Opcode.REPLAY_STEPS), Launch: int(Opcode.LAUNCH)}
+
+
+def graph_run(op: Replay | ReplaySteps | Launch) -> bytes:
+    """A replay graph's run (`Replay`, `ReplaySteps` or `Launch`), packed: its fields go as they are."""
+    return pack_fast([_RUNS[type(op)], *op])

@@ -18,7 +18,9 @@ client does that by itself before it raises an OutOfMemory, so that a retry find
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+import threading
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -44,7 +46,14 @@ T = TypeVar("T", bound=Owned)
 
 
 def _current_task_311() -> Task:
-    """asyncio.current_task() without its Python frame (3.11 has no C version; every op output asks)."""
+    """asyncio.current_task() without its Python frame (3.11 has no C version; every op output asks), and
+    for the task that last opened a scope (`_entered`) without asking for the running loop either: 3.11's
+    asks getpid(), a system call, each time. That task is the current one where its loop's current task
+    (asyncio's own table) is it and this is the thread it opened the scope in (a task runs in its loop's
+    thread; a forked child forgets it)."""
+    task, loop, thread = _entered
+    if _TASKS.get(loop) is task and _get_ident() == thread and task is not None:
+        return task
     loop = _running_loop()
     return None if loop is None else _TASKS.get(loop)
 
@@ -61,6 +70,24 @@ _current_tasks: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks",
 _TASKS: dict[Any, Any] = {} if _current_tasks is None else _current_tasks
 current_task = _current_task_311 if sys.version_info < (3, 12) and _current_tasks is not None else _current_task
 
+_get_ident = threading.get_ident
+_NOBODY: tuple[Task, Any, int] = (None, None, 0)
+_entered = _NOBODY  # (the task that last opened a scope, its loop, its thread) while its scopes are open
+
+
+def _remember(task: Task) -> None:
+    global _entered
+    _entered = _NOBODY if task is None else (task, task.get_loop(), _get_ident())
+
+
+def _forget(task: Task) -> None:
+    global _entered
+    if _entered[0] is task:
+        _entered = _NOBODY  # (no finished task kept alive)
+
+
+os.register_at_fork(after_in_child=lambda: _remember(None))
+
 
 class Scope:
     def __init__(self, client: Scoped) -> None:
@@ -75,6 +102,7 @@ class Scope:
         self._open = True
         self._task = current_task()
         self._client._scopes.setdefault(self._task, []).append(self)
+        _remember(self._task)
         return self
 
     async def __aexit__(
@@ -86,6 +114,7 @@ class Scope:
             stack.remove(self)
         if not stack:
             scopes.pop(self._task, None)  # none left: making a tensor costs one check again
+            _forget(self._task)
         made, self._made = self._made, {}
         for tensor in made.values():
             tensor.free()

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import gpud_protocol as proto
-from gpud_client.dtypes import exact_bits, from_storage, host_dtype, is_bfloat16
+from gpud_client import packing
+from gpud_client.dtypes import exact_bits, from_storage, host_dtype, is_bfloat16, storage_dtype
 from gpud_client.errors import InvalidArgument
 from gpud_client.graph_tensors import whole_view
 
@@ -45,12 +46,13 @@ class Step:
         self.outputs = outputs
         self.feeds = feeds or {}  # output -> the input it feeds in `replay_steps`
         self.freed = False
+        self._names = frozenset(name for name, _ in (*inputs, *scalars, *binds))  # what a replay is given
 
     async def replay(self, **values: Any) -> dict[str, np.ndarray[Any, Any]]:
         """One message; resolves with the outputs by name."""
         client = self._client
         seq = client._next_seq()
-        client._queue(self._op(proto.Replay, seq, values), request=seq)
+        client._queue_packed(packing.graph_run(self._op(proto.Replay, seq, values)), request=seq)
         header, data = await client._connection.request(seq)
         return _outputs(header, data, 1)[0]
 
@@ -82,7 +84,7 @@ class Step:
             per_step.append(step)
         client = self._client
         seq = client._next_seq()
-        client._queue(self._op(proto.ReplaySteps, seq, per_step[0], per_step, steps), request=seq)
+        client._queue_packed(packing.graph_run(self._op(proto.ReplaySteps, seq, per_step[0], per_step, steps)), seq)
         header, data = await client._connection.request(seq)
         outs = _outputs(header, data, steps)
         return {name: np.stack([out[name] for out in outs]) for name in outs[0]} if outs else {}
@@ -93,7 +95,7 @@ class Step:
 
     def _op_queued(self, values: dict[str, Any]) -> None:
         client = self._client
-        client._queue(self._op(proto.Launch, client._next_seq(), values))
+        client._queue_packed(packing.graph_run(self._op(proto.Launch, client._next_seq(), values)))
 
     def _op(
         self,
@@ -105,38 +107,35 @@ class Step:
     ) -> Any:
         if self.freed:
             raise InvalidArgument(f"graph {self.name!r} is freed")
-        known = {n for n, _ in self.inputs} | {n for n, _ in self.scalars} | {n for n, _ in self.binds}
-        if unknown := set(values) - known:
-            raise InvalidArgument(f"graph {self.name!r} has no input, scalar or bound tensor {sorted(unknown)}")
-        if missing := known - set(values):
-            raise InvalidArgument(f"graph {self.name!r} needs {sorted(missing)}")
-        steps = per_step or [values]
+        if values.keys() != self._names:
+            if unknown := set(values) - self._names:
+                raise InvalidArgument(f"graph {self.name!r} has no input, scalar or bound tensor {sorted(unknown)}")
+            raise InvalidArgument(f"graph {self.name!r} needs {sorted(self._names - set(values))}")
         arrays = [host_input(self.name, name, dtype, values[name]) for name, dtype in self.inputs]
-        each = [[host_input(self.name, name, dtype, step[name]) for name, dtype in self.inputs] for step in steps]
-        if any(tuple(a.shape) != tuple(b.shape) for step in each for a, b in zip(step, arrays, strict=True)):
-            raise InvalidArgument(f"graph {self.name!r}: every step's inputs need the shapes of the first step's")
-        binds = tuple(self._client._ref_of(values[name]) for name, _ in self.binds)  # checked before a frame is queued
-        for (name, _), ref in zip(self.binds, binds, strict=True):
-            if isinstance(ref, proto.TensorView):
-                whole_view(f"graph {self.name!r} bound tensor {name!r}", values[name])
+        each = [arrays]  # every step's inputs (`per_step[0]` is `values`)
+        if per_step:
+            each += [
+                [host_input(self.name, name, dtype, step[name]) for name, dtype in self.inputs] for step in per_step[1:]
+            ]
+            if any(a.shape != b.shape for later in each[1:] for a, b in zip(later, arrays, strict=True)):
+                raise InvalidArgument(f"graph {self.name!r}: every step's inputs need the shapes of the first step's")
+        binds: tuple[Any, ...] = ()
+        if self.binds:  # checked before the frame is queued
+            binds = tuple([self._client._ref_of(values[name]) for name, _ in self.binds])
+            for (name, _), ref in zip(self.binds, binds, strict=True):
+                if isinstance(ref, proto.TensorView):
+                    whole_view(f"graph {self.name!r} bound tensor {name!r}", values[name])
         frame = -1
         if arrays:
-            total, offsets = 0, []
-            for array in arrays:
-                offsets.append(total)
-                total = (total + array.nbytes + ALIGN - 1) // ALIGN * ALIGN
-            packed = bytearray(total * len(each))  # the steps' inputs one after another, each packed alike
-            for k, step_arrays in enumerate(each):
-                for array, offset in zip(step_arrays, offsets, strict=True):
-                    packed[k * total + offset : k * total + offset + array.nbytes] = array.tobytes()
+            packed = packed_inputs(each)
             queue = self._client._connection.queue
-            index = queue.add_frame(bytes(packed))
+            index = queue.add_frame(packed)
             if index is None:
                 self._client._connection.send_batch()
-                index = queue.add_frame(bytes(packed))
+                index = queue.add_frame(packed)
             frame = int(index or 0)
-        scalars = tuple(float(values[name]) if kind == "f32" else int(values[name]) for name, kind in self.scalars)
-        shapes = tuple(tuple(a.shape) for a in arrays)
+        scalars = tuple([float(values[name]) if sort == "f32" else int(values[name]) for name, sort in self.scalars])
+        shapes = tuple([a.shape for a in arrays])
         if kind is proto.ReplaySteps:
             return kind(seq, self.handle, frame, shapes, scalars, binds, n)
         return kind(seq, self.handle, frame, shapes, scalars, binds)
@@ -151,19 +150,33 @@ class Step:
         return f"<gpud graph {self.name!r} #{self.handle} device {self.device}>"
 
 
+def packed_inputs(steps: list[list[np.ndarray[Any, Any]]]) -> bytes:
+    """A replay's input frame: each step's inputs one after another, each at an offset aligned to ALIGN
+    bytes (zeros between them), the steps one after another (each packed alike). One copy of the data."""
+    chunks: list[Any] = []
+    for arrays in steps:
+        for array in arrays:  # C-ordered (`host_input`): its buffer is its bytes
+            chunks.append(array)
+            if pad := -array.nbytes % ALIGN:
+                chunks.append(_ZEROS[:pad])
+    return b"".join(chunks)
+
+
+_ZEROS = bytes(ALIGN)
+
+
 def _outputs(header: dict[str, Any], data: Any, steps: int) -> list[dict[str, np.ndarray[Any, Any]]]:
     """Each step's outputs by name, from a reply's packed data (the steps one after another)."""
-    raw = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
+    raw = b"" if data is None else data  # a frame's buffer, or an assembled uint8 array
     layout = header.get("outputs", ())
-    size = len(raw) // steps if steps else 0
+    size = memoryview(raw).nbytes // steps if steps > 1 else 0  # a step's bytes
     outs: list[dict[str, np.ndarray[Any, Any]]] = []
     for k in range(steps):
         out: dict[str, np.ndarray[Any, Any]] = {}
         for name, dtype, shape, offset in layout:
             stored = host_dtype(dtype)
-            at = k * size + offset
-            count = math.prod(shape)
-            out[name] = from_storage(raw[at : at + count * stored.itemsize], stored, copy=True).reshape(shape)
+            elements = np.frombuffer(raw, storage_dtype(stored), math.prod(shape), k * size + offset)
+            out[name] = from_storage(elements, stored, copy=True).reshape(shape)
         outs.append(out)
     return outs
 
@@ -177,13 +190,13 @@ def host_input(graph: str, name: str, dtype: str, value: Any) -> np.ndarray[Any,
     """A replay's input as given: of the input's dtype exactly, as `Tensor.upload` takes data (host
     data is never converted: `gpu.tensor(a)` keeps a's dtype too). A bfloat16 input takes float32
     values, rounded to nearest even, or ml_dtypes.bfloat16 ones: its bits are sent."""
-    if is_bfloat16(dtype):
+    if is_bfloat16(dtype):  # (of the name: a numpy dtype's name takes microseconds)
         try:
             return exact_bits(value, f"graph {graph!r} input {name!r}")
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
     array = np.asarray(value, order="C")
-    if array.dtype != np.dtype(dtype):
+    if array.dtype != host_dtype(dtype):  # (numpy's dtype of the name, kept)
         raise InvalidArgument(
             f"graph {graph!r} input {name!r} is {dtype}, got {array.dtype}: convert it first "
             f"(np.asarray(value, {dtype!r}))"

@@ -140,6 +140,12 @@ class Tensor(TensorViews, Reshapes, Operators):
     def _ops(self) -> Any:
         return self._client.ops  # type: ignore[attr-defined]  # gpud_client.Client's
 
+    def __matmul__(self, other: Any) -> Any:
+        """`Operators.__matmul__`; two session tensors (`q @ k.T` every step) go to the op without its lookups."""
+        if type(other) is Tensor:
+            return self._client.ops.matmul(self, other)  # type: ignore[attr-defined]
+        return self._call2("matmul", self, other)
+
     @property
     def freed(self) -> bool:
         """Freed, or a view of a freed tensor: no longer usable."""

@@ -183,6 +183,18 @@ def test_keys_tell_negative_zero_apart_and_take_anything() -> None:
     assert base.exact([0.0]) != base.exact([-0.0]) and base.signed(-0.0) != base.signed(0.0)
     array = np.zeros(3)
     assert base.signed(array) is array and base.signed("x") == "x"  # refused later, by the op's own check
+    assert base.signed(None) is None and base.exact([None, 0.0]) == (None, (0.0, 1.0))  # a default: no exception
+
+
+def test_graph_runs_are_packed_as_the_generic_encoder_packs_them() -> None:
+    view = proto.TensorView(7, 12, (2, 6), (6, 1))
+    for op in (
+        proto.Replay(5, 3, 0, ((16, 16), (16, 16), (16,)), (), ()),
+        proto.Replay(2**40, 3, -1, (), (1.5, -2, 7), (9, view)),
+        proto.Launch(6, 4, 2, ((3,),), (0.0,), (view,)),
+        proto.ReplaySteps(8, 4, 1, ((1, 4),), (-0.0, 3), (11,), 16),
+    ):
+        assert packing.graph_run(op) == proto.encode_op(op)
 
 
 async def test_a_dropped_tensor_goes_at_once(gpu: gpud_client.Client) -> None:

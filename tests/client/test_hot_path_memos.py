@@ -127,3 +127,39 @@ async def test_the_hot_paths_memos_are_bounded_and_right_past_their_bound(
             np.testing.assert_allclose(await got.numpy(), q @ k.T, rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(await tk.T.numpy(), k.T)
             assert all(len(memo) <= 4 for memo in small.values())
+
+
+def _attention(q: Any, k: Any, v: Any, key_mask: Any) -> Any:
+    """numpy's attention of q (B, T, H, D) over k, v (B, S, H, D), keys where key_mask (B, S) is nonzero."""
+    scores = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(key_mask[:, None, None, :] != 0, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bhts,bshd->bthd", weights / weights.sum(-1, keepdims=True), v)
+
+
+async def test_split_attention_queues_both_dispatches_from_its_kept_plan(gpu: gpud_client.Client) -> None:
+    """A new output takes `_execute`'s way for both dispatches (the scratch kept across calls, not the scope's);
+    `out=` the checked one; either way the same numbers, and a failure of either names `attention`."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 3, 2, 8)).astype(np.float32) for _ in range(3))
+    key_mask = np.array([[1, 1, 0], [1, 0, 1]], np.int64)
+    want = _attention(q, k, v, key_mask)
+    tq, tk, tv, tm = (gpu.tensor(a) for a in (q, k, v, key_mask))
+    scratches = []
+    for _ in range(2):  # planned, then kept
+        async with gpu.scope():
+            got = gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=2)  # splits: the split kernels everywhere
+            names = list(gpu._connection._op_names.values())[-2:]
+            assert names == ["attention", "attention"]
+            scratches.append(next(iter(gpu.ops._scratches._items.values())))
+            into = gpu.empty((2, 3, 2, 8))
+            assert gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=2, out=into) is into
+            for result in (got, into):
+                np.testing.assert_allclose(await result.numpy(), want, rtol=1e-5, atol=1e-5)
+        assert got.freed and not scratches[-1].freed  # the client's scratch outlives the scope
+    assert scratches[0] is scratches[1]
+    assert sum(type(plan).__name__ == "SplitPlan" for plan in gpu.ops._plans.values()) == 2  # one per out=
+    with pytest.raises(gpud_client.InvalidArgument, match="attention"):
+        gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=2, out=gpu.empty((2, 3, 2, 4)))
+    for t in (tq, tk, tv, tm):
+        t.free()

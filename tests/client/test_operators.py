@@ -37,3 +37,19 @@ async def test_operators_are_the_ops_of_their_names(gpu: gpud_client.Client) -> 
     g.output("o", -((v @ tw) * 0.5 + 1.0))
     got = (await (await g.build()).replay(v=x))["o"]
     np.testing.assert_allclose(got, -((x @ w) * 0.5 + 1), rtol=1e-5, atol=1e-6)
+
+
+async def test_matmul_of_a_session_tensor_takes_every_kind_of_operand(gpu: gpud_client.Client) -> None:
+    """`Tensor.__matmul__` sends two session tensors straight to the op; anything else goes the operators'
+    way: a recording's tensor records the product, host memory is refused by the op's own check."""
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32)
+    tx, tw = gpu.tensor(x), gpu.tensor(w)
+    np.testing.assert_allclose(await (tx @ tw.T).numpy(), x @ w.T, rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidArgument, match=r"matmul: .*numpy array \(host memory\)"):
+        tx @ w.T
+    g = gpu.graph("session-at-recording")
+    u = g.input("u", (4, 2), "float32")
+    g.output("o", tx @ u)  # the session tensor on the left, the recording's on the right
+    got = (await (await g.build()).replay(u=np.ascontiguousarray(w.T)))["o"]
+    np.testing.assert_allclose(got, x @ w.T, rtol=1e-5, atol=1e-6)

@@ -109,3 +109,53 @@ def test_outside_a_running_loop_there_is_no_task() -> None:
     from gpud_client import scope as scope_module
 
     assert scope_module.current_task() is None
+
+
+async def test_the_task_that_opened_a_scope_is_answered_without_asking_the_loop(gpu: Client) -> None:
+    """On 3.11 the task that last opened a scope is the current one where asyncio's table says its loop runs
+    it and this is its thread (no getpid per op output): every other task, and another thread, is told apart."""
+    import threading
+
+    from gpud_client import scope as scope_module
+
+    async def other_task() -> tuple[Any, Any]:
+        return scope_module.current_task(), asyncio.current_task()
+
+    def other_thread() -> Any:
+        return scope_module.current_task()  # no loop runs in this thread
+
+    async with gpu.scope():
+        me = asyncio.current_task()
+        assert scope_module._entered[0] is me and scope_module.current_task() is me
+        theirs, truly = await asyncio.create_task(other_task())
+        assert theirs is truly and theirs is not me
+        assert await asyncio.get_running_loop().run_in_executor(None, other_thread) is None
+        assert scope_module._entered[2] == threading.get_ident()
+        made = gpu.empty((4,))
+        async with gpu.scope():  # nested: the same task
+            inner = gpu.empty((4,))
+        assert inner.freed and not made.freed
+    assert made.freed
+    assert scope_module._entered[0] is None  # its scopes closed: the task is not kept alive
+    assert scope_module.current_task() is asyncio.current_task()
+
+
+async def test_a_scope_of_another_task_takes_over_the_hint_and_both_stay_right(gpu: Client) -> None:
+    """Two tasks with scopes open at once: each tensor is its own task's scope's, whichever task opened last."""
+    started, go_on = asyncio.Event(), asyncio.Event()
+
+    async def second() -> Tensor:
+        async with gpu.scope():
+            started.set()
+            await go_on.wait()
+            return gpu.empty((4,))
+
+    async with gpu.scope():
+        task = asyncio.create_task(second())
+        await started.wait()  # the second task opened its scope last
+        mine = gpu.empty((4,))
+        go_on.set()
+        theirs = await task
+        assert not mine.freed and theirs.freed  # the second task's scope freed its own at exit
+        late = gpu.ops.add(mine, mine)  # the hint was forgotten: the answer asked of the loop
+    assert mine.freed and late.freed

@@ -56,7 +56,7 @@ class SplitAttentionOps(OpsBase):
     def _scratch(self, shape: tuple[int, ...], dtype: str, device: int) -> Tensor:
         key = (shape, dtype, device)
         tensor = self._scratches.get(key)
-        if tensor is None or tensor.freed:
+        if tensor is None or tensor._freed:  # (a tensor of its own memory: no base to be freed)
             tensor = self._client._new(tuple(int(d) for d in shape), dtype, device)  # `gpu.empty`, unchecked
             disown(self._client, tensor)  # kept across calls: a scope freeing it would make one per call
             self._scratches.put(key, tensor)
@@ -77,17 +77,40 @@ class SplitAttentionOps(OpsBase):
         graph: Any,
         key_mask: Any = None,
     ) -> Any:
-        operands = (q, k, v, pos, mask, key_mask, out)
-        key = (op, *[None if t is None else info_of(t) for t in operands], bool(causal), signed(scale), splits)
-        plan = self._plan(key, self._plan_attention, op, q, k, v, pos, mask, causal, scale, splits, out, key_mask)
+        infos: tuple[TensorInfo | None, ...]
+        try:  # `info_of` of each operand (None: not given), inlined
+            infos = (
+                q.info,
+                k.info,
+                v.info,
+                None if pos is None else pos.info,
+                None if mask is None else mask.info,
+                None if key_mask is None else key_mask.info,
+                None if out is None else out.info,
+            )
+        except AttributeError:
+            infos = tuple([None if t is None else info_of(t) for t in (q, k, v, pos, mask, key_mask, out)])
+        key = (op, *infos, bool(causal), signed(scale), splits)
+        try:  # `_plan`'s lookup, inlined
+            plan: SplitPlan | None = self._plans.get(key)
+        except TypeError:
+            plan = None
+        if plan is None:
+            plan = self._plan(key, self._plan_attention, op, q, k, v, pos, mask, causal, scale, splits, out, key_mask)
+        mask = key_mask if key_mask is not None else mask
+        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask]  # q stands in: not read
         if graph is not None:
             part = graph.empty(plan.part, "float32")
         else:
             part = self._scratch(plan.part, "float32", int(q.device))
+            if out is None:  # a new output: `_execute`'s way, both dispatches queued here
+                result = self._client._output(plan.shape, plan.dtype, q.device)
+                # the first writes part, this client's scratch (no input); the combine the output just made
+                self._queue_dispatch(plan.first, tensors, part._packed)
+                self._queue_dispatch(plan.combine, [part], result._packed)
+                return result
         result = self._out(out, plan.shape, plan.dtype, q, graph)
-        mask = key_mask if key_mask is not None else mask
-        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]  # q stands in: not read
-        self._launch(plan.first, tensors, graph, fresh=True)  # it writes part, this client's scratch: no input
+        self._launch(plan.first, [*tensors, part], graph, fresh=True)  # part: this client's scratch, no input
         self._launch(plan.combine, [part, result], graph, fresh=out is None)
         return result
 

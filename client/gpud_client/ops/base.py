@@ -153,9 +153,13 @@ class OpsBase:
         if graph is not None:
             graph.dispatch(self._kernel(launch.name), launch.grid, [*tensors, *launch.scalars])
             return
+        self._queue_dispatch(launch, tensors)
+
+    def _queue_dispatch(self, launch: Launch, tensors: Sequence[Any], made: bytes = b"") -> None:
+        """Queue `launch`'s dispatch of `tensors` (checked), then `made` (packed: an output just made)."""
         kernel = self._packed_kernels.get(launch.name) or self._packed_kernel(launch.name)
         client = self._client
-        seq = client._queue_launch(kernel, launch.head, launch.tail, tensors)
+        seq = client._queue_launch(kernel, launch.head, launch.tail, tensors, made)
         client._connection.name_op(seq, launch.op)
 
     def _plan(self, key: tuple[Any, ...], make: Callable[..., P], *args: Any) -> P:
@@ -179,7 +183,7 @@ class OpsBase:
             client = self._client
             result = client._output(plan.shape, plan.dtype, getattr(like, "device", None))
             launch = plan.launch
-            if launch is not None:  # `_launch` of a new output (what it writes was just made), inlined
+            if launch is not None:  # `_queue_dispatch` of a new output (what it writes was just made), inlined
                 kernel = self._packed_kernels.get(launch.name) or self._packed_kernel(launch.name)
                 seq = client._queue_launch(kernel, launch.head, launch.tail, inputs, result._packed)
                 client._connection.name_op(seq, launch.op)
@@ -236,7 +240,7 @@ def signed(value: Any) -> Any:
     """A call's parameter as part of a key: a zero with its sign (== does not tell -0.0 from 0.0, whose
     bytes and products differ); anything else as it is (what is not a number, the op's check refuses)."""
     try:
-        if value or type(value) is int:
+        if value or value is None or type(value) is int:  # (None: a default, as `scale`; no exception raised)
             return value
         return (value, math.copysign(1.0, value))
     except (TypeError, ValueError):  # not a number (an array...)

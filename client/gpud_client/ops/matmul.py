@@ -111,8 +111,11 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
     def _matmul_plan(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None = None) -> Planned:
         """The plan of `matmul` for these operands (checked when made; see `nn.Linear`, which keeps its own)."""
         bi, oi = None if bias is None else info_of(bias), None if out is None else info_of(out)
-        key = ("matmul", wt, activation, info_of(x), info_of(w), bi, oi)
-        try:  # `_plan`'s lookup, inlined
+        try:  # `info_of` and `_plan`'s lookup, inlined
+            key = ("matmul", wt, activation, x.info, w.info, bi, oi)
+        except AttributeError:
+            key = ("matmul", wt, activation, info_of(x), info_of(w), bi, oi)
+        try:
             plan: Planned | None = self._plans.get(key)
         except TypeError:
             plan = None
