@@ -9,7 +9,8 @@ the device memory in use (the resident input is held once however many clients o
 
 `--devices all` (or a list): the same K clients spread round-robin over those devices, measured in
 the same process run as with one device (the ratio is the multi-GPU speed-up), and a cross-device
-copy's bandwidth through gpud against `cuMemcpyPeer` in process (cuda).
+copy's bandwidth through gpud against `cuMemcpyPeer` in process (cuda). With `--process-per-device`
+the daemon of the several devices runs a worker process per device (no cross-device copy then).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 import gpud_client
 from benchmarks import write_json
+from gpud.service import admin
 from gpud.testing import workloads as kernels
 from gpud.testing.spawn import daemon
 
@@ -79,20 +81,27 @@ def _client_process(
 
 
 async def _publish(address: str, n: int) -> tuple[str, int]:
-    """Publish the shared input on every device; it outlives this session, as resident tensors do."""
-    async with gpud_client.connect(address) as gpu:
-        w = np.linspace(-1, 1, n, dtype=np.float32)
-        for device in range(len(gpu.devices)):
+    """Publish the shared input on every device; it outlives this session, as resident tensors do. A session
+    per device: with a process per device (`--process-per-device`) a session keeps to its own."""
+    w, backend = np.linspace(-1, 1, n, dtype=np.float32), ""
+    served = _device_count(address)
+    for device in range(served):
+        async with gpud_client.connect(address, device=device) as gpu:
             gpu.publish(gpu.tensor(w, device=device), f"bench/w/{device}", mode="ro")
-        await gpu.flush()
-        return gpu.backend, len(gpu.devices)
+            await gpu.flush()
+            backend = gpu.backend
+    return backend, served
 
 
 async def _unpublish(address: str, devices: int) -> None:
-    async with gpud_client.connect(address) as gpu:
-        for device in range(devices):
+    for device in range(devices):
+        async with gpud_client.connect(address, device=device) as gpu:
             gpu.unpublish(f"bench/w/{device}")
-        await gpu.flush()
+            await gpu.flush()
+
+
+def _device_count(address: str) -> int:
+    return len(admin.query(address, 10.0)["devices"])
 
 
 def _run_k(address: str, k: int, seconds: float, devices: int, n: int) -> dict[str, Any]:
@@ -119,24 +128,27 @@ def _run_k(address: str, k: int, seconds: float, devices: int, n: int) -> dict[s
     }
 
 
-async def _memory(address: str) -> int:
-    async with gpud_client.connect(address) as gpu:
-        stats = await gpu.stats()
-        return sum(int(d["memory_in_use"]) for d in stats["devices"])
+def _memory(address: str) -> int:
+    """Device memory in use, every device's (a process-per-device front adds up its workers')."""
+    return sum(int(d["memory_in_use"]) for d in admin.query(address, 10.0)["devices"])
 
 
-def _sweep(backend: str, devices: str, counts: list[int], seconds: float, n: int) -> tuple[str, list[dict[str, Any]]]:
+def _sweep(
+    backend: str, devices: str, counts: list[int], seconds: float, n: int, per_device: bool = False
+) -> tuple[str, list[dict[str, Any]]]:
     runs = []
-    with daemon(backend, extra_args=("--devices", devices)) as (address, _proc):
+    extra = ("--devices", devices, *(("--process-per-device",) if per_device else ()))
+    with daemon(backend, extra_args=extra) as (address, _proc):
         name, served = asyncio.run(_publish(address, n))
-        print(f"\nbackend {name}, {served} device(s) ({devices}); each client: steps of {CHAIN} dependent")
+        layout = ", a process per device" if per_device and served > 1 else ""
+        print(f"\nbackend {name}, {served} device(s) ({devices}{layout}); each client: steps of {CHAIN} dependent")
         print(
             f"dispatches on {n} floats + a readback of {min(n, CHECKED)}, clients spread round-robin over the devices"
         )
         print(f"{'clients':>7} {'aggregate/s':>12} {'per client/s (min..max)':>26} {'spread':>8} {'device MiB':>10}")
         for k in counts:
             run = _run_k(address, k, seconds, served, n)
-            run["device_memory_bytes_after"] = asyncio.run(_memory(address))
+            run["device_memory_bytes_after"] = _memory(address)
             rates = run["per_client_dispatches_per_s"]
             print(
                 f"{k:>7} {run['aggregate_dispatches_per_s']:>12.0f} {min(rates):>12.0f} .. {max(rates):<11.0f}"
@@ -206,15 +218,17 @@ def main(args: argparse.Namespace) -> int:
     backend, runs = _sweep(args.backend, "0", counts, seconds, n)
     results: dict[str, Any] = {"benchmark": "clients", "backend": backend, "n": n, "chain": CHAIN, "seconds": seconds}
     results["runs"] = runs
+    per_device = bool(getattr(args, "process_per_device", False))
     if args.devices != "0":
-        _, spread = _sweep(args.backend, args.devices, counts, seconds, n)
+        _, spread = _sweep(args.backend, args.devices, counts, seconds, n, per_device)
         results["runs_all_devices"] = spread
+        results["process_per_device"] = per_device
         print(f"\n{'clients':>7} {'speed-up over one device':>26}")
         for one, many in zip(runs, spread, strict=True):
             ratio = many["aggregate_dispatches_per_s"] / one["aggregate_dispatches_per_s"]
             many["speedup_over_one_device"] = ratio
             print(f"{one['clients']:>7} {ratio:>25.2f}x")
-        if len(spread) and spread[0]["devices"] >= 2:
+        if len(spread) and spread[0]["devices"] >= 2 and not per_device:  # no copies between processes
             nbytes, reps = (64 << 20, 3) if args.quick else (256 << 20, 10)
             with daemon(args.backend, extra_args=("--devices", args.devices, "--staging-pool-bytes", str(1 << 30))) as (
                 address,

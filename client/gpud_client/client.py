@@ -78,7 +78,8 @@ class Client(GraphCalls, ClientBase):
         if name not in proto.DTYPE_SIZES:
             raise InvalidArgument(f"dtype {host_dtype(dtype)} is not supported: use one of {sorted(proto.DTYPE_SIZES)}")
         where = self.device if device is None else int(device)
-        if not 0 <= where < max(1, len(self.devices)):
+        # A process-per-device worker serves one device of several: it judges the others' indices itself.
+        if not 0 <= where < max(1, len(self.devices)) and not self.welcome.get("process_per_device"):
             raise InvalidArgument(f"no device {where}: the daemon serves {len(self.devices)}")
         return dims, name, where
 

@@ -154,6 +154,27 @@ async def open_connection(
     device: int | None = None,
     ring: bool = False,
 ) -> AsyncIterator[Connection]:
+    """A session with the daemon at `address`; a process-per-device front's redirect is followed once:
+    this socket closed, the session opened at the worker it names instead."""
+    async with _connection(address, timeout, server_public_key, spin_us, device, ring, True) as connection:
+        redirect = connection.redirect
+        if redirect is None:
+            yield connection
+            return
+    async with _connection(redirect.address, timeout, None, spin_us, redirect.device, ring, False) as connection:
+        yield connection
+
+
+@contextlib.asynccontextmanager
+async def _connection(
+    address: str,
+    timeout: float,
+    server_public_key: bytes | None,
+    spin_us: float,
+    device: int | None,
+    ring: bool,
+    may_redirect: bool,
+) -> AsyncIterator[Connection]:
     check_listening(address)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -167,20 +188,24 @@ async def open_connection(
     sock.connect(address)
     connection = Connection(sock, address, spin_us)
     connection.server_public_key = server_public_key
+    connection.may_redirect = may_redirect
     error: BaseException | None = None
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(connection.reader)
             tg.start_soon(connection.watch_disconnect, monitor)
             await connection.handshake(timeout, device)
-            if ring and ring_supported(address):
+            redirected = connection.redirect is not None  # no session here: the caller goes to the worker
+            if ring and ring_supported(address) and not redirected:
                 await connection.attach_ring(spin_us)
-            connection.start_beats(ctx)
-            tg.start_soon(connection.heartbeat)
+            if not redirected:
+                connection.start_beats(ctx)
+                tg.start_soon(connection.heartbeat)
             try:
                 yield connection
             finally:
-                await connection.close()
+                if not redirected:
+                    await connection.close()
                 tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # The task group wraps whatever leaves it; callers catch the error itself (DaemonLost from

@@ -87,6 +87,8 @@ class Rpc(Transport):
         self._last_heard = time.monotonic()
         self._received_at = 0.0
         self.welcome: dict[str, Any] = {}
+        self.redirect: proto.Redirect | None = None  # a process-per-device front's answer to hello
+        self.may_redirect = True  # false at the worker a redirect led to: one redirect at most
         self.limits = proto.DEFAULT_LIMITS
         self.last_trace: Trace | None = None
         self._op_names: OrderedDict[int, str] = OrderedDict()  # seq of an op-library dispatch -> its op
@@ -202,6 +204,8 @@ class Rpc(Transport):
             self._window_moved.set()
         elif kind == "welcome":
             self._resolve_welcome(header)
+        elif kind == "redirect":
+            self._resolve_redirect(header, payload)
         elif kind == "error":
             error = from_code(header.get("code", 0), str(header.get("msg", "")))
             if isinstance(error, SessionLost):
@@ -255,6 +259,18 @@ class Rpc(Transport):
         self.queue.window = int(header.get("window", self.queue.window))
         if (future := self._futures.get(0)) is not None and not future.done():
             future.set_result((header, None))
+
+    def _resolve_redirect(self, header: dict[str, Any], payload: list[Any]) -> None:
+        """A front sends this hello to a device's worker: only as the answer to a first hello."""
+        try:
+            redirect = proto.decode_redirect(header, payload, self.limits)
+        except proto.ProtocolViolation as exc:
+            return self._fail_all(ProtocolError(f"a bad redirect from the daemon: {exc.message}"))
+        future = self._futures.get(0)
+        if not self.may_redirect or future is None or future.done():
+            return self._fail_all(ProtocolError(f"an unexpected redirect from the daemon at {self.address}"))
+        self.redirect = redirect
+        future.set_result((header, None))
 
     def _fail_all(self, error: GpudError) -> None:
         futures, self._futures = self._futures, {}

@@ -71,8 +71,8 @@ def resolve(name: str) -> str:
     return name
 
 
-def open_devices(name: str, devices: str | list[int], loop: asyncio.AbstractEventLoop, settings: Any) -> list[Device]:
-    """Open every device `devices` names ("all" or a list of the backend's device indices)."""
+def chosen_devices(name: str, devices: str | list[int]) -> tuple[BackendModule, list[int]]:
+    """The backend and the device indices `devices` names ("all" or a list), without opening any."""
     backend = resolve(name)
     module = cast(BackendModule, importlib.import_module(f"gpud.backends.{backend}"))
     count = module.device_count()
@@ -81,6 +81,12 @@ def open_devices(name: str, devices: str | list[int], loop: asyncio.AbstractEven
     chosen = list(range(count)) if isinstance(devices, str) else [int(i) for i in devices]
     if missing := [i for i in chosen if not 0 <= i < count]:
         raise BackendUnavailable(f"no {backend} device {missing[0]}: this host has {count} (0..{count - 1})")
+    return module, chosen
+
+
+def open_devices(name: str, devices: str | list[int], loop: asyncio.AbstractEventLoop, settings: Any) -> list[Device]:
+    """Open every device `devices` names ("all" or a list of the backend's device indices)."""
+    module, chosen = chosen_devices(name, devices)
     opened: list[Device] = []
     try:
         for position, ordinal in enumerate(chosen):

@@ -105,8 +105,11 @@ class _Submission:
 class FakeDevice(Device):
     kind = "fake"
 
-    def __init__(self, index: int, loop: asyncio.AbstractEventLoop, memory_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self, index: int, loop: asyncio.AbstractEventLoop, memory_bytes: int = 1 << 30, ordinal: int | None = None
+    ) -> None:
         super().__init__(index, loop)
+        self.ordinal = index if ordinal is None else ordinal  # the host's number for it: its name
         self.memory_bytes = memory_bytes
         self.used = 0
         self._commands: list[tuple[Any, ...]] = []
@@ -115,7 +118,7 @@ class FakeDevice(Device):
         self._thread.start()
 
     def info(self) -> dict[str, Any]:
-        return {"name": f"fake device {self.index}", "vendor": "gpud", "memory_total": self.memory_bytes}
+        return {"name": f"fake device {self.ordinal}", "vendor": "gpud", "memory_total": self.memory_bytes}
 
     def memory(self) -> tuple[int, int]:
         return self.memory_bytes - self.used, self.memory_bytes
@@ -215,4 +218,4 @@ class FakeDevice(Device):
 
 
 def open_device(position: int, ordinal: int, loop: asyncio.AbstractEventLoop, settings: Any) -> FakeDevice:
-    return FakeDevice(position, loop, int(os.environ.get("GPUD_FAKE_MEMORY", str(1 << 30))))
+    return FakeDevice(position, loop, int(os.environ.get("GPUD_FAKE_MEMORY", str(1 << 30))), ordinal)

@@ -53,6 +53,8 @@ class DeviceRuntime(Memory, Programs, Encoding, Transfers, Submission):
     ) -> None:
         self.device = device
         self.index = device.index
+        self.number = self.index  # the index clients know it by: a process-per-device worker's, its front's
+        self.others_elsewhere = False  # a process-per-device worker's: the daemon's other devices are other processes'
         self._on_lost = on_lost
         loop = device.loop
         self.ledger = CompletionLedger(lambda error: on_lost(self, error))
@@ -96,14 +98,14 @@ class DeviceRuntime(Memory, Programs, Encoding, Transfers, Submission):
         self.neighbours = [self]  # the daemon gives every runtime the list of all (`DeviceRuntime.neighbours`)
 
     def info(self) -> dict[str, Any]:
-        info = {"index": self.index, "backend": self.device.kind, **self.device.info()}
+        info = {"index": self.number, "backend": self.device.kind, **self.device.info()}
         if (memory := self.device.memory()) is not None:
             info["memory_free"], info["memory_total"] = memory
         return info
 
     def stats(self) -> dict[str, Any]:
         return {
-            "index": self.index,
+            "index": self.number,
             "backend": self.device.kind,
             "memory_in_use": self.memory_in_use,
             "live_buffers": self.live_buffers,

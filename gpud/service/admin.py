@@ -118,6 +118,12 @@ def format_status(status: dict[str, Any]) -> str:
         "health: " + ("healthy" if health["healthy"] else "UNHEALTHY"),
     ]
     lines += [f"  {problem}" for problem in health["problems"]]
+    if "workers" in status:  # a process-per-device front: what follows is its workers' together
+        lines.append(f"workers: {len(status['workers'])} (a process per device)")
+        lines += [
+            f"  [{w['device']}] pid {w['pid']} at {w['address']}: {w['state']}, {w['session_count']} session(s)"
+            for w in status["workers"]
+        ]
     lines.append(f"devices: {len(status['devices'])}")
     for d in status["devices"]:
         total = d.get("memory_total")

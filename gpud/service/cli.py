@@ -31,8 +31,8 @@ def _serve(args: argparse.Namespace) -> int:
     from gpud.backends import BackendUnavailable
     from gpud.service.config import Config, ConfigError, check, default_config_path
     from gpud.service.config_flags import overrides_from_args
+    from gpud.service.front import daemon_for
     from gpud.service.lifecycle import run_loop
-    from gpud.service.server import Server
     from gpud.service.transport import AddressInUse
 
     path = None if args.no_config else args.config or default_config_path()
@@ -54,10 +54,10 @@ def _serve(args: argparse.Namespace) -> int:
 
             with cProfile.Profile() as profile:
                 try:
-                    return run_loop(Server(config, path).serve(), config.event_loop)
+                    return run_loop(daemon_for(config, path, args.verbose).serve(), config.event_loop)
                 finally:
                     profile.dump_stats(args.profile)
-        return run_loop(Server(config, path).serve(), config.event_loop)
+        return run_loop(daemon_for(config, path, args.verbose).serve(), config.event_loop)
     except (AddressInUse, BackendUnavailable, ValueError, OSError, ImportError) as exc:
         return _fail(str(exc))
 
@@ -203,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="clients, decode: the daemon's devices (all, or 0,1); decode spreads its clients over them",
     )
     bench.add_argument("--size", type=int, help="clients: floats per tensor (default 4096; large: GPU-bound steps)")
+    bench.add_argument(
+        "--process-per-device",
+        action="store_true",
+        help="clients: the daemon of the --devices runs serves a worker process per device (process_per_device)",
+    )
     bench.add_argument(
         "--model", "--config", choices=MODELS, help="decode, soak: the model's config (default: by device)"
     )

@@ -92,6 +92,11 @@ class Config:
     )
     trace: bool = _service(False, "stamp readback replies with daemon-side times (performance work)")
     max_sessions: int = _service(1024, "client sessions at once; more are refused", min=1)
+    process_per_device: bool = _service(
+        False,
+        "with several devices, a worker process per device behind this socket (ipc:// only): each session "
+        "uses one device, whose worker the client is sent to",
+    )
 
     max_dispatches_per_flush: int = _coalescing(1024, "submit once this many dispatches are pending", min=1, max=65536)
     submission_target_s: float = _coalescing(

@@ -132,9 +132,9 @@ class Lifecycle:
     def device_lost(self, rt: DeviceRuntime, error: DeviceLost) -> None:
         if self.fatal is None:
             self.fatal = error
-            log.critical("device %d lost: %s", rt.index, error)
+            log.critical("device %d lost: %s", rt.number, error)
             for identity in list(self._registry.sessions):
-                text = f"device {rt.index} lost: {error}"
+                text = f"device {rt.number} lost: {error}"
                 self._registry.send(identity, [proto.encode_error(ErrorCode.DEVICE_LOST, text)])
             self.stop()
 

@@ -33,14 +33,16 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(f"<{priority}>{line}" for line in text.splitlines() or [""])
 
 
-def configure_logging(verbose: bool = False, stream: TextIO | None = None) -> None:
-    """Log to stderr: under journald without timestamps and with priority prefixes, else with both."""
+def configure_logging(verbose: bool = False, stream: TextIO | None = None, prefix: str = "") -> None:
+    """Log to stderr: under journald without timestamps and with priority prefixes, else with both.
+    `prefix`: before each logger name (a process-per-device worker's device)."""
     stream = sys.stderr if stream is None else stream
     handler = logging.StreamHandler(stream)
+    prefix = prefix.replace("%", "%%")
     if under_journal(stream):
-        handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
+        handler.setFormatter(JournalFormatter(f"{prefix}%(name)s: %(message)s"))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

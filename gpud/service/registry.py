@@ -23,6 +23,7 @@ from gpud.runtime.cache import LruCache
 from gpud.service.config import Config
 from gpud.service.transport import Transport
 from gpud.session.session import Daemon, Session
+from gpud.session.state import other_process
 from gpud_protocol import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -69,11 +70,15 @@ class Registry:
         if len(self.sessions) >= config.max_sessions:
             self.send(identity, [proto.encode_error(ErrorCode.BUSY, f"{config.max_sessions} sessions: no room")])
             return
-        if hello.device is not None and hello.device >= len(runtimes):
+        first = runtimes[0]
+        asked = None if hello.device is None else hello.device - (first.number - first.index)
+        if asked is not None and not 0 <= asked < len(runtimes):
             text = f"no device {hello.device}: this daemon has {len(runtimes)}"
+            if first.others_elsewhere:
+                text = other_process(hello.device or 0, first.number)
             self.send(identity, [proto.encode_error(ErrorCode.INVALID_ARGUMENT, text)])
             return
-        device = hello.device if hello.device is not None else self._least_loaded()
+        device = asked if asked is not None else self._least_loaded()
         session_id = secrets.token_hex(8)
 
         def send(frames: list[Any]) -> None:
@@ -87,7 +92,8 @@ class Registry:
         runtimes[device].sessions += 1
         self.clients[session_id] = Client(hello.name, hello.pid, time.monotonic())
         self._counters["sessions_opened"] += 1
-        log.info("session %s opened by %s (pid %s) on device %d", session_id, hello.name or "?", hello.pid, device)
+        number = runtimes[device].number
+        log.info("session %s opened by %s (pid %s) on device %d", session_id, hello.name or "?", hello.pid, number)
         welcome = {
             "t": "welcome",
             "v": proto.PROTOCOL_VERSION,
@@ -96,7 +102,8 @@ class Registry:
             "daemon": __version__,
             "backend": runtimes[0].device.kind,
             "devices": [rt.info() for rt in runtimes],
-            "device": device,
+            "device": number,
+            "process_per_device": first.others_elsewhere,  # a worker: its one device, the others elsewhere
             "limits": config.limits.as_dict(),
             "memory_quota": config.session_memory_bytes,  # per device; 0: none
             "lease_s": config.lease_s,

@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 
 
 class Server:
-    def __init__(self, config: Config, config_file: Path | None = None) -> None:
+    def __init__(self, config: Config, config_file: Path | None = None, worker_device: int | None = None) -> None:
         self.config = config
+        self.worker_device = worker_device  # a process-per-device worker: its device, as its front numbers them
         self.config_file = config_file  # where the settings came from (None: defaults and flags)
         self.started_at = time.monotonic()
         self.runtimes: list[DeviceRuntime] = []  # filled once the devices are open
@@ -81,7 +82,7 @@ class Server:
 
     async def serve(self, ready: anyio.Event | None = None) -> int:
         """Run until SIGTERM/SIGINT, `stop()`, or a fatal device error; return the exit code."""
-        config, lifecycle = self.config, self.lifecycle
+        config, lifecycle, worker_device = self.config, self.lifecycle, self.worker_device
         with self.transport.listening():
             loop = asyncio.get_running_loop()
             devices = open_devices(config.backend, config.devices, loop, config)
@@ -91,6 +92,8 @@ class Server:
             )
             for rt in self.runtimes:
                 rt.neighbours = list(self.runtimes)
+                if worker_device is not None:
+                    rt.number, rt.others_elsewhere = worker_device, True
             # Submit workers, completion threads and wgpu's poll thread take the GIL back after every
             # driver call; at Python's 5 ms interval a busy loop thread (or one polling the rings) holds
             # it that long first, and each completion waits behind it.
@@ -100,12 +103,12 @@ class Server:
             gc.freeze()
             gc.set_threshold(50_000, 20, 100)
             for rt in self.runtimes:
-                log.info("device %d: %s", rt.index, _describe(rt.info()))
+                log.info("device %d: %s", rt.number, _describe(rt.info()))
                 if rt.device.software:
                     log.warning(
                         "device %d is a software rasteriser (lavapipe): slow, and Mesa cuts every shader loop "
                         "at 65,535 iterations, silently",
-                        rt.index,
+                        rt.number,
                     )
             log.info(
                 "gpud %s serving %s with %d device(s); settings: %s",

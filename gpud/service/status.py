@@ -79,6 +79,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
     config, runtimes, registry = daemon.config, daemon.runtimes, daemon.registry
     assessed = health(daemon, now)
     transport, budget = daemon.transport, daemon.budget
+    base = runtimes[0].number - runtimes[0].index if runtimes else 0  # a process-per-device worker's offset
     return {
         "version": __version__,
         "protocol": proto.PROTOCOL_VERSION,
@@ -98,9 +99,9 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
         "session_count": len(registry.sessions),
         "sessions": _sessions(registry, now),
         "resident_count": len(daemon.residents),
-        "residents": _residents(daemon.residents, registry),
+        "residents": _residents(daemon.residents, registry, base),
         "graph_count": len(daemon.graph_store),
-        "graphs": _graphs(daemon.graph_store, registry),
+        "graphs": _graphs(daemon.graph_store, registry, base),
         "counters": {
             **daemon.counters,
             "sessionless_dropped": budget.dropped,
@@ -121,7 +122,7 @@ def _sessions(registry: Registry, now: float) -> list[dict[str, Any]]:
                 "id": session.id,
                 "client": name,
                 "pid": pid,
-                "device": session.device,
+                "device": session.shown_device(session.device),
                 "connected_s": round(now - opened, 3),
                 "idle_s": round(max(0.0, now - session.last_seen), 3),
                 "memory_bytes": sum(session.private_bytes),
@@ -140,7 +141,7 @@ def _client_of(registry: Registry, session_id: str) -> str:
     return f"{name} (pid {pid})" if name or pid else "(gone)"
 
 
-def _residents(residents: ResidentStore, registry: Registry) -> list[dict[str, Any]]:
+def _residents(residents: ResidentStore, registry: Registry, base: int) -> list[dict[str, Any]]:
     by_name: dict[str, Tensor] = residents._by_name  # read-only view of the store
     out = []
     for name in residents.names()[:LIST_CAP]:
@@ -151,7 +152,7 @@ def _residents(residents: ResidentStore, registry: Registry) -> list[dict[str, A
                 "dtype": tensor.dtype,
                 "shape": list(tensor.shape),
                 "nbytes": tensor.nbytes,
-                "device": tensor.device,
+                "device": tensor.device + base,
                 "mode": tensor.mode,
                 "publisher": _client_of(registry, tensor.publisher),
                 "refs": tensor.refs,
@@ -160,7 +161,7 @@ def _residents(residents: ResidentStore, registry: Registry) -> list[dict[str, A
     return out
 
 
-def _graphs(graph_store: GraphStore, registry: Registry) -> list[dict[str, Any]]:
+def _graphs(graph_store: GraphStore, registry: Registry, base: int) -> list[dict[str, Any]]:
     by_name: dict[str, Any] = graph_store._by_name  # read-only view of the store
     out = []
     for name in graph_store.names()[:LIST_CAP]:
@@ -168,7 +169,7 @@ def _graphs(graph_store: GraphStore, registry: Registry) -> list[dict[str, Any]]
         out.append(
             {
                 "name": name,
-                "device": family.device,
+                "device": family.device + base,
                 "builder": _client_of(registry, family.owner),
                 "nbytes": family.nbytes,
                 "instances": len(family.instances),
@@ -200,7 +201,7 @@ def _device(rt: DeviceRuntime, stalled: float) -> dict[str, Any]:
         counters |= {f"bind_group_{k}": groups[k] for k in ("hits", "misses", "evictions")}
     latencies = sorted(rt.readback_latencies)
     return {
-        "index": rt.index,
+        "index": rt.number,
         "name": str(info.get("name", "")),
         "backend": rt.device.kind,
         "memory_in_use": rt.memory_in_use,

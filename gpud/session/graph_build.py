@@ -127,7 +127,7 @@ def build_graph(session: Session, op: proto.BuildGraph, batch: proto.Batch) -> W
         session._reply(
             op.seq,
             handle=op.handle if new else handle,
-            device=device,
+            device=session.shown_device(device),
             inputs=[[p.name, p.dtype, list(p.shape), p.offset] for p in instance.inputs],
             input_bytes=instance.input_bytes,
         )

@@ -197,7 +197,7 @@ def open_graph(session: Session, op: proto.OpenGraph, _batch: proto.Batch) -> No
         raise OutOfMemory(f"more than {session._settings.session_max_graphs} graphs in this session")
     family = session._graph_store.open(op.name)
     session.graphs[op.handle] = family
-    session._reply(op.seq, device=family.device, **family.signature.describe())
+    session._reply(op.seq, device=session.shown_device(family.device), **family.signature.describe())
 
 
 def unpublish_graph(session: Session, op: proto.UnpublishGraph, _batch: proto.Batch) -> None:

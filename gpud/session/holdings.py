@@ -17,13 +17,13 @@ class Holdings(SessionState):
         rt = self._runtime(op.device)
         nbytes = op.nbytes
         quota = self._settings.session_memory_bytes
-        used = self.private_bytes[op.device]
+        used = self.private_bytes[rt.index]
         if used + nbytes > quota:
             raise OutOfMemory(
                 f"session quota of {quota} bytes on device {op.device} exceeded ({used} in use, {nbytes} requested)"
             )
         tensor = Tensor(rt.alloc(nbytes), op.dtype, op.shape, charged_to=self)
-        self.private_bytes[op.device] += nbytes
+        self.private_bytes[rt.index] += nbytes
         self._charged.add(tensor)
         self._hold(op.handle, Handle(tensor, True, op.shape))
 
@@ -76,7 +76,13 @@ class Holdings(SessionState):
         self._new_handle(op.handle)
         tensor = self._residents.open(op.name)
         self._hold(op.handle, Handle(tensor, tensor.mode == "rw", tensor.shape))
-        self._reply(op.seq, dtype=tensor.dtype, shape=list(tensor.shape), mode=tensor.mode, device=tensor.device)
+        self._reply(
+            op.seq,
+            dtype=tensor.dtype,
+            shape=list(tensor.shape),
+            mode=tensor.mode,
+            device=self.shown_device(tensor.device),
+        )
 
     def _unpublish(self, op: proto.Unpublish, _batch: proto.Batch) -> None:
         self._residents.unpublish(op.name, by=self.id)

@@ -79,7 +79,7 @@ class Requests(SessionState):
         return {
             "session": {
                 "id": self.id,
-                "device": self.device,
+                "device": self.shown_device(self.device),
                 "handles": len(self.handles),
                 "kernels": len(self.kernels),
                 "private_bytes": sum(self.private_bytes),

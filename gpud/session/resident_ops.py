@@ -75,12 +75,14 @@ def open_prefix(session: Session, op: proto.OpenPrefix, _batch: proto.Batch) -> 
         tensor = residents.open(name)
         handle_id = op.handle + index
         session._hold(handle_id, Handle(tensor, tensor.mode == "rw", tensor.shape))
-        opened.append([name, handle_id, tensor.dtype, list(tensor.shape), tensor.mode, tensor.device])
+        opened.append(
+            [name, handle_id, tensor.dtype, list(tensor.shape), tensor.mode, session.shown_device(tensor.device)]
+        )
     session._reply(op.seq, tensors=opened)
 
 
 def list_residents(session: Session, op: proto.ListResidents, _batch: proto.Batch) -> None:
     session._admit()
     found, total = session._residents.matching(op.prefix, op.after, LIMIT)
-    listed = [[name, t.dtype, list(t.shape), t.mode, t.nbytes, t.device] for name, t in found]
+    listed = [[name, t.dtype, list(t.shape), t.mode, t.nbytes, session.shown_device(t.device)] for name, t in found]
     session._reply(op.seq, residents=listed, total=total)

@@ -27,6 +27,15 @@ from gpud_protocol.errors import Busy, GpudError, InvalidArgument, NotFound, Out
 Send = Callable[[list[Any]], None]
 
 
+def other_process(device: int, own: int) -> str:
+    """Why a session of a process-per-device worker cannot name another device."""
+    return (
+        f"device {device} is served by another process: the daemon runs a process per device "
+        f"(process_per_device), and a session uses only its own device, {own}; connect(device={device}) "
+        "for a session there"
+    )
+
+
 class Settings(Protocol):
     @property
     def limits(self) -> proto.Limits: ...  # the protocol's bounds, as the welcome told the client
@@ -80,6 +89,7 @@ class Daemon(Protocol):
     runtimes: list[DeviceRuntime]
     residents: ResidentStore
     graph_store: GraphStore
+
     @property
     def merger(self) -> ReplayQueue: ...  # replays of row-independent graphs, until their slice ends
 
@@ -171,6 +181,15 @@ class SessionState:
             raise OutOfMemory(f"more than {self._settings.session_max_handles} open tensor handles in this session")
 
     def _runtime(self, device: int) -> DeviceRuntime:
-        if not 0 <= device < len(self.runtimes):
+        """The runtime of a device as the client numbers them (a process-per-device worker's are offset)."""
+        first = self.runtimes[0]
+        local = device - (first.number - first.index)
+        if not 0 <= local < len(self.runtimes):
+            if first.others_elsewhere:
+                raise InvalidArgument(other_process(device, self.shown_device(self.device)))
             raise InvalidArgument(f"no device {device}: this daemon has {len(self.runtimes)}")
-        return self.runtimes[device]
+        return self.runtimes[local]
+
+    def shown_device(self, device: int) -> int:
+        """A device index as clients know it."""
+        return self.runtimes[device].number

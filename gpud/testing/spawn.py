@@ -41,7 +41,7 @@ def answers(address: str, timeout: float = 1.0, server_public_key: bytes | None 
             return False
         header, _ = proto.decode_server_message(sock.recv_multipart(), proto.DEFAULT_LIMITS)
         sock.send(proto.BYE)
-        return header.get("t") == "welcome"
+        return header.get("t") in ("welcome", "redirect")  # a process-per-device front redirects
     finally:
         sock.close(linger=0)
         ctx.term()
@@ -139,7 +139,8 @@ def daemon(
                     child_env[key] = value
             if listener is not None:
                 child_env["NOTIFY_SOCKET"] = str(listener.path)
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+            # A group of its own: whatever it starts (a process-per-device front's workers) is stopped with it.
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
         try:
             try:
                 if listener is not None:
@@ -166,3 +167,5 @@ def daemon(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # nothing of its group outlives it

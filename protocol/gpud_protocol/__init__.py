@@ -71,6 +71,7 @@ from gpud_protocol.op_types import (
     Upload,
     UploadPart,
 )
+from gpud_protocol.redirect import Redirect, decode_redirect, encode_redirect
 from gpud_protocol.replies import (
     PONG,
     decode_server_message,
@@ -160,6 +161,7 @@ __all__ = [
     "ProtocolViolation",
     "Publish",
     "Readback",
+    "Redirect",
     "RegisterKernel",
     "Stats",
     "Sync",
@@ -167,6 +169,7 @@ __all__ = [
     "Upload",
     "decode_client_message",
     "decode_op",
+    "decode_redirect",
     "decode_server_message",
     "describe",
     "encode_batch",
@@ -178,6 +181,7 @@ __all__ = [
     "encode_ops",
     "encode_part",
     "encode_receipt",
+    "encode_redirect",
     "encode_reply",
     "f32_fits",
     "op_name",

@@ -21,6 +21,9 @@ A tensor operand (`Operand`, a dispatch's tensor argument) is a handle or a view
 ``[handle, offset, [shape...], [strides...]]`` (`gpud_protocol.views`): a view needs no handle.
 Daemon -> client headers:
     {"t": "welcome", ...}                          answer to hello (see `Welcome`)
+    {"t": "redirect", "address": str, "device": int}
+                                                   a process-per-device front's answer to hello: say
+                                                   hello at that worker instead (`redirect.py`)
     {"t": "reply", "seq": s, "ok": True, ...}      a request op done; its fields per `REPLY_FIELDS`;
                                                    a readback's first data part follows as frame 1
     {"t": "part", "seq": s, "i": k}                part k >= 1 of a readback's data, as frame 1

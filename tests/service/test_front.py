@@ -1,0 +1,135 @@
+"""A process per device (`--process-per-device`) on two fake devices: the front redirects each hello to
+a device's worker, the client follows, each worker reports its device by the front's numbering, a
+session keeps to its device, and the front stops its workers (and itself) on a signal or a lost worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rawpeer import RawPeer
+from support import assert_close, axpb, ref_axpb, run_axpb
+
+import gpud_client
+from gpud.service import admin
+from gpud.testing import spawn
+from gpud_client import InvalidArgument
+
+ARGS = ("--process-per-device", "--devices", "0,1", "--lease", "2")
+
+
+@pytest.fixture(scope="module")
+def front() -> Iterator[str]:
+    with spawn.daemon("fake", extra_args=ARGS) as (address, proc):
+        yield address
+        assert proc.poll() is None, f"the front exited with {proc.returncode}"
+
+
+def _gone(pid: int, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+async def test_a_session_on_device_1_runs_there_and_says_so(front: str) -> None:
+    async with gpud_client.connect(front, device=1) as gpu:
+        assert gpu.device == 1 and [d["index"] for d in gpu.devices] == [1]
+        assert gpu.welcome["process_per_device"] is True
+        assert gpu._connection.address.endswith(".dev1")  # the worker's socket, not the front's
+        k = await axpb(gpu)
+        data = np.arange(1000, dtype=np.float32)
+        x, y = gpu.tensor(data), gpu.empty(1000)
+        assert x.device == y.device == 1
+        run_axpb(gpu, k, x, y, 2.0, 1.0)
+        assert_close(await y.numpy(), ref_axpb(data, 2.0, 1.0))
+        stats = await gpu.stats()
+        assert stats["session"]["device"] == 1 and stats["device"]["index"] == 1
+        gpu.publish(x, "front-resident")
+        (listed,) = await gpu.residents("front-resident")
+        assert listed.device == 1
+        status = admin.query(front)
+        assert [d["index"] for d in status["devices"]] == [0, 1]
+        assert [s["device"] for s in status["sessions"]] == [1]
+        assert [(r["name"], r["device"]) for r in status["residents"]] == [("front-resident", 1)]
+        workers = status["workers"]
+        assert [(w["device"], w["session_count"]) for w in workers] == [(0, 0), (1, 1)]
+        assert all(w["address"].startswith(front + ".dev") and w["pid"] > 0 for w in workers)
+        assert "workers: 2" in admin.format_status(status)
+        assert admin.format_stats(status)
+
+
+async def test_a_session_without_a_device_goes_to_the_less_loaded_worker(front: str) -> None:
+    async with gpud_client.connect(front, device=0) as first, gpud_client.connect(front) as second:
+        assert (first.device, second.device) == (0, 1)
+        async with gpud_client.connect(front) as third, gpud_client.connect(front) as fourth:
+            assert sorted([third.device, fourth.device]) == [0, 1]
+
+
+async def test_another_device_is_refused_clearly(front: str) -> None:
+    async with gpud_client.connect(front, device=1) as gpu:
+        elsewhere = gpu.empty(4, device=0)
+        with pytest.raises(InvalidArgument, match=r"process per device \(process_per_device\)") as info:
+            await elsewhere.numpy()
+        assert info.value.op == "alloc"
+        assert (await gpu.tensor(np.ones(4, np.float32)).numpy()).sum() == 4  # the session goes on
+    with pytest.raises(InvalidArgument, match="no device 2: this daemon has 2"):
+        async with gpud_client.connect(front, device=2):
+            pass
+    worker_1 = admin.query(front)["workers"][1]["address"]
+    with pytest.raises(InvalidArgument, match="process_per_device"):
+        async with gpud_client.connect(worker_1, device=0):  # straight to a worker, naming another device
+            pass
+
+
+async def test_the_front_serves_no_session(front: str) -> None:
+    peer = RawPeer(front)
+    try:
+        await peer.batch([])
+        error = await peer.error()
+        assert "process_per_device" in error["msg"]
+        header = await peer.hello()
+        assert header["t"] == "redirect" and header["address"].startswith(front + ".dev")
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "worker killed"])
+def test_the_front_and_its_workers_stop_together(how: str) -> None:
+    with spawn.daemon("fake", extra_args=ARGS) as (address, proc):
+        pids = [w["pid"] for w in admin.query(address)["workers"]]
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        else:
+            os.kill(pids[0], signal.SIGKILL)
+            assert proc.wait(timeout=30) != 0
+        assert all(_gone(pid) for pid in pids)
+        log = (Path(address[len("ipc://") :]).parent / "daemon.log").read_text()
+        assert ("exited with -9: stopping the others" in log) == (how == "worker killed"), log[-3000:]
+
+
+def test_one_device_or_tcp() -> None:
+    with spawn.daemon("fake", extra_args=("--process-per-device", "--devices", "1")) as (address, _proc):
+        got = asyncio.run(_welcome_device(address))
+        assert got == (0, False)  # served by the one process, as without the setting
+    cmd = [sys.executable, "-m", "gpud", "serve", "--no-config", "--backend", "fake", "--process-per-device"]
+    done = subprocess.run([*cmd, "--address", "tcp://127.0.0.1:0", "--insecure-tcp"], capture_output=True, timeout=60)
+    assert done.returncode == 2 and b"process_per_device serves ipc:// addresses only" in done.stderr
+
+
+async def _welcome_device(address: str) -> tuple[int, bool]:
+    async with gpud_client.connect(address) as gpu:
+        return gpu.device, bool(gpu.welcome.get("process_per_device"))
