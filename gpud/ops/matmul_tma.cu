@@ -293,49 +293,23 @@ __device__ __forceinline__ void matmul_tmak(const TmaMap* tx, const TmaMap* tw, 
 // noise where they won, and lost up to 0.2x cuBLAS elsewhere). wt is matmul's scalar, always 1 here.
 // matmul_tmak<K>_128x128_<t>_<t>: split-K in clusters of K blocks (gpud_protocol/ops/matmul_tmak.py).
 
-extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_f16_f16(const __grid_constant__ TmaMap tx,
-    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
-    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tma<128, 5, false>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128_bf16_bf16(const __grid_constant__ TmaMap tx,
-    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
-    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tma<128, 5, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
+// MATMUL_TMA(name, body, BN, S, BF): an entry point running body<BN, S, BF> (matmul_tma or matmul_tma_pp)
+#define MATMUL_TMA(name, body, BN, S, BF)                                                                            \
+    extern "C" __global__ void __launch_bounds__(384, 1) name(const __grid_constant__ TmaMap tx,                    \
+        const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m,           \
+        unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,               \
+        unsigned int epilogue) {                                                                                     \
+        gpud_wait_prior();                                                                                           \
+        body<BN, S, BF>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);                          \
+    }
+MATMUL_TMA(matmul_tma128x128_f16_f16, matmul_tma, 128, 5, false)
+MATMUL_TMA(matmul_tma128x128_bf16_bf16, matmul_tma, 128, 5, true)
 // 128 x 64 tiles, 8 stages of 24 KB: twice the tiles, for products of a wave of them or less
-extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x64_f16_f16(const __grid_constant__ TmaMap tx,
-    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
-    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tma<64, 8, false>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x64_bf16_bf16(const __grid_constant__ TmaMap tx,
-    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
-    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tma<64, 8, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-// matmul_tma128x128pp_<t>_<t>: ping-pong, 4 stages (two staging buffers leave no room for a fifth)
-extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128pp_f16_f16(const __grid_constant__ TmaMap tx,
-    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
-    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tma_pp<128, 4, false>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1) matmul_tma128x128pp_bf16_bf16(const __grid_constant__ TmaMap tx,
-    const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m, unsigned int n,
-    unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
-    gpud_wait_prior();
-    matmul_tma_pp<128, 4, true>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);
-}
+MATMUL_TMA(matmul_tma128x64_f16_f16, matmul_tma, 64, 8, false)
+MATMUL_TMA(matmul_tma128x64_bf16_bf16, matmul_tma, 64, 8, true)
+// ping-pong, 4 stages (two staging buffers leave no room for a fifth)
+MATMUL_TMA(matmul_tma128x128pp_f16_f16, matmul_tma_pp, 128, 4, false)
+MATMUL_TMA(matmul_tma128x128pp_bf16_bf16, matmul_tma_pp, 128, 4, true)
 
 #define MATMUL_TMAK(name, BF, S)                                                                                    \
     extern "C" __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(384, 1) name(                               \

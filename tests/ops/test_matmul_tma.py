@@ -173,13 +173,13 @@ def test_the_tensor_maps_need_batches_of_whole_rows() -> None:
 
 def test_the_source_matches_its_interface() -> None:
     text = (ROOT / "gpud" / "ops" / "matmul_tma.cu").read_text()
-    found = re.findall(r"__launch_bounds__\((\d+), 1\) (matmul_tma\w+)\(", text)
-    # split-K's entry points are MATMUL_TMAK lines, their blocks checked in the PTX: test_matmul_tmak.py
-    assert {name: int(threads) for threads, name in found} == {name: t.threads for name, t in TMA_TILES.items()}
-    for name, tile in TMA_TILES.items():
-        call = re.search(rf"{name}\(.*?(matmul_tma(?:_pp)?)<(\d+), (\d+), (\w+)>", text, re.S)
-        assert call is not None, name
-        kernel, bn, stages, bf = call.groups()
+    # each entry point one MATMUL_TMA(name, body, BN, stages, bfloat16) line (its 384 threads a block are
+    # checked in the PTX below); split-K's are MATMUL_TMAK lines: test_matmul_tmak.py
+    found = re.findall(r"^MATMUL_TMA\((matmul_tma\w+), (matmul_tma(?:_pp)?), (\d+), (\d+), (\w+)\)$", text, re.M)
+    assert {name for name, *_ in found} == set(TMA_TILES)
+    assert "__launch_bounds__(384, 1) name(" in text and all(t.threads == 384 for t in TMA_TILES.values())
+    for name, kernel, bn, stages, bf in found:
+        tile = TMA_TILES[name]
         assert (tile.bm, int(bn), int(stages), bf) == (128, tile.bn, tile.stages, str("bf16" in name).lower())
         assert kernel == ("matmul_tma_pp" if tile.pingpong else "matmul_tma"), name
     full = source("matmul_tma", "cuda")
