@@ -13,12 +13,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 from rawpeer import RawPeer
 from support import assert_close, axpb, ref_axpb, run_axpb
 
 import gpud_client
+import gpud_protocol as proto
 from gpud.service import admin
 from gpud.testing import spawn
 from gpud_client import InvalidArgument
@@ -104,6 +106,43 @@ async def test_the_front_serves_no_session(front: str) -> None:
         assert header["t"] == "redirect" and header["address"].startswith(front + ".dev")
     finally:
         peer.close()
+
+
+async def test_hostile_peers_at_the_front_get_typed_errors_and_harm_nobody(front: str) -> None:
+    """Whatever a peer sends the front (garbage, a non-map, unknown and server-only messages, hellos of
+    another version or naming a device it lacks or not as an integer, frames beside a hello, ops) is
+    answered with a typed error or a redirect, never INTERNAL, and the front redirects and the workers
+    serve a client as before."""
+    peer = RawPeer(front)
+    sent = [
+        b"\xc1 garbage",
+        os.urandom(300),
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({"t": "nope"}),
+        msgpack.packb({"t": "redirect", "address": "ipc:///tmp/elsewhere", "device": 0}),
+        msgpack.packb({"t": "hello", "v": 999, "name": "x", "pid": 1}),
+        msgpack.packb({"t": "hello", "v": proto.PROTOCOL_VERSION, "name": "x", "pid": 1, "device": 7}),
+        msgpack.packb({"t": "hello", "v": proto.PROTOCOL_VERSION, "name": "x", "pid": 1, "device": "1"}),
+        msgpack.packb({"t": "hello", "v": proto.PROTOCOL_VERSION, "name": "x", "pid": 1, "device": -1}),
+        msgpack.packb({"t": "hello", "v": proto.PROTOCOL_VERSION, "name": "x" * 100_000, "pid": 1}),
+    ]
+    try:
+        for message in sent:
+            await peer.send(message)
+            header, _ = await peer.recv()
+            assert header["t"] in ("error", "redirect"), (message[:40], header)
+            if header["t"] == "error":
+                assert header["code"] != int(proto.ErrorCode.INTERNAL), (message[:40], header)
+        await peer.send(msgpack.packb({"t": "hello", "v": proto.PROTOCOL_VERSION, "name": "x", "pid": 1}), b"extra")
+        header, _ = await peer.recv()
+        assert header["t"] == "error" and header["code"] != int(proto.ErrorCode.INTERNAL), header
+    finally:
+        peer.close()
+    async with gpud_client.connect(front) as gpu:
+        k, data = await axpb(gpu), np.arange(100, dtype=np.float32)
+        x, y = gpu.tensor(data), gpu.empty(100)
+        run_axpb(gpu, k, x, y, 2.0, 1.0)
+        assert_close(await y.numpy(), ref_axpb(data, 2.0, 1.0))
 
 
 @pytest.mark.parametrize("how", ["sigterm", "worker killed"])
