@@ -57,6 +57,15 @@ main() {
         devices-heavy) # the same, with GPU-bound steps (16M floats per tensor)
             section python3 -m gpud bench clients --backend cuda --devices all --size 16777216 --clients 2,4,8 --seconds 3 --json "$OUT/bench-clients-devices-heavy.json" || status=1
             ;;
+        devices-ppd) # several GPUs, a process per device (#18): light and GPU-bound steps, beside one process for all
+            for flag in "" --process-per-device; do
+                tag=$([ -n "$flag" ] && echo ppd || echo one)
+                section python3 -m gpud bench clients --backend cuda --devices all $flag --seconds 3 \
+                    --json "$OUT/bench-clients-devices-$tag.json" || status=1
+                section python3 -m gpud bench clients --backend cuda --devices all $flag --size 16777216 --clients 2,4,8 \
+                    --seconds 3 --json "$OUT/bench-clients-devices-heavy-$tag.json" || status=1
+            done
+            ;;
         devices-decode) # decode clients spread over every device (the weights once per device), beside one device
             for spread in 0 all; do
                 section python3 -m gpud bench decode --backend cuda --devices "$spread" --clients 1,2,4,8 --modes graph,merged \
