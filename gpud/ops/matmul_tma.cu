@@ -75,17 +75,8 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
 
     unsigned int slot = 0, phase = 0;  // the ring's, in step between the producer and the consumers
     if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-        if (threadIdx.x == 0) {
-            tma_prefetch(tx);
-            tma_prefetch(tw);
-            for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
-                unsigned int m0, n0;
-                tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
-                const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
-                tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, 0, ktiles, slot, phase);
-            }
-        }
+        tma_producer<BN, S>(tx, tw, b, k, x_stride, w_stride, tiles_m, tiles_n, tiles, ktiles, base, bars, slot,
+                            phase);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
         float d[BN / 2];
@@ -102,7 +93,8 @@ __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, c
 // The interface, maps, grid and tile order of matmul_tma<BN, ...>, but the block's j-th tile goes to
 // consumer j % 2 alone (two m64nBNk16 wgmma per 16 of K, 128 accumulators a thread for BN = 128): one
 // consumer's epilogue, through its own staging buffer, overlaps the other's products. The producer is
-// matmul_tma's; each consumer steps its (slot, phase) over every tile's stages, the other's skipped.
+// matmul_tma's (tma_producer); each consumer steps its (slot, phase) over every tile's stages, the other's
+// skipped.
 template <int BN, int S, bool BF>
 __device__ __forceinline__ void matmul_tma_pp(const TmaMap* tx, const TmaMap* tw, const void* __restrict__ bias,
                                               u16* __restrict__ out, unsigned int batch, unsigned int m,
@@ -123,17 +115,8 @@ __device__ __forceinline__ void matmul_tma_pp(const TmaMap* tx, const TmaMap* tw
 
     unsigned int slot = 0, phase = 0;  // the ring's, over every tile's stages
     if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-        if (threadIdx.x == 0) {
-            tma_prefetch(tx);
-            tma_prefetch(tw);
-            for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
-                unsigned int m0, n0;
-                tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
-                const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
-                tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, 0, ktiles, slot, phase);
-            }
-        }
+        tma_producer<BN, S>(tx, tw, b, k, x_stride, w_stride, tiles_m, tiles_n, tiles, ktiles, base, bars, slot,
+                            phase);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
         const unsigned int c = (threadIdx.x >> 7) - 1u, turn = bars + 16 * S;  // turn[c]: 8 c bytes in

@@ -97,6 +97,27 @@ __device__ __forceinline__ void tma_produce(const TmaMap* tx, const TmaMap* tw, 
     }
 }
 
+// the producer warpgroup of matmul_tma and matmul_tma_pp: registers down to 40, then thread 0 alone issues
+// every stage of the block's tiles (i, i + gridDim.x, ... below `tiles`) of batch b in order
+template <int BN, int S>
+__device__ __forceinline__ void tma_producer(const TmaMap* tx, const TmaMap* tw, unsigned int b, unsigned int k,
+                                             unsigned int x_stride, unsigned int w_stride, unsigned int tiles_m,
+                                             unsigned int tiles_n, unsigned int tiles, unsigned int ktiles,
+                                             unsigned int base, unsigned int bars, unsigned int& slot,
+                                             unsigned int& phase) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+    if (threadIdx.x == 0) {
+        tma_prefetch(tx);
+        tma_prefetch(tw);
+        for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
+            unsigned int m0, n0;
+            tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
+            const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
+            tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, 0, ktiles, slot, phase);
+        }
+    }
+}
+
 // a consumer warpgroup's products over K-slices kt0 .. kt1 - 1 (kt1 > kt0) of one tile (c = 0, 1: rows
 // 64 c of the tile); every stage it waited for is released, the last one after wgmma.wait_group 0
 template <int BN, int S, bool BF>
