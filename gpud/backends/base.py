@@ -222,11 +222,32 @@ class Device(ABC):
     def encode_download(self, src: Any, offset: int, staging: Any, nbytes: int) -> None: ...
 
     def peer_copy(self, other: Device) -> bool:
-        """Whether `encode_peer_copy` can copy from this device into `other`'s memory directly."""
+        """Whether `encode_peer_copy` can copy from this device into `other`'s memory, and markers order
+        the work of the two devices on the devices themselves (below)."""
         return False
 
-    def encode_peer_copy(self, src: Any, other: Device, dst: Any, nbytes: int) -> None:
-        """Copy from this device's `src` into `other`'s `dst`, on this device's stream, in op order."""
+    def encode_peer_copy(
+        self, src: Any, src_offset: int, other: Device, dst: Any, dst_offset: int, nbytes: int
+    ) -> None:
+        """Copy from this device's `src` into `other`'s `dst`, on this device's queue, in op order."""
+        raise NotImplementedError
+
+    # A marker orders work across devices on the devices themselves: made by one device, recorded
+    # in its queue (`encode_mark`), waited on in a peer's (`encode_wait`: what that peer runs after the
+    # wait runs after what this device ran before the mark). A wait must be submitted only once the
+    # submission holding its mark was issued (its `submit` returned), and a marker dropped only once
+    # every submission holding a wait on it has completed.
+
+    def new_marker(self) -> Any:
+        raise NotImplementedError
+
+    def encode_mark(self, marker: Any) -> None:
+        raise NotImplementedError
+
+    def encode_wait(self, marker: Any) -> None:
+        raise NotImplementedError
+
+    def drop_marker(self, marker: Any) -> None:
         raise NotImplementedError
 
     @abstractmethod

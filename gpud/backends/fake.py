@@ -1,6 +1,8 @@
 """A fake backend for tests without a GPU: host memory, a worker thread as the "device", and a few
 kernels written with numpy. Several fake devices exist (`GPUD_FAKE_DEVICES`, default 2), so the
-placement, cross-device copies and per-device quotas run in CI.
+placement, cross-device copies and per-device quotas run in CI. They copy to each other peer to peer,
+ordered by markers (`GPUD_FAKE_PEER=0`: through host memory, as WebGPU devices do); a wait on a
+marker whose mark was not issued first refuses its submission, where CUDA would not wait at all.
 
 Kernel sources are `fake:<name>` with entry `<name>`; the kernels (`FAKE_KERNELS`) take their
 tensors first, then their scalars, and process min(n, grid.x * 64) elements. `spin` holds the
@@ -102,6 +104,12 @@ class _Submission:
         done(None)
 
 
+class FakeMarker:
+    def __init__(self) -> None:
+        self.issued = False  # a submission holding its mark was issued
+        self.reached = threading.Event()  # the device ran the mark
+
+
 class FakeDevice(Device):
     kind = "fake"
 
@@ -112,6 +120,7 @@ class FakeDevice(Device):
         self.ordinal = index if ordinal is None else ordinal  # the host's number for it: its name
         self.memory_bytes = memory_bytes
         self.used = 0
+        self.peers = os.environ.get("GPUD_FAKE_PEER", "1") != "0"
         self._commands: list[tuple[Any, ...]] = []
         self._queue: queue.SimpleQueue[tuple[list[tuple[Any, ...]], _Submission] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._execute, name=f"gpud-fake-{index}", daemon=True)
@@ -186,6 +195,26 @@ class FakeDevice(Device):
     def encode_download(self, src: Any, offset: int, staging: Any, nbytes: int) -> None:
         self._commands.append(("copy", src, offset, staging, 0, nbytes))
 
+    def peer_copy(self, other: Device) -> bool:
+        return self.peers and isinstance(other, FakeDevice) and other is not self
+
+    def encode_peer_copy(
+        self, src: Any, src_offset: int, other: Device, dst: Any, dst_offset: int, nbytes: int
+    ) -> None:
+        self.encode_copy(src, src_offset, dst, dst_offset, nbytes)
+
+    def new_marker(self) -> FakeMarker:
+        return FakeMarker()
+
+    def encode_mark(self, marker: Any) -> None:
+        self._commands.append(("mark", marker))
+
+    def encode_wait(self, marker: Any) -> None:
+        self._commands.append(("wait", marker))
+
+    def drop_marker(self, marker: Any) -> None:
+        pass
+
     def take_commands(self) -> list[tuple[Any, ...]]:
         commands, self._commands = self._commands, []
         return commands
@@ -193,6 +222,11 @@ class FakeDevice(Device):
     def submit(self, commands: Any) -> _Submission:
         if any(c[0] == "copy" and c[1] is c[3] for c in commands):  # refused whole, as wgpu's finish() does
             raise ValueError("Source and destination cannot be the same buffer")
+        if any(c[0] == "wait" and not c[1].issued for c in commands):
+            raise InvalidArgument("a wait on a marker whose mark was not issued first")
+        for command in commands:
+            if command[0] == "mark":
+                command[1].issued = True
         submission = _Submission()
         self._queue.put((commands, submission))
         return submission
@@ -207,6 +241,10 @@ class FakeDevice(Device):
                 if command[0] == "dispatch":
                     _, run, tensors, scalars, count = command
                     run(tensors, *scalars, count)
+                elif command[0] == "mark":
+                    command[1].reached.set()
+                elif command[0] == "wait":
+                    command[1].reached.wait()
                 else:
                     _, src, src_offset, dst, dst_offset, nbytes = command
                     dst[dst_offset : dst_offset + nbytes] = src[src_offset : src_offset + nbytes]

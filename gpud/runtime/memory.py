@@ -42,7 +42,10 @@ class Memory(RuntimeState):
         return Buffer(next(self._ids), nbytes, base.native, self.index, offset=base.offset + offset, base=allocation)
 
     def release(self, buffer: Buffer) -> None:
-        """Free `buffer` once every submission that uses it has completed."""
+        """Free `buffer` once every submission that uses it has completed (and no copy between devices holds it)."""
+        if buffer.id in self._holds:
+            self._held[buffer.id] = buffer
+            return
         self.ledger.after(buffer.last_use, lambda _error: self._destroy(buffer))
 
     def _destroy(self, buffer: Buffer) -> None:

@@ -94,6 +94,10 @@ class DeviceRuntime(Memory, Programs, Encoding, Transfers, Submission):
         self._owners: set[Owner] = set()  # who has work in the pending command buffer
         self._unsaturated: asyncio.Future[None] | None = None
         self._submitting = False  # inside `_submit`: completions reported now wait for the loop
+        self.issued = 0
+        self._on_issued = {}
+        self._holds = {}
+        self._held = {}
         self.closed = False
         self.neighbours = [self]  # the daemon gives every runtime the list of all (`DeviceRuntime.neighbours`)
 

@@ -92,6 +92,10 @@ class RuntimeState:
     _owners: set[Owner]  # who has work in the pending command buffer
     _unsaturated: asyncio.Future[None] | None
     closed: bool
+    issued: int  # the last submission whose `submit` returned (they are issued in order)
+    _on_issued: dict[int, list[Done]]  # submission -> what waits for it to be issued
+    _holds: dict[int, int]  # allocation id -> copies between devices in flight that use it
+    _held: dict[int, Buffer]  # allocations released while held: released at the last `unhold`
 
     neighbours: list[RuntimeState]  # every device's runtime of this daemon, this one's included
 
@@ -152,3 +156,35 @@ class RuntimeState:
         """A result is awaited: flush at the end of this drain."""
         self._awaited = True
         self.policy.want()
+
+    def after_issued(self, fn: Done) -> None:
+        """Run `fn(error)` once every submission so far was issued to the device (its `submit` returned;
+        `error`: that submission was refused). A marker's wait may be encoded on a peer from then on."""
+        index = self.ledger.submitted
+        if index <= self.issued:
+            fn(None)
+        else:
+            self._on_issued.setdefault(index, []).append(fn)
+
+    def _issued(self, index: int, error: BaseException | None) -> None:
+        self.issued = max(self.issued, index)
+        for waited in sorted(i for i in self._on_issued if i <= index):
+            for fn in self._on_issued.pop(waited):
+                fn(error if waited == index else None)
+
+    def hold(self, buffer: Buffer) -> None:
+        """Keep `buffer`'s allocation from being released until `unhold`: a copy between devices marks it
+        used on this device only once the other device's part was issued."""
+        allocation = buffer.base or buffer
+        self._holds[allocation.id] = self._holds.get(allocation.id, 0) + 1
+
+    def unhold(self, buffer: Buffer) -> None:
+        allocation = buffer.base or buffer
+        count = self._holds.pop(allocation.id) - 1
+        if count:
+            self._holds[allocation.id] = count
+        elif (held := self._held.pop(allocation.id, None)) is not None:
+            self.release(held)
+
+    def release(self, buffer: Buffer) -> None:
+        raise NotImplementedError  # `Memory.release`

@@ -54,8 +54,10 @@ class Submission(RuntimeState):
             try:
                 submitted = self.device.submit(commands)
             except Exception as exc:
+                self.device.loop.call_soon(self._issued, index, self._refusal(index, exc))
                 self.device.loop.call_soon(self._refused, index, exc)
                 return
+            self.device.loop.call_soon(self._issued, index, None)  # not from inside the flush
             self.device.watch(submitted, lambda error: self._complete(index, error), awaited)
             return
         self.counters["worker_submits"] += 1
@@ -75,6 +77,7 @@ class Submission(RuntimeState):
         self.submitter.run(submit, lambda s, error: self._submitted(index, s, error, awaited))
 
     def _submitted(self, index: int, submitted: Any, error: BaseException | None, awaited: bool) -> None:
+        self._issued(index, None if error is None else self._refusal(index, error))
         if error is not None:
             self._refused(index, error)
         else:
@@ -100,8 +103,13 @@ class Submission(RuntimeState):
         if isinstance(error, DeviceLost):
             self.ledger.lose(error)
             return
-        failure = SubmissionFailed(f"device {self.index} refused submission {index}: {error}")
+        failure = self._refusal(index, error)
         self.ledger.after(index - 1, lambda _error: self.ledger.complete(index, failure))
+
+    def _refusal(self, index: int, error: BaseException) -> BaseException:
+        if isinstance(error, DeviceLost):
+            return error
+        return SubmissionFailed(f"device {self.index} refused submission {index}: {error}")
 
     def synchronize(self) -> asyncio.Future[None]:
         """Flush, and resolve once the device has done everything encoded so far."""

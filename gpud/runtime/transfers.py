@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpud.backends.base import Buffer
+from gpud.runtime.crossing import PeerCopy
 from gpud.runtime.ledger import Done
 from gpud.runtime.pools import StagingPool
 from gpud.runtime.state import Deliver, Owner, RuntimeState
@@ -21,27 +22,19 @@ from gpud_protocol.errors import DeviceLost, InternalError
 
 class Transfers(RuntimeState):
     def copy_to(self, src: Buffer, target: Transfers, dst: Buffer, owner: Owner) -> Wait:
-        """Copy `src` (this device) into `dst` (another device), keeping op order on both: the copy
-        starts once `dst`'s earlier uses on its device have completed, and the caller goes on only
-        once the copy has completed. Peer to peer where the devices allow it, else through host memory."""
+        """Copy `src` (this device) into `dst` (another device), keeping op order on both. Peer to peer
+        where the devices allow it, ordered on the devices (crossing.py): the caller goes on once the copy
+        is ordered before its later work on both. Else through host memory: the copy starts once `dst`'s
+        earlier uses have completed, and the caller goes on once it has completed."""
         self._check_alive()
         self.counters["cross_device_copies"] += 1
+        if self.device.peer_copy(target.device):
+            done = PeerCopy(self, target, src, dst, owner).start()
+            return Wait(done, lambda: outcome(done))
         target.want_flush()
         idle: asyncio.Future[None] = self.device.loop.create_future()
         target.after_use(dst, lambda error: settle(idle, None, error))
-        if self.device.peer_copy(target.device):
-            return Wait(idle, lambda: self._peer_copy(src, target, dst, owner))
         return Wait(idle, lambda: self._host_copy(src, target, dst, owner))
-
-    def _peer_copy(self, src: Buffer, target: Transfers, dst: Buffer, owner: Owner) -> Wait:
-        self.device.encode_peer_copy(src.native + src.offset, target.device, dst.native + dst.offset, src.nbytes)
-        self._encoded_with(src)
-        self._owners.add(owner)
-        self.counters["peer_copy_bytes"] += src.nbytes
-        done: asyncio.Future[None] = self.device.loop.create_future()
-        self.after_pending(lambda error: settle(done, None, error))
-        self.want_flush()
-        return Wait(done, lambda: outcome(done))
 
     def _host_copy(self, src: Buffer, target: Transfers, dst: Buffer, owner: Owner) -> Wait | None:
         data = bytearray(src.nbytes)

@@ -27,7 +27,8 @@ def _cuda_devices() -> int:
 
 
 BACKENDS = [
-    pytest.param("fake", id="fake"),
+    pytest.param("fake", id="fake"),  # peer to peer, ordered by markers
+    pytest.param("fake-host", id="fake-host"),  # through host memory, as WebGPU devices copy
     pytest.param(
         "cuda",
         id="cuda",
@@ -39,7 +40,9 @@ BACKENDS = [
 @pytest.fixture(scope="module", params=BACKENDS)
 def two_devices(request: pytest.FixtureRequest) -> Iterator[str]:
     args = ("--session-memory-bytes", str(16 * MiB), "--devices", "0,1")
-    with spawn.daemon(request.param, extra_args=args) as (address, proc):
+    backend, _, path = request.param.partition("-")
+    env = {"GPUD_FAKE_PEER": "0" if path == "host" else None}
+    with spawn.daemon(backend, extra_args=args, env=env) as (address, proc):
         yield address
         assert proc.poll() is None
 
@@ -70,7 +73,7 @@ async def test_work_runs_on_the_device_of_its_tensors(two_devices: str) -> None:
         assert info.value.op == "dispatch"
 
 
-async def test_copies_between_devices_keep_op_order(two_devices: str) -> None:
+async def test_copies_between_devices_keep_op_order(two_devices: str, request: pytest.FixtureRequest) -> None:
     """Each copy sees the writes to its source queued before it, and later reads of its target see
     the copy; a later write to the source does not reach the copy."""
     async with gpud_client.connect(two_devices, device=0) as gpu:
@@ -89,6 +92,8 @@ async def test_copies_between_devices_keep_op_order(two_devices: str) -> None:
             expect_out = ref_axpb(ref_axpb(expect, 1.5, float(step)), 1.0, 1.0)
             assert_close(await out.numpy(), expect_out)
             assert_close(await tmp.numpy(), np.full(n, -1.0, np.float32))
+        way = "host_copy_bytes" if request.node.callspec.params["two_devices"] == "fake-host" else "peer_copy_bytes"
+        assert (await gpu.stats())["devices"][0][way] == 5 * 4 * n
 
 
 async def test_quotas_count_per_device(two_devices: str) -> None:

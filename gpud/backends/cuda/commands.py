@@ -78,6 +78,12 @@ class CudaCommands(Device):
     def encode_download(self, src: Any, offset: int, staging: Any, nbytes: int) -> None:
         self._add(("dtoh", staging, src + offset, nbytes))
 
+    def encode_mark(self, marker: Any) -> None:
+        self._add(("mark", marker))
+
+    def encode_wait(self, marker: Any) -> None:
+        self._add(("wait", marker))
+
     def take_commands(self) -> Commands:
         if self._run:
             self._commands.append(("run", self._run))

@@ -248,9 +248,21 @@ class CudaDevice(CudaCommands):
             self.enable_peer(other)  # direct over NVLink/PCIe; without it the driver stages through the host
         return True
 
-    def encode_peer_copy(self, src: Any, other: Device, dst: Any, nbytes: int) -> None:
+    def encode_peer_copy(
+        self, src: Any, src_offset: int, other: Device, dst: Any, dst_offset: int, nbytes: int
+    ) -> None:
         assert isinstance(other, CudaDevice)
-        self._add(("peer", dst, other._context, src, self._context, nbytes))
+        self._add(("peer", dst + dst_offset, other._context, src + src_offset, self._context, nbytes))
+
+    def new_marker(self) -> Any:
+        self._current()
+        return self._call(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "creating an event")
+
+    def drop_marker(self, marker: Any) -> None:
+        self._current()
+        (status,) = cu.cuEventDestroy(marker)
+        if status:
+            log.debug("cuEventDestroy: %s", error(status))
 
     def can_access_peer(self, other: CudaDevice) -> bool:
         """Whether kernels and copies on this device can reach `other`'s memory (once `enable_peer`)."""

@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 class Commands(NamedTuple):
     """`take_commands`' result: ("run", launches) | ("copy", dst, src, n) | ("htod", dst, pinned, n)
-    | ("dtoh", pinned, src, n) | ("peer", dst, dst_ctx, src, src_ctx, n) | ("zero", ptr, n), in op
-    order; and modules to unload after them."""
+    | ("dtoh", pinned, src, n) | ("peer", dst, dst_ctx, src, src_ctx, n) | ("mark", event) | ("wait", event)
+    | ("zero", ptr, n), in op order; and modules to unload after them."""
 
     items: list[tuple[Any, ...]]
     modules: list[int]
@@ -96,6 +96,10 @@ class Stream:
                 elif op == "peer":
                     _, dst, dst_context, src, src_context, nbytes = command
                     check(cu.cuMemcpyPeerAsync(dst, dst_context, src, src_context, nbytes, stream), "peer copy")
+                elif op == "mark":
+                    check(cu.cuEventRecord(command[1], stream), "recording a marker")
+                elif op == "wait":
+                    check(cu.cuStreamWaitEvent(stream, command[1], 0), "waiting on a peer's marker")
                 else:
                     check(cu.cuMemsetD8Async(command[1], 0, command[2], stream), "zero fill")
         except DeviceLost:
