@@ -7,6 +7,10 @@ model runs in this process in PyTorch, eager and as a CUDA graph (float16, stati
 same work without a daemon. Every client's tokens are checked against a single-client run of the
 same mode, and the modes against each other.
 
+`--devices all` (or a list): the clients spread round-robin over the devices, with a copy of the
+weights on each; `--process-per-device` runs that daemon as a worker process per device, each copy
+published (and each client served) by its device's worker.
+
 The model is Qwen2.5-0.5B's shape on a GPU and `small` on a software rasteriser (--model to choose).
 """
 
@@ -20,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-import gpud_client
 from benchmarks import write_json
 from benchmarks.plot import svg
 from gpud.backends import resolve
 from gpud.testing.decoding import (
     PROMPT,
+    device_count,
     new_prefix,
     prompt,
     publish,
@@ -137,11 +141,6 @@ def _torch_rates(config: Config, tokens: int) -> dict[str, Any]:
     return rows
 
 
-async def _device_count(address: str) -> int:
-    async with gpud_client.connect(address) as gpu:
-        return len(gpu.devices)
-
-
 def main(args: argparse.Namespace) -> int:
     backend = resolve(args.backend)
     model = getattr(args, "model", None) or ("qwen2.5-0.5b" if backend == "cuda" else "small")
@@ -160,13 +159,17 @@ def main(args: argparse.Namespace) -> int:
     }
     prefix = new_prefix()
     spread = getattr(args, "devices", "0")
-    with daemon(backend, extra_args=("--trace", "--devices", spread)) as (address, _proc):
-        devices = asyncio.run(_device_count(address))
+    per_device = bool(getattr(args, "process_per_device", False))
+    extra = ("--trace", "--devices", spread, *(("--process-per-device",) if per_device else ()))
+    with daemon(backend, extra_args=extra) as (address, _proc):
+        devices = device_count(address)
+        results["process_per_device"] = per_device and devices > 1  # one device: served as without it
         published = asyncio.run(publish(address, model, prefix, devices=devices))
         results.update(published)
+        layout = ", a process per device" if results["process_per_device"] else ""
         print(
             f"{model}: {config.parameters() / 1e6:.0f}M parameters, published in {published['upload_s']:.1f} s"
-            + (f" (a copy on each of {devices} devices; clients spread round-robin)" if devices > 1 else "")
+            + (f" (a copy on each of {devices} devices{layout}; clients spread round-robin)" if devices > 1 else "")
         )
         for mode in getattr(args, "modes", None) or MODES:
             rows = []

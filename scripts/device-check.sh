@@ -72,6 +72,10 @@ main() {
                     --json "$OUT/bench-decode-devices-$spread.json" || status=1
             done
             ;;
+        devices-decode-ppd) # the same decode clients over every device, a process per device (#18)
+            section python3 -m gpud bench decode --backend cuda --devices all --process-per-device --clients 1,2,4,8 \
+                --modes graph,merged --json "$OUT/bench-decode-devices-ppd.json" || status=1
+            ;;
         cuda) section python3 -m gpud bench cuda --json "$OUT/bench-cuda.json" || status=1 ;;
         profile) # the daemon under cProfile (slower: never mix with measured runs)
             GPUD_DAEMON_ARGS="--profile $OUT/daemon-cuda.prof" section python3 -m gpud bench cuda --quick || status=1
@@ -250,6 +254,15 @@ main() {
         changed) # this session's changed op paths on cuda
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_power.py \
                 tests/ops/test_reduce_keepdims.py tests/ops/test_matmul_numpy.py tests/ops/test_layout.py tests/ops/test_reduce.py || status=1
+            ;;
+        vulkan-probe) # what the NVIDIA Vulkan adapter offers WGSL (shader-f16, subgroups, cooperative matrices)
+            section python3 -c 'import wgpu
+for a in wgpu.gpu.enumerate_adapters_sync():
+    print(a.info.get("device"), a.info.get("backend_type"), sorted(a.features))
+    print({k: v for k, v in a.limits.items() if "subgroup" in k or "workgroup" in k})' || status=1
+            ;;
+        embed-webgpu) # MiniLM through the NVIDIA Vulkan driver, beside torch (issue #15: within 3x of the cuda backend)
+            section python3 -m gpud bench embed --backend webgpu --weights .embed --json "$OUT/bench-embed-webgpu-vulkan.json" || status=1
             ;;
         optests) section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing tests/client || status=1 ;;
         *) echo "unknown section $name" && status=1 ;;

@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--process-per-device",
         action="store_true",
-        help="clients: the daemon of the --devices runs serves a worker process per device (process_per_device)",
+        help="clients, decode: the --devices daemon serves a worker process per device (process_per_device)",
     )
     bench.add_argument(
         "--model", "--config", choices=MODELS, help="decode, soak: the model's config (default: by device)"

@@ -3,6 +3,11 @@
 Each process is an ordinary gpud client: it opens the published weights, makes its own KV caches,
 warms up (compiles, builds or opens the step graph), waits for a common start time, then decodes
 `tokens` greedy tokens after a prompt of its own, reporting each step on a queue.
+
+Over several devices every device holds a copy of the weights, and every session (the publishing one,
+the clients, the unpublishing one) keeps to one device: it connects with `device=`, so that a daemon
+running a process per device (`process_per_device`) sends it to that device's worker, where the copy
+and the step graphs it publishes live.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import gpud_client
+from gpud.service import admin
 from gpud.testing.processes import gather
 from gpud.testing.reference import greedy_mismatch, reference_logits
 from gpud.testing.shared_decoder import POOL, decoder_for
@@ -46,25 +52,34 @@ def device_prefix(prefix: str, client: int, devices: int) -> str:
     return prefix if devices == 1 else f"{prefix}d{client % devices}/"
 
 
+def client_device(client: int, devices: int) -> int:
+    """The device client `client` connects to: the one whose copy `device_prefix` names."""
+    return client % devices
+
+
 async def publish(address: str, model: str, prefix: str, seed: int = 0, devices: int = 1) -> dict[str, Any]:
-    """Upload and publish the weights (a copy per device over several); how long it took and the device
-    memory one copy holds."""
-    async with gpud_client.connect(address) as gpu:
-        before = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
-        t0 = time.perf_counter()
-        for device in range(devices):
-            target = None if devices == 1 else device
-            await Weights.publish(gpu, CONFIGS[model], seed, device_prefix(prefix, device, devices), target)
-        seconds = time.perf_counter() - t0
-        after = (await gpu.stats())["devices"][gpu.device]["memory_in_use"]
-        return {"upload_s": seconds, "weights_memory": after - before, "devices": devices}
+    """Upload and publish the weights (a copy per device over several, each from a session on its
+    device); how long it took and the device memory one copy holds."""
+    seconds, held = 0.0, 0
+    for device in range(devices):
+        async with gpud_client.connect(address, device=device) as gpu:
+            before = (await gpu.stats())["device"]["memory_in_use"]
+            t0 = time.perf_counter()
+            await Weights.publish(gpu, CONFIGS[model], seed, device_prefix(prefix, device, devices))
+            seconds += time.perf_counter() - t0
+            after = (await gpu.stats())["device"]["memory_in_use"]
+            if device == 0:
+                held = after - before
+    return {"upload_s": seconds, "weights_memory": held, "devices": devices}
 
 
 async def unpublish(address: str, model: str, prefix: str, devices: int = 1) -> None:
-    """Remove the run's weights and step graphs (a name already gone is skipped)."""
-    async with gpud_client.connect(address) as gpu:
-        for names in (device_prefix(prefix, device, devices) for device in range(devices)):
-            graphs = [Decoder.graph_name_for(names + "step", batch=1, logits=False), f"{names}step-slots{POOL}"]
+    """Remove the run's weights and step graphs, each device's from a session there (a name already
+    gone is skipped)."""
+    for device in range(devices):
+        names = device_prefix(prefix, device, devices)
+        graphs = [Decoder.graph_name_for(names + "step", batch=1, logits=False), f"{names}step-slots{POOL}"]
+        async with gpud_client.connect(address, device=device) as gpu:
             for name in Weights.names(CONFIGS[model], names):
                 gpu.unpublish(name)
                 with contextlib.suppress(gpud_client.NotFound):
@@ -88,17 +103,22 @@ def reference_mismatch(model: str, tokens: list[int], seed: int = 0) -> str:
     return greedy_mismatch(tokens, logits[len(fed) - 1 :])
 
 
-async def memory_in_use(address: str) -> int:
-    async with gpud_client.connect(address) as gpu:
-        return int(sum(d["memory_in_use"] for d in (await gpu.stats())["devices"]))
+def memory_in_use(address: str) -> int:
+    """Every device's memory in use (from the status: a process-per-device front adds up its workers')."""
+    return sum(int(d["memory_in_use"]) for d in admin.query(address, 10.0)["devices"])
+
+
+def device_count(address: str) -> int:
+    """The devices the daemon serves (a session's welcome under a process per device lists only its own)."""
+    return len(admin.query(address, 10.0)["devices"])
 
 
 async def _client(
-    address: str, model: str, prefix: str, mode: str, tokens: int, seed: int, start_at: float, events: Any
+    address: str, device: int, model: str, prefix: str, mode: str, tokens: int, seed: int, start_at: float, events: Any
 ) -> dict[str, Any]:
     config = CONFIGS[model]
     steps = PROMPT - 1 + tokens
-    async with gpud_client.connect(address) as gpu:
+    async with gpud_client.connect(address, device=device) as gpu:
         params = await Weights.open(gpu, config, prefix)
         decoder = decoder_for(mode, gpu, config, params, graph_name=prefix + "step")
         # Compiles, builds or opens the graph; the timed run starts again at position 0 (attention
@@ -118,7 +138,7 @@ async def _client(
         t0 = time.perf_counter()
         out, _ = await generate(decoder, prompt(seed, config), tokens, mode, on_step=stepped)
         seconds = time.perf_counter() - t0
-        device_stats = (await gpu.stats())["devices"][params["embed"].device]
+        device_stats = (await gpu.stats())["device"]  # the session's: the weights' device
         peak = device_stats["memory_in_use"]
         decoder.free()
         return {
@@ -133,10 +153,10 @@ async def _client(
 
 
 def _process(
-    address: str, model: str, prefix: str, mode: str, tokens: int, seed: int, start_at: float, events: Any
+    address: str, device: int, model: str, prefix: str, mode: str, tokens: int, seed: int, start_at: float, events: Any
 ) -> None:
     try:
-        result = asyncio.run(_client(address, model, prefix, mode, tokens, seed, start_at, events))
+        result = asyncio.run(_client(address, device, model, prefix, mode, tokens, seed, start_at, events))
     except BaseException as exc:  # reported to the parent, which fails the run
         events.put(("failed", seed, f"{type(exc).__name__}: {exc}"))
         raise
@@ -161,7 +181,17 @@ def run_clients(
     procs = [
         ctx.Process(
             target=_process,
-            args=(address, model, device_prefix(prefix, seed, devices), mode, tokens, seed, start_at, events),
+            args=(
+                address,
+                client_device(seed, devices),
+                model,
+                device_prefix(prefix, seed, devices),
+                mode,
+                tokens,
+                seed,
+                start_at,
+                events,
+            ),
         )
         for seed in range(k)
     ]

@@ -102,7 +102,7 @@ def run_demo(backend: str, clients: int = 3, tokens: int = 16, model: str = "aut
                 rows[mode] = run_clients(address, model, prefix, mode, clients, tokens, Bars(mode, clients))
         finally:
             asyncio.run(unpublish(address, model, prefix))
-        baseline = asyncio.run(memory_in_use(address))
+        baseline = memory_in_use(address)
     print("numpy float64 reference of client 0 ...", flush=True)
     failed = _check(rows, model)
     _report(rows, clients, published["weights_memory"], baseline)

@@ -1,6 +1,7 @@
 """A process per device (`--process-per-device`) on two fake devices: the front redirects each hello to
 a device's worker, the client follows, each worker reports its device by the front's numbering, a
-session keeps to its device, and the front stops its workers (and itself) on a signal or a lost worker."""
+session keeps to its device, the decode benchmark's weights go once to each worker, and the front stops
+its workers (and itself) on a signal or a lost worker."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from support import assert_close, axpb, ref_axpb, run_axpb
 import gpud_client
 import gpud_protocol as proto
 from gpud.service import admin
-from gpud.testing import spawn
-from gpud_client import InvalidArgument
+from gpud.testing import decoding, spawn
+from gpud.testing.transformer_weights import CONFIGS, Weights, stacked_weight
+from gpud_client import InvalidArgument, NotFound
 
 ARGS = ("--process-per-device", "--devices", "0,1", "--lease", "2")
 
@@ -143,6 +145,41 @@ async def test_hostile_peers_at_the_front_get_typed_errors_and_harm_nobody(front
         x, y = gpu.tensor(data), gpu.empty(100)
         run_axpb(gpu, k, x, y, 2.0, 1.0)
         assert_close(await y.numpy(), ref_axpb(data, 2.0, 1.0))
+
+
+async def _decode_weights_per_device(address: str, per_device: bool) -> None:
+    """`gpud bench decode --devices all`'s weights (gpud.testing.decoding): a copy published per device
+    from a session there, client 3 (device 1 of the round robin) reading device 1's, all unpublished."""
+    config, prefix, seed = CONFIGS["tiny"], decoding.new_prefix(), 3
+    names = {d: Weights.names(config, decoding.device_prefix(prefix, d, 2)) for d in (0, 1)}
+    published = await decoding.publish(address, "tiny", prefix, seed, devices=2)
+    assert published["devices"] == 2 and published["weights_memory"] >= 2 * config.parameters()
+    ours = [(r["name"], r["device"]) for r in admin.query(address)["residents"] if r["name"].startswith(prefix)]
+    assert sorted(ours) == sorted((name, d) for d in (0, 1) for name in names[d])
+    device = decoding.client_device(3, 2)
+    async with gpud_client.connect(address, device=device) as gpu:
+        assert gpu.device == device == 1
+        assert gpu._connection.address.endswith(".dev1") == per_device
+        weights = await Weights.open(gpu, config, decoding.device_prefix(prefix, 3, 2))
+        assert weights["embed"].device == 1 and weights["embed"].mode == "ro"
+        want = stacked_weight(config, "embed", (config.vocab, config.hidden), seed)
+        np.testing.assert_array_equal(await weights["embed"].numpy(), want)
+        if per_device:  # device 0's copy lives in the other worker
+            with pytest.raises(NotFound):
+                await gpu.open(names[0][0])
+        else:
+            assert (await gpu.open(names[0][0])).device == 0
+    await decoding.unpublish(address, "tiny", prefix, devices=2)
+    assert not [r for r in admin.query(address)["residents"] if r["name"].startswith(prefix)]
+
+
+async def test_decode_weights_go_once_to_each_worker(front: str) -> None:
+    await _decode_weights_per_device(front, per_device=True)
+
+
+async def test_decode_weights_per_device_in_one_process() -> None:
+    with spawn.daemon("fake", extra_args=("--devices", "0,1")) as (address, _proc):
+        await _decode_weights_per_device(address, per_device=False)
 
 
 @pytest.mark.parametrize("how", ["sigterm", "worker killed"])
