@@ -5,7 +5,7 @@
 // out = x @ w^T (+ bias) for float16 or bfloat16 x and w, float32 accumulators, out rounded once.
 //
 // Tensor maps (CUtensorMap, 128 bytes, `const __grid_constant__`): x's is a rank-2 K-major map of the
-// (rows_x, K) matrix at x's address, rows_x = (batch - 1) x_stride / K + m, boxes of 64 (K) x 128 rows;
+// (rows_x, K) matrix at x's address, rows_x = (batch - 1) x_stride / K + m, boxes of 64 (K) x BM rows;
 // w's likewise, rows_w = (batch - 1) w_stride / K + n, boxes of 64 x BN; both with the 128-byte swizzle,
 // L2 promotion 256 B, out-of-bounds elements filled with zeros, of out's element type. The kernel needs
 // K % 8 == 0 (rows of 16-byte multiples), x_stride and w_stride multiples of K (batch b's rows start
@@ -14,8 +14,9 @@
 //
 // Grid: x = min(tiles, 132), y = 1, z = batch. Block i of batch z computes tiles i, i + gridDim.x, ...
 // of out (BM x BN each) in matmul_wg's grouped order (blocks past the last tile, or of y > 0, do
-// nothing). 384 threads: warpgroup 0 is the producer (one thread issues every copy), warpgroups 1 and 2
-// the consumers (64 rows x BN each, one m64nBNk16 wgmma per 16 of K). The K-slices of 64 elements of
+// nothing). 128 + 2 BM threads: warpgroup 0 is the producer (one thread issues every copy), warpgroups 1
+// to BM / 64 the consumers (64 rows x BN each, one m64nBNk16 wgmma per 16 of K: two of them for BM = 128,
+// three for BM = 192, 512 threads a block). The K-slices of 64 elements of
 // both tiles (128-byte rows, swizzled as wgmma's descriptors name) go through a ring of S stages that
 // runs on from tile to tile; the consumers stage the tile of out in a buffer of their own, so that the
 // producer fills the next tile's first stages meanwhile.
@@ -25,7 +26,7 @@
 // Barriers: each stage has two mbarriers.
 //   full[s]:  the stage is in: 1 arrival (the producer's arrive.expect_tx of the stage's bytes), which
 //             the two bulk copies complete (complete_tx). Zero-filled boxes past the edges count too.
-//   empty[s]: the consumers are done with it: 8 arrivals, lane 0 of each consumer warp after the
+//   empty[s]: the consumers are done with it: 4 BM / 64 arrivals, lane 0 of each consumer warp after the
 //             wgmma.wait_group that retires the stage's products (wait_group 1 at the next stage, or
 //             wait_group 0 after a tile's last).
 // Use u of slot s is phase u of both barriers: the consumers wait for full[s] with parity u & 1, the
@@ -34,7 +35,15 @@
 // stay in step across tiles. No block-wide barrier after the barriers' initialization.
 // The mbarrier, TMA and loop helpers are tma.cu's, put before this source.
 // Registers: 168 a thread at entry (384 threads, one block); setmaxnreg gives the producer 40 and the
-// consumers 232 (128 x 40 + 256 x 232 = 64,512 of 65,536).
+// consumers 232 (128 x 40 + 256 x 232 = 64,512 of 65,536). With three consumers (BM = 192, 512 threads)
+// 128 at entry, and 152 for the consumers (128 x 40 + 384 x 152 = 63,488): 64 accumulators a thread, as
+// with two (tma_consumer_regs).
+//
+// 192 x 128 (matmul_tma192x128, cuBLAS's choice for MiniLM's products of K = 384: a 192 x 128 tile with
+// 64-deep stages): each stage brings 40 KB for 192 x 128 x 64 products, 77 flops a byte against 64 for
+// 128 x 128 (the multiprocessors' TMA traffic from L2 a fifth lower), and a tile's epilogue (the same
+// per thread, by 3 warpgroups) is spread over 1.5x the products. 4 stages of 40 KB and the staging
+// buffer (192 x 136 halves, 51 KB) fill 217,152 bytes; a fifth stage would not fit.
 //
 // Ping-pong (matmul_tma_pp, CUTLASS's KernelTmaWarpSpecializedPingpong): the same producer, maps, grid and
 // tile order, but the block's j-th tile goes to consumer j % 2 alone (both 64-row halves: two m64nBNk16
@@ -56,50 +65,53 @@
 //   Shared memory: S (BM + BN) 128 bytes of stages, two staging buffers, 16 S + 16 bytes of barriers
 //   (full[S], empty[S], turn[2]), 1 KB to align: S = 4 for 128 x 128 (201,808 bytes; 5 would not fit).
 
-template <int BN, int S, bool BF>
+template <int BM, int BN, int S, bool BF>
 __device__ __forceinline__ void matmul_tma(const TmaMap* tx, const TmaMap* tw, const void* __restrict__ bias,
                                            u16* __restrict__ out, unsigned int batch, unsigned int m, unsigned int n,
                                            unsigned int k, unsigned int x_stride, unsigned int w_stride,
                                            unsigned int epilogue) {
-    constexpr unsigned int STAGING = (TMA_BM * (BN + 8) * 2 + 1023) / 1024 * 1024;
+    static_assert(BM == 128 || BM == 192, "a consumer warpgroup per 64 rows: 2 or 3 of them");
+    constexpr int CONSUMERS = BM / 64;
+    constexpr unsigned int STAGING = (BM * (BN + 8) * 2 + 1023) / 1024 * 1024;
     extern __shared__ unsigned char dyn[];
     const unsigned int base = (smem_u32(dyn) + 1023u) & ~1023u;  // the launch asks 1 KB more for this
-    const unsigned int staging = base + S * (TMA_BM + BN) * 128, bars = staging + STAGING;  // full[S], empty[S]
+    const unsigned int staging = base + S * (BM + BN) * 128, bars = staging + STAGING;  // full[S], empty[S]
 
-    const unsigned int tiles_m = (m + TMA_BM - 1) / TMA_BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+    const unsigned int tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
     const unsigned int ktiles = (k + TMA_BK - 1) / TMA_BK, b = blockIdx.z;
     // uniform over the block; blocks past y = 0 would repeat its tiles
     if (b >= batch || blockIdx.y != 0 || m == 0 || n == 0 || k == 0 || blockIdx.x >= tiles) return;
     out += (u64)b * m * n;
-    tma_init<S>(bars);
+    tma_init<S, 4 * CONSUMERS>(bars);  // empty[s]: every consumer warp
 
     unsigned int slot = 0, phase = 0;  // the ring's, in step between the producer and the consumers
     if (threadIdx.x < 128) {
-        tma_producer<BN, S>(tx, tw, b, k, x_stride, w_stride, tiles_m, tiles_n, tiles, ktiles, base, bars, slot,
-                            phase);
+        tma_producer<BM, BN, S>(tx, tw, b, k, x_stride, w_stride, tiles_m, tiles_n, tiles, ktiles, base, bars, slot,
+                                phase);
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(tma_consumer_regs<CONSUMERS>()) : "memory");
         float d[BN / 2];
         for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
             unsigned int m0, n0;
-            tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
-            tma_mainloop<BN, S, BF>(d, base, bars, 0, ktiles, slot, phase);
-            tma_epilogue<BN, BF>(d, staging, bias, out, m0, n0, m, n, epilogue);
+            tma_tile<BM, BN>(id, tiles_m, tiles_n, m0, n0);
+            tma_mainloop<BM, BN, S, BF>(d, base, bars, 0, ktiles, slot, phase);
+            tma_epilogue<BM, BN, BF>(d, staging, bias, out, m0, n0, m, n, epilogue);
         }
     }
 }
 
 // ---------------------------------------------------------------- ping-pong (matmul_tma_pp)
-// The interface, maps, grid and tile order of matmul_tma<BN, ...>, but the block's j-th tile goes to
+// The interface, maps, grid and tile order of matmul_tma<128, BN, ...>, but the block's j-th tile goes to
 // consumer j % 2 alone (two m64nBNk16 wgmma per 16 of K, 128 accumulators a thread for BN = 128): one
 // consumer's epilogue, through its own staging buffer, overlaps the other's products. The producer is
 // matmul_tma's (tma_producer); each consumer steps its (slot, phase) over every tile's stages, the other's
 // skipped.
-template <int BN, int S, bool BF>
+template <int BM, int BN, int S, bool BF>
 __device__ __forceinline__ void matmul_tma_pp(const TmaMap* tx, const TmaMap* tw, const void* __restrict__ bias,
                                               u16* __restrict__ out, unsigned int batch, unsigned int m,
                                               unsigned int n, unsigned int k, unsigned int x_stride,
                                               unsigned int w_stride, unsigned int epilogue) {
+    static_assert(BM == TMA_BM, "each consumer warpgroup takes a whole tile of 128 rows");
     constexpr unsigned int STAGING = (TMA_BM * (BN + 8) * 2 + 1023) / 1024 * 1024;
     extern __shared__ unsigned char dyn[];
     const unsigned int base = (smem_u32(dyn) + 1023u) & ~1023u;  // the launch asks 1 KB more for this
@@ -115,10 +127,10 @@ __device__ __forceinline__ void matmul_tma_pp(const TmaMap* tx, const TmaMap* tw
 
     unsigned int slot = 0, phase = 0;  // the ring's, over every tile's stages
     if (threadIdx.x < 128) {
-        tma_producer<BN, S>(tx, tw, b, k, x_stride, w_stride, tiles_m, tiles_n, tiles, ktiles, base, bars, slot,
-                            phase);
+        tma_producer<TMA_BM, BN, S>(tx, tw, b, k, x_stride, w_stride, tiles_m, tiles_n, tiles, ktiles, base, bars,
+                                    slot, phase);
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(tma_consumer_regs<2>()) : "memory");
         const unsigned int c = (threadIdx.x >> 7) - 1u, turn = bars + 16 * S;  // turn[c]: 8 c bytes in
         float d0[BN / 2], d1[BN / 2];
         for (unsigned int id = blockIdx.x, j = 0; id < tiles; id += gridDim.x, j++) {
@@ -128,7 +140,7 @@ __device__ __forceinline__ void matmul_tma_pp(const TmaMap* tx, const TmaMap* tw
                 continue;
             }
             unsigned int m0, n0;
-            tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
+            tma_tile<TMA_BM, BN>(id, tiles_m, tiles_n, m0, n0);
             // tile j - 1 (the other consumer's (j - 1) / 2-th) has every stage in: no full[s] of this tile
             // can be a phase behind, which its parity alone would not tell
             if (j > 0) mbar_wait(turn + 8 * c, ((j - 1) >> 1) & 1u);
@@ -226,28 +238,28 @@ __device__ __forceinline__ void matmul_tmak(const TmaMap* tx, const TmaMap* tw, 
     if (b >= batch || blockIdx.y != 0 || m == 0 || n == 0 || k == 0 || blockIdx.x >= tiles * SPLITS) return;
     const unsigned int rank = cluster_rank(), kt0 = rank * ktiles / SPLITS, kt1 = (rank + 1) * ktiles / SPLITS;
     unsigned int m0, n0;
-    tma_tile<BN>(blockIdx.x / SPLITS, (m + TMA_BM - 1) / TMA_BM, tiles_n, m0, n0);
+    tma_tile<TMA_BM, BN>(blockIdx.x / SPLITS, (m + TMA_BM - 1) / TMA_BM, tiles_n, m0, n0);
     out += (u64)b * m * n;
     tma_init<S>(bars);
 
     unsigned int slot = 0, phase = 0;
     if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(TMA_PRODUCER_REGS) : "memory");
         if (threadIdx.x == 0) {
             tma_prefetch(tx);
             tma_prefetch(tw);
             const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
-            tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, kt0, kt1, slot, phase);
+            tma_produce<TMA_BM, BN, S>(tx, tw, xrow, wrow, base, bars, kt0, kt1, slot, phase);
         }
         __syncwarp();  // converged for the cluster barriers
         cluster_sync();
         cluster_sync();
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(tma_consumer_regs<2>()) : "memory");
         const unsigned int t = threadIdx.x - 128, c = t >> 7, lane = t & 31u, q = (t >> 5) & 3u;
         float d[BN / 2];
         if (kt1 > kt0) {
-            tma_mainloop<BN, S, BF>(d, base, bars, kt0, kt1, slot, phase);
+            tma_mainloop<TMA_BM, BN, S, BF>(d, base, bars, kt0, kt1, slot, phase);
         } else {
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
@@ -270,29 +282,34 @@ __device__ __forceinline__ void matmul_tmak(const TmaMap* tx, const TmaMap* tw, 
 }
 
 // ---------------------------------------------------------------- entry points
-// matmul_tma128x128_<t>_<t> as matmul_tma<128, 5, BF>, one block of 384 threads per multiprocessor
+// matmul_tma128x128_<t>_<t> as matmul_tma<128, 128, 5, BF>, one block of 384 threads per multiprocessor
 // (TMA_TILES in gpud_protocol/ops/matmul_tma.py: the stages and dynamic shared memory), as measured on an
 // H100 (the experiment of commit 867701f: ws_tmap128x128_s5; 128 x 256 tiles gained nothing past
 // noise where they won, and lost up to 0.2x cuBLAS elsewhere). wt is matmul's scalar, always 1 here.
 // matmul_tmak<K>_128x128_<t>_<t>: split-K in clusters of K blocks (gpud_protocol/ops/matmul_tmak.py).
 
-// MATMUL_TMA(name, body, BN, S, BF): an entry point running body<BN, S, BF> (matmul_tma or matmul_tma_pp)
-#define MATMUL_TMA(name, body, BN, S, BF)                                                                            \
-    extern "C" __global__ void __launch_bounds__(384, 1) name(const __grid_constant__ TmaMap tx,                    \
+// MATMUL_TMA(name, body, BM, BN, S, BF): an entry point running body<BM, BN, S, BF> (matmul_tma or
+// matmul_tma_pp), one block of 128 + 2 BM threads per multiprocessor (a producer warpgroup, a consumer
+// warpgroup per 64 rows of the tile)
+#define MATMUL_TMA(name, body, BM, BN, S, BF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128 + 2 * (BM), 1) name(const __grid_constant__ TmaMap tx,         \
         const __grid_constant__ TmaMap tw, const void* bias, u16* out, unsigned int batch, unsigned int m,           \
         unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,               \
         unsigned int epilogue) {                                                                                     \
         gpud_wait_prior();                                                                                           \
-        body<BN, S, BF>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);                          \
+        body<BM, BN, S, BF>(&tx, &tw, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);                      \
     }
-MATMUL_TMA(matmul_tma128x128_f16_f16, matmul_tma, 128, 5, false)
-MATMUL_TMA(matmul_tma128x128_bf16_bf16, matmul_tma, 128, 5, true)
+MATMUL_TMA(matmul_tma128x128_f16_f16, matmul_tma, 128, 128, 5, false)
+MATMUL_TMA(matmul_tma128x128_bf16_bf16, matmul_tma, 128, 128, 5, true)
 // 128 x 64 tiles, 8 stages of 24 KB: twice the tiles, for products of a wave of them or less
-MATMUL_TMA(matmul_tma128x64_f16_f16, matmul_tma, 64, 8, false)
-MATMUL_TMA(matmul_tma128x64_bf16_bf16, matmul_tma, 64, 8, true)
+MATMUL_TMA(matmul_tma128x64_f16_f16, matmul_tma, 128, 64, 8, false)
+MATMUL_TMA(matmul_tma128x64_bf16_bf16, matmul_tma, 128, 64, 8, true)
 // ping-pong, 4 stages (two staging buffers leave no room for a fifth)
-MATMUL_TMA(matmul_tma128x128pp_f16_f16, matmul_tma_pp, 128, 4, false)
-MATMUL_TMA(matmul_tma128x128pp_bf16_bf16, matmul_tma_pp, 128, 4, true)
+MATMUL_TMA(matmul_tma128x128pp_f16_f16, matmul_tma_pp, 128, 128, 4, false)
+MATMUL_TMA(matmul_tma128x128pp_bf16_bf16, matmul_tma_pp, 128, 128, 4, true)
+// 192 x 128 tiles, three consumer warpgroups (512 threads), 4 stages of 40 KB: MiniLM's shapes (K = 384)
+MATMUL_TMA(matmul_tma192x128_f16_f16, matmul_tma, 192, 128, 4, false)
+MATMUL_TMA(matmul_tma192x128_bf16_bf16, matmul_tma, 192, 128, 4, true)
 
 #define MATMUL_TMAK(name, BF, S)                                                                                    \
     extern "C" __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(384, 1) name(                               \

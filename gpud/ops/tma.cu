@@ -5,8 +5,9 @@
 
 typedef unsigned short u16;
 
-#define TMA_BM 128
-#define TMA_BK 64  // elements of K per stage: one 128-byte swizzled row, the box's width
+#define TMA_BM 128  // a tile's rows: ping-pong's and split-K's; matmul_tma takes BM (128 or 192) as a parameter
+#define TMA_BK 64   // elements of K per stage: one 128-byte swizzled row, the box's width
+#define TMA_PRODUCER_REGS 40  // the producer warpgroup's registers (setmaxnreg.dec)
 #define TMA_GROUP_M 8
 // a wait traps after this many cycles (~4 s; a stage takes microseconds): a broken ring fails the launch, not hangs
 #define TMA_WATCHDOG (1ll << 33)
@@ -70,23 +71,30 @@ __device__ __forceinline__ void tma_init(unsigned int bars) {
     __syncthreads();
 }
 
-// the origin of tile `id` in matmul_wg's grouped order: groups of TMA_GROUP_M tiles of M walk N
-template <int BN>
+// the registers a thread of CONSUMERS consumer warpgroups gets (setmaxnreg.inc) beside the producer's
+// TMA_PRODUCER_REGS, a multiple of 8 within the 65,536 of a multiprocessor: 232 for 2, 152 for 3
+template <int CONSUMERS>
+__device__ __forceinline__ constexpr int tma_consumer_regs() {
+    return (65536 - 128 * TMA_PRODUCER_REGS) / (128 * CONSUMERS) / 8 * 8;
+}
+
+// the origin of tile `id` (BM x BN) in matmul_wg's grouped order: groups of TMA_GROUP_M tiles of M walk N
+template <int BM, int BN>
 __device__ __forceinline__ void tma_tile(unsigned int id, unsigned int tiles_m, unsigned int tiles_n,
                                          unsigned int& m0, unsigned int& n0) {
     const unsigned int per_group = TMA_GROUP_M * tiles_n, first = id / per_group * TMA_GROUP_M;
     const unsigned int group_rows = min(tiles_m - first, (unsigned int)TMA_GROUP_M), local = id % per_group;
-    m0 = (first + local % group_rows) * TMA_BM;
+    m0 = (first + local % group_rows) * BM;
     n0 = local / group_rows * BN;
 }
 
-// the producer (one thread): the stages of K-slices kt0 .. kt1 - 1 of one tile, x's box at row xrow and w's
-// at wrow
-template <int BN, int S>
+// the producer (one thread): the stages of K-slices kt0 .. kt1 - 1 of one BM x BN tile, x's box (BM rows)
+// at row xrow and w's (BN rows) at wrow
+template <int BM, int BN, int S>
 __device__ __forceinline__ void tma_produce(const TmaMap* tx, const TmaMap* tw, int xrow, int wrow,
                                             unsigned int base, unsigned int bars, unsigned int kt0, unsigned int kt1,
                                             unsigned int& slot, unsigned int& phase) {
-    constexpr unsigned int A_BYTES = TMA_BM * 128, STAGE = (TMA_BM + BN) * 128;
+    constexpr unsigned int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
     for (unsigned int kt = kt0; kt < kt1; kt++) {
         mbar_wait(bars + 8 * (S + slot), phase ^ 1u);  // empty
         const unsigned int sa = base + slot * STAGE, full = bars + 8 * slot;
@@ -97,33 +105,35 @@ __device__ __forceinline__ void tma_produce(const TmaMap* tx, const TmaMap* tw, 
     }
 }
 
-// the producer warpgroup of matmul_tma and matmul_tma_pp: registers down to 40, then thread 0 alone issues
-// every stage of the block's tiles (i, i + gridDim.x, ... below `tiles`) of batch b in order
-template <int BN, int S>
+// the producer warpgroup of matmul_tma and matmul_tma_pp: registers down to TMA_PRODUCER_REGS, then thread
+// 0 alone issues every stage of the block's BM x BN tiles (i, i + gridDim.x, ... below `tiles`) of batch b
+// in order
+template <int BM, int BN, int S>
 __device__ __forceinline__ void tma_producer(const TmaMap* tx, const TmaMap* tw, unsigned int b, unsigned int k,
                                              unsigned int x_stride, unsigned int w_stride, unsigned int tiles_m,
                                              unsigned int tiles_n, unsigned int tiles, unsigned int ktiles,
                                              unsigned int base, unsigned int bars, unsigned int& slot,
                                              unsigned int& phase) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(TMA_PRODUCER_REGS) : "memory");
     if (threadIdx.x == 0) {
         tma_prefetch(tx);
         tma_prefetch(tw);
         for (unsigned int id = blockIdx.x; id < tiles; id += gridDim.x) {
             unsigned int m0, n0;
-            tma_tile<BN>(id, tiles_m, tiles_n, m0, n0);
+            tma_tile<BM, BN>(id, tiles_m, tiles_n, m0, n0);
             const int xrow = (int)(b * (x_stride / k) + m0), wrow = (int)(b * (w_stride / k) + n0);
-            tma_produce<BN, S>(tx, tw, xrow, wrow, base, bars, 0, ktiles, slot, phase);
+            tma_produce<BM, BN, S>(tx, tw, xrow, wrow, base, bars, 0, ktiles, slot, phase);
         }
     }
 }
 
-// a consumer warpgroup's products over K-slices kt0 .. kt1 - 1 (kt1 > kt0) of one tile (c = 0, 1: rows
-// 64 c of the tile); every stage it waited for is released, the last one after wgmma.wait_group 0
-template <int BN, int S, bool BF>
+// a consumer warpgroup's products over K-slices kt0 .. kt1 - 1 (kt1 > kt0) of one BM x BN tile (c = 0 ..
+// BM / 64 - 1: rows 64 c of the tile); every stage it waited for is released, the last one after
+// wgmma.wait_group 0
+template <int BM, int BN, int S, bool BF>
 __device__ __forceinline__ void tma_mainloop(float* d, unsigned int base, unsigned int bars, unsigned int kt0,
                                              unsigned int kt1, unsigned int& slot, unsigned int& phase) {
-    constexpr unsigned int A_BYTES = TMA_BM * 128, STAGE = (TMA_BM + BN) * 128;
+    constexpr unsigned int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
     const unsigned int c = (threadIdx.x - 128) >> 7, lane = threadIdx.x & 31u;
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;  // so every product accumulates (scale-d 1)
@@ -148,18 +158,19 @@ __device__ __forceinline__ void tma_mainloop(float* d, unsigned int base, unsign
     if (lane == 0) mbar_arrive(bars + 8 * (S + prev));
 }
 
-// both consumers: out from d through the staging buffer (wgmma.cu's stage_tile and store_tile): warp q of
-// consumer c holds rows 64 c + 16 q + lane / 4 (+ 8). The first barrier: every consumer is done reading
-// the last tile's staged values.
-template <int BN, bool BF>
+// every consumer (BM / 64 warpgroups, 2 BM threads): out from d through the staging buffer (wgmma.cu's
+// stage_tile and store_tile): warp q of consumer c holds rows 64 c + 16 q + lane / 4 (+ 8). The first
+// barrier: every consumer is done reading the last tile's staged values.
+template <int BM, int BN, bool BF>
 __device__ __forceinline__ void tma_epilogue(const float* d, unsigned int staging, const void* __restrict__ bias,
                                              u16* __restrict__ out, unsigned int m0, unsigned int n0, unsigned int m,
                                              unsigned int n, unsigned int epilogue) {
     const unsigned int t = threadIdx.x - 128, c = t >> 7, lane = t & 31u, q = (t >> 5) & 3u;
-    asm volatile("bar.sync 1, 256;" ::: "memory");  // the consumers' own barrier (0 would wait for the producer)
+    // the consumers' own barrier (0 would wait for the producer)
+    asm volatile("bar.sync 1, %0;" ::"n"(2 * BM) : "memory");
     stage_tile<BN, BF>(d, staging, c * 64 + q * 16 + (lane >> 2), lane, bias, epilogue, n0, n);
-    asm volatile("bar.sync 1, 256;" ::: "memory");
-    store_tile<TMA_BM, BN, 256, BF>(staging, out, t, m0, n0, m, n, epilogue);
+    asm volatile("bar.sync 1, %0;" ::"n"(2 * BM) : "memory");
+    store_tile<BM, BN, 2 * BM, BF>(staging, out, t, m0, n0, m, n, epilogue);
 }
 
 // ---------------------------------------------------------------- ping-pong (matmul_tma_pp)

@@ -1,8 +1,9 @@
-"""The persistent TMA matmuls on Hopper (matmul_tma128x<BN>_<t>_<t>, CUDA on compute capability 9.0 only):
+"""The persistent TMA matmuls on Hopper (matmul_tma<BM>x<BN>_<t>_<t>, CUDA on compute capability 9.0 only):
 without a GPU, the family's build and PTX interface (two 128-byte tensor maps, then matmul_wg's other
 parameters), its interface module (tiles, shared memory, grids, the tensor maps' rows) and the rule the
 daemon checks; on a Hopper GPU, every tile against numpy in float64 at sizes off its tile, over more
-tiles than multiprocessors, batches (the next batch's rows read past m) and biases of every float dtype.
+tiles than multiprocessors, batches (the next batch's rows read past m) and biases of every float dtype;
+the 192-row tiles (three consumer warpgroups) also with an activation over blocks of several tiles.
 Tolerances as in test_matmul_tc.py."""
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ import gpud_client
 from gpud.ops import source
 from gpud.testing import nvrtc
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.matmul import BIAS_KINDS, plan
-from gpud_protocol.ops.matmul_tma import BOX_K, CAPABILITY, SMS, TMA_TILES, tma_check, tma_grid, tma_kernel, tma_rows
+from gpud_protocol.ops.matmul import ACTIVATIONS, BIAS_KINDS, plan
+from gpud_protocol.ops.matmul_tma import (
+    BOX_K,
+    CAPABILITY,
+    SHORT,
+    SMS,
+    TMA_TILES,
+    tma_check,
+    tma_grid,
+    tma_kernel,
+    tma_rows,
+)
 from ops.test_matmul_bf16 import rand as rand_of
 from ops.test_matmul_bf16 import upload
 from ops.test_matmul_tc import close_of, dtype_of
@@ -42,6 +53,10 @@ EDGES = [
     (1, 2100, 2200, 448, "bfloat16", False, False),  # 306 tiles: 42 blocks walk 3, 7 K-slices
     (2, 1700, 1800, 320, "float32", True, False),  # 210 tiles a batch: blocks of 2 and of 1
     (1, 3000, 2900, 328, None, False, False),  # 552 tiles: blocks of 5 and of 4, 6 K-slices
+    # 192-row tiles: a second tile of 8 rows (its second and third consumers' rows all past m), and
+    # 80 x 3 tiles of MiniLM's attention output at 15,360 rows, K = 384: 6 K-slices over 4 stages
+    (1, 200, 264, 384, "float16", False, False),
+    (1, 15360, 384, 384, "bfloat16", False, False),
 ]
 
 
@@ -90,13 +105,38 @@ async def test_every_tile_at_edges(gpu: gpud_client.Client, name: str) -> None:
         await tma_product(gpu, name, case, rng)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+async def test_the_192_row_tiles_activation_over_blocks_of_several_tiles(gpu: gpud_client.Client, dtype: str) -> None:
+    """matmul_tma192x128 (three consumer warpgroups, one named barrier of 384 threads) with a bias and each
+    activation, K = 384, over 21 x 15 tiles: blocks of 2 and of 3, the last tiles' rows partly past m
+    (4,000 = 20 x 192 + 160: the third consumer's 32 rows) and columns past n (1,800 = 14 x 128 + 8).
+    Right against float64, and each activated out bit for bit its plain out through the unary op."""
+    if not hopper(gpu):
+        pytest.skip("the TMA kernels run on compute capability 9.0")
+    name, case = f"matmul_tma192x128_{SHORT[dtype]}_{SHORT[dtype]}", (1, 4000, 1800, 384, dtype, False, False)
+    assert tma_grid(name, 1, 4000, 1800) == (SMS, 1, 1)
+    plain, (x, w, bias) = await direct_product(gpu, name, case, np.random.default_rng(11), tma_grid)
+    close_of(dtype, plain, x, w, True, bias)
+    product = upload(gpu, plain, dtype)
+    for activation, code in ACTIVATIONS.items():
+        fused, _ = await direct_product(gpu, name, case, np.random.default_rng(11), tma_grid, code)
+        unary = (
+            gpu.ops.silu(product)
+            if activation == "silu"
+            else gpu.ops.gelu(product, approximate="tanh" if activation == "gelu_tanh" else "none")
+        )
+        want = await unary.numpy()
+        assert np.ascontiguousarray(fused).tobytes() == np.ascontiguousarray(want).tobytes(), f"{name} {activation}"
+
+
 def test_the_tiles_grids_and_rows() -> None:
-    sizes = ("128x128", "128x64", "128x128pp")
+    sizes = ("128x128", "128x64", "128x128pp", "192x128")
     assert set(TMA_TILES) == {f"matmul_tma{size}_{t}_{t}" for t in ("f16", "bf16") for size in sizes}
     assert {name: (t.bm, t.bn, t.stages, t.threads, t.pingpong) for name, t in TMA_TILES.items() if "_f16" in name} == {
         "matmul_tma128x128_f16_f16": (128, 128, 5, 384, False),
         "matmul_tma128x64_f16_f16": (128, 64, 8, 384, False),
         "matmul_tma128x128pp_f16_f16": (128, 128, 4, 384, True),
+        "matmul_tma192x128_f16_f16": (192, 128, 4, 512, False),  # three consumer warpgroups
     }
     # the stages, the staging buffer of out, the barriers, 1 KB to align
     assert TMA_TILES["matmul_tma128x128_bf16_bf16"].shared == 5 * 256 * 128 + 34 * 1024 + 5 * 16 + 1024
@@ -104,11 +144,16 @@ def test_the_tiles_grids_and_rows() -> None:
     # ping-pong: a staging buffer per consumer, and the consumers' two turns beside the stages' barriers
     assert TMA_TILES["matmul_tma128x128pp_f16_f16"].shared == 4 * 256 * 128 + 2 * 34 * 1024 + 4 * 16 + 16 + 1024
     assert TMA_TILES["matmul_tma128x128pp_bf16_bf16"].shared == 201_808
+    # 192 x 128: 4 stages of 40 KB, a staging buffer of 192 x 136 halves (51 KB)
+    assert TMA_TILES["matmul_tma192x128_f16_f16"].shared == 4 * 320 * 128 + 51 * 1024 + 4 * 16 + 1024 == 217_152
+    assert tma_grid("matmul_tma192x128_bf16_bf16", 1, 15360, 384) == (SMS, 1, 1)  # 80 x 3 tiles
+    assert tma_grid("matmul_tma192x128_f16_f16", 3, 300, 200) == (4, 1, 3)  # 2 x 2 tiles a batch
     assert tma_grid("matmul_tma128x128pp_f16_f16", 4, 300, 200) == (6, 1, 4)  # matmul_tma128x128's
     assert tma_grid("matmul_tma128x128pp_bf16_bf16", 1, 2100, 2200) == (SMS, 1, 1)
     assert tma_grid("matmul_tma128x64_f16_f16", 1, 300, 200) == (12, 1, 1)  # 3 x 4 tiles
     for name, tile in TMA_TILES.items():
-        assert KERNELS[name].shared == tile.shared <= 227 * 1024 and KERNELS[name].block == tile.threads == 384
+        assert KERNELS[name].shared == tile.shared <= 227 * 1024 and KERNELS[name].block == tile.threads
+        assert tile.threads == 128 + (256 if tile.pingpong else 2 * tile.bm)  # a consumer warpgroup per 64 rows
     assert tma_grid("matmul_tma128x128_f16_f16", 1, 300, 200) == (6, 1, 1)  # 3 x 2 tiles
     assert tma_grid("matmul_tma128x128_f16_f16", 4, 300, 200) == (6, 1, 4)
     assert tma_grid("matmul_tma128x128_bf16_bf16", 2, 4096, 4096) == (SMS, 1, 2)  # 1,024 tiles
@@ -173,14 +218,14 @@ def test_the_tensor_maps_need_batches_of_whole_rows() -> None:
 
 def test_the_source_matches_its_interface() -> None:
     text = (ROOT / "gpud" / "ops" / "matmul_tma.cu").read_text()
-    # each entry point one MATMUL_TMA(name, body, BN, stages, bfloat16) line (its 384 threads a block are
-    # checked in the PTX below); split-K's are MATMUL_TMAK lines: test_matmul_tmak.py
-    found = re.findall(r"^MATMUL_TMA\((matmul_tma\w+), (matmul_tma(?:_pp)?), (\d+), (\d+), (\w+)\)$", text, re.M)
+    # each entry point one MATMUL_TMA(name, body, BM, BN, stages, bfloat16) line (its 128 + 2 BM threads a
+    # block are checked in the PTX below); split-K's are MATMUL_TMAK lines: test_matmul_tmak.py
+    found = re.findall(r"^MATMUL_TMA\((matmul_tma\w+), (matmul_tma(?:_pp)?), (\d+), (\d+), (\d+), (\w+)\)$", text, re.M)
     assert {name for name, *_ in found} == set(TMA_TILES)
-    assert "__launch_bounds__(384, 1) name(" in text and all(t.threads == 384 for t in TMA_TILES.values())
-    for name, kernel, bn, stages, bf in found:
+    assert "__launch_bounds__(128 + 2 * (BM), 1) name(" in text
+    for name, kernel, bm, bn, stages, bf in found:
         tile = TMA_TILES[name]
-        assert (tile.bm, int(bn), int(stages), bf) == (128, tile.bn, tile.stages, str("bf16" in name).lower())
+        assert (int(bm), int(bn), int(stages), bf) == (tile.bm, tile.bn, tile.stages, str("bf16" in name).lower())
         assert kernel == ("matmul_tma_pp" if tile.pingpong else "matmul_tma"), name
     full = source("matmul_tma", "cuda")
     assert full.count("struct alignas(64) TmaMap") == 1 and full.count("void wgmma_256_bf16(") == 1
@@ -201,7 +246,7 @@ def test_the_family_builds_with_tensor_maps_first() -> None:
         params = re.search(rf"\.entry {name}\((.*?)\)", ptx, re.S).group(1)  # type: ignore[union-attr]
         kinds = re.findall(r"\.param (\.align 64 \.b8|\.u64|\.u32) \w+?(\[128\])?(?:,|\s*$)", params.strip())
         assert kinds == [(".align 64 .b8", "[128]")] * 2 + [(".u64", "")] * 2 + [(".u32", "")] * 8, params
-        assert re.search(rf"\.entry {name}\(.*?\)\s*\.maxntid 384, 1, 1", ptx, re.S)
+        assert re.search(rf"\.entry {name}\(.*?\)\s*\.maxntid {TMA_TILES[name].threads}, 1, 1", ptx, re.S)
 
 
 def test_the_kernel_choice() -> None:

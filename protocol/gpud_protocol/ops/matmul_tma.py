@@ -1,10 +1,10 @@
 """Matrix products on Hopper by TMA and warp-specialized warpgroups (CUDA, compute capability 9.0;
 family matmul_tma: gpud/ops/matmul_tma.cu, compiled for sm_90a).
 
-`matmul_tma<BM>x<BN>[pp]_<t>_<t>` (TMA_TILES: 128 x 128, 128 x 64 and 128 x 128 ping-pong) for t in f16,
-bf16: matmul's tensors, scalars and rule (see gpud_protocol.ops.matmul) for x and w of one dtype,
-float16 or bfloat16, w as (N, K) only (wt = 1), and further K % 8 == 0, x_stride and w_stride multiples
-of K where batch > 1, and x and w at offsets of whole 16 bytes; out in that dtype, float32
+`matmul_tma<BM>x<BN>[pp]_<t>_<t>` (TMA_TILES: 128 x 128, 128 x 64, 128 x 128 ping-pong and 192 x 128)
+for t in f16, bf16: matmul's tensors, scalars and rule (see gpud_protocol.ops.matmul) for x and w of one
+dtype, float16 or bfloat16, w as (N, K) only (wt = 1), and further K % 8 == 0, x_stride and w_stride
+multiples of K where batch > 1, and x and w at offsets of whole 16 bytes; out in that dtype, float32
 accumulators, rounded once. The kernel's parameters are matmul_wg's except that x and w are CUDA tensor
 maps (CUtensorMap, 128 bytes, `const __grid_constant__`), which the daemon encodes from the tensors it
 binds there:
@@ -15,10 +15,10 @@ binds there:
     b * stride / K rows in; both with the 128-byte swizzle, L2 promotion 256 B, out-of-bounds
     elements filled with zeros, element type float16 or bfloat16 (the kernel's).
 
-A block of TMA_TILES[name].threads threads (one producer warpgroup issuing the copies, two consumer
-warpgroups: each tile's halves of 64 rows, or with `pingpong` every other tile whole, one's epilogue
-beside the other's products) walks tiles of BM x BN of out, in TMA_TILES[name].shared bytes of dynamic
-shared memory.
+A block of TMA_TILES[name].threads threads (one producer warpgroup issuing the copies, and a consumer
+warpgroup per 64 rows of the tile: two for BM = 128, three for BM = 192; or with `pingpong` two, each
+taking every other tile whole, one's epilogue beside the other's products) walks tiles of BM x BN of out,
+in TMA_TILES[name].shared bytes of dynamic shared memory.
 Grid: tma_grid, (min(tiles, SMS), 1, batch): a block per multiprocessor at most, each taking every
 gridDim.x-th tile (blocks past the last tile, or with y > 0, do nothing). The family's split-K kernels,
 for few tiles and a long K, are gpud_protocol.ops.matmul_tmak's.
@@ -51,7 +51,7 @@ class TmaTile(NamedTuple):
     bm: int
     bn: int
     stages: int
-    threads: int = 384  # a producer warpgroup and two consumer warpgroups of 64 rows
+    threads: int = 384  # a producer warpgroup and a consumer warpgroup per 64 rows (ping-pong: two)
     pingpong: bool = False  # each consumer warpgroup takes every other tile whole (matmul_tma_pp)
 
     @property
@@ -72,6 +72,10 @@ TILES = {  # as measured on an H100 (wider tiles gained nothing past noise)
     # ping-pong: one consumer's epilogue beside the other's products; two staging buffers leave room
     # for 4 stages
     "128x128pp": TmaTile(128, 128, 4, pingpong=True),
+    # three consumer warpgroups, cuBLAS's tile for MiniLM's products (K = 384): 1.2x the products per byte
+    # staged of 128 x 128, a tile's epilogue beside 1.5x the products; 4 stages of 40 KB beside the 51 KB
+    # staging buffer (217,152 bytes: a fifth would not fit). tma_kernel does not pick it yet (unmeasured)
+    "192x128": TmaTile(192, 128, 4, threads=512),
 }
 TMA_TILES = {f"matmul_tma{size}_{t}_{t}": tile for t in SHORT.values() for size, tile in TILES.items()}
 _TILED = {spec.name: spec for spec in MATMUL_SPECS}
