@@ -81,6 +81,11 @@ main() {
             GPUD_DAEMON_ARGS="--profile $OUT/daemon-cuda.prof" section python3 -m gpud bench cuda --quick || status=1
             python3 -c "import pstats; pstats.Stats('$OUT/daemon-cuda.prof').sort_stats('tottime').print_stats(25)" | tail -40
             ;;
+        profile-clients) # the daemon under cProfile while 2 and 4 clients run light steps on one device (what bounds a worker)
+            GPUD_DAEMON_ARGS="--profile $OUT/daemon-clients.prof" section python3 -m gpud bench clients --backend cuda \
+                --clients 2,4 --seconds 3 || status=1
+            python3 -c "import pstats; pstats.Stats('$OUT/daemon-clients.prof').sort_stats('tottime').print_stats(40)" | tail -55
+            ;;
         transport) section python3 -m gpud bench transport --backend cuda --json "$OUT/bench-transport.json" || status=1 ;;
         clients) section python3 -m gpud bench clients --backend cuda --seconds 3 --json "$OUT/bench-clients-cuda.json" || status=1 ;;
         webgpu)
