@@ -66,6 +66,13 @@ main() {
                     --seconds 3 --json "$OUT/bench-clients-devices-heavy-$tag.json" || status=1
             done
             ;;
+        devices-light) # light steps only (4,096 floats): one process for every device, then a process per device
+            for flag in "" --process-per-device; do
+                tag=$([ -n "$flag" ] && echo ppd || echo one)
+                section python3 -m gpud bench clients --backend cuda --devices all $flag --seconds 3 \
+                    --json "$OUT/bench-clients-devices-$tag.json" || status=1
+            done
+            ;;
         devices-decode) # decode clients spread over every device (the weights once per device), beside one device
             for spread in 0 all; do
                 section python3 -m gpud bench decode --backend cuda --devices "$spread" --clients 1,2,4,8 --modes graph,merged \

@@ -613,6 +613,38 @@ async def test_repeated_segments_replay_as_graphs(make: Make) -> None:
     await finish(rt, lost, [x, y])
 
 
+async def test_runs_taking_turns_with_their_own_buffers_get_a_graph_each(make: Make) -> None:
+    """Two sessions' runs of one shape over their own buffers, in turns: each gets its own graph the second
+    time its arguments come back, and from then on both replay unpatched."""
+    rt, lost = make(graph_min_launches=16)
+    owner = Owner()
+    program = await compiled(rt, SCALE, "scale")
+    n = 1000
+    pairs = [(rt.alloc(n * 4), rt.alloc(n * 4)) for _ in range(2)]
+    rng = np.random.default_rng(5)
+
+    async def step(turn: int) -> None:
+        x, y = pairs[turn]
+        data = rng.standard_normal(n).astype(np.float32)
+        await drive(rt.upload(x, memoryview(data.tobytes()), owner))
+        for i in range(20):
+            src, dst = (x, y) if i % 2 == 0 else (y, x)
+            rt.dispatch(rt.prepare(program, blocks(n), scale_args(src, dst, 1.01, n)), owner)
+        got = floats(await read(rt, x, owner))
+        np.testing.assert_allclose(got, (data.astype(np.float64) * 1.01**20).astype(np.float32), rtol=1e-4)
+
+    for turn in (0, 1, 0, 1, 0, 1):
+        await step(turn)
+    settled = rt.stats()
+    assert settled["graphs_captured"] == 2 and settled["graph_cache"]["size"] == 2, settled
+    for turn in (0, 1, 0, 1):
+        await step(turn)
+    stats = rt.stats()
+    assert stats["graph_nodes_patched"] == settled["graph_nodes_patched"], stats  # no patch any more
+    assert stats["graph_replays"] == settled["graph_replays"] + 4 and stats["graphs_captured"] == 2, stats
+    await finish(rt, lost, [b for pair in pairs for b in pair])
+
+
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "full-edges"])
 async def test_library_kernels_in_a_graph_start_while_the_one_before_finishes(make: Make, pdl: bool) -> None:
     """A graph's edges into the op library's kernels (which wait for the kernel before them first) are
