@@ -252,7 +252,7 @@ def test_the_family_builds_with_tensor_maps_first() -> None:
 def test_the_kernel_choice() -> None:
     """Large products only, as measured (h100/session6/wg-ws-persistent.json): MiniLM's and Qwen's layers."""
     f16, bf16 = "matmul_tma128x128_f16_f16", "matmul_tma128x128_bf16_bf16"
-    assert tma_kernel(1, 15360, 384, 1536, "float16") == f16  # MiniLM's FFN down at 256 sentences: 0.84x cuBLAS
+    assert tma_kernel(1, 4096, 384, 1536, "float16") == f16  # MiniLM's FFN down at 4,096 rows: 0.76x cuBLAS
     assert tma_kernel(1, 256, 4864, 896, "bfloat16") == bf16  # Qwen's gate/up at 256 rows: 76 tiles
     assert tma_kernel(1, 15360, 128, 896, "float16") == f16  # Qwen's k/v: 120 tiles
     assert tma_kernel(12, 1024, 1024, 128, "float16") == f16  # batched: 768 tiles of K 128
@@ -264,10 +264,10 @@ def test_the_kernel_choice() -> None:
     assert tma_kernel(1, 16, 151936, 896, "float16") is None  # an LM head at 16 rows: matmul_tc16x16 1.08x cuBLAS
     # ping-pong from 800 tiles with K up to 1,024 (h100/session8/gemm-sweep-pingpong.json)
     pp = "matmul_tma128x128pp_f16_f16"
-    assert tma_kernel(1, 15360, 1152, 384, "float16") == pp  # MiniLM's qkv at 256 sentences: 1,080 tiles
+    assert tma_kernel(1, 15360, 1536, 384, "float16") == pp  # MiniLM's FFN up at 15,360 rows: 1,440 tiles
     assert tma_kernel(1, 4096, 4864, 896, "bfloat16") == "matmul_tma128x128pp_bf16_bf16"  # Qwen's gate/up
     assert tma_kernel(1, 15360, 896, 4864, "float16") == f16  # Qwen's down: K 4,864
-    assert tma_kernel(1, 15360, 384, 384, "float16") == f16  # 360 tiles: 3 a block
+    assert tma_kernel(1, 4096, 896, 896, "float16") == f16  # 224 tiles: 2 a block
     assert tma_kernel(1, 64, 151936, 896, "float16") == "matmul_tma128x128pp_f16_f16"  # ... at 64 rows 1.06x
     # 128 x 64 tiles for one wave of 72 to 132 of them, 128 rows or more, K from 768 (h100/session8/gemm-sweep.json)
     narrow = "matmul_tma128x64_f16_f16"
@@ -277,6 +277,15 @@ def test_the_kernel_choice() -> None:
     assert tma_kernel(1, 64, 4864, 896, "float16") is None  # half of every tile's rows empty: matmul_wg
     assert tma_kernel(1, 1024, 1152, 384, "float16") != narrow  # 144 tiles: a second wave
     assert tma_kernel(1, 1024, 384, 1536, "float16") != narrow  # 48 tiles
+    # 192 x 128 tiles from 1,024 rows: 180-760 of them with K up to 384, or up to 264 of them (h200x2/session9)
+    wide = "matmul_tma192x128_f16_f16"
+    assert tma_kernel(1, 15872, 1152, 384, "float16") == wide  # MiniLM's qkv at 256 x 62 tokens: 747 tiles
+    assert tma_kernel(1, 15872, 384, 384, "float16") == wide  # its attention output: 249 tiles
+    assert tma_kernel(1, 15872, 384, 1536, "bfloat16") == "matmul_tma192x128_bf16_bf16"  # FFN down: 249, K 1,536
+    assert tma_kernel(1, 1024, 4864, 896, "float16") == wide  # Qwen's gate/up at 1,024 rows: 228 tiles
+    assert tma_kernel(1, 15360, 896, 896, "float16") == pp  # 560 tiles of K 896: the ping-pong tiles won
+    assert tma_kernel(1, 4096, 896, 896, "float16") != wide  # 154 tiles: a second wave mostly empty
+    assert tma_kernel(12, 1024, 1024, 128, "float16") != wide  # batches: not measured
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -45,6 +45,10 @@ NARROW_TILES = 72  # 128 x 64 tiles: at least this many (and one wave at most) .
 NARROW_K = 768  # ... and K this long (h100/session8/gemm-sweep.json)
 PINGPONG_TILES = 800  # 128 x 128 tiles: from this many (6 a block or more) ...
 PINGPONG_K = 1024  # ... and K this short, the ping-pong tiles (the same sweep, with them)
+WIDE_ROWS = 1024  # 192 x 128 tiles: from this many rows, one product (not a batch) ...
+WIDE_TILES = (180, 760)  # ... of this many of them, more than a wave and a third (h200x2/session9/gemm-sweep.json) ...
+WIDE_K = 384  # ... with K this short, or
+WIDE_FEW = 264  # ... at most two waves with any K
 
 
 class TmaTile(NamedTuple):
@@ -74,7 +78,7 @@ TILES = {  # as measured on an H100 (wider tiles gained nothing past noise)
     "128x128pp": TmaTile(128, 128, 4, pingpong=True),
     # three consumer warpgroups, cuBLAS's tile for MiniLM's products (K = 384): 1.2x the products per byte
     # staged of 128 x 128, a tile's epilogue beside 1.5x the products; 4 stages of 40 KB beside the 51 KB
-    # staging buffer (217,152 bytes: a fifth would not fit). tma_kernel does not pick it yet (unmeasured)
+    # staging buffer (217,152 bytes: a fifth would not fit)
     "192x128": TmaTile(192, 128, 4, threads=512),
 }
 TMA_TILES = {f"matmul_tma{size}_{t}_{t}": tile for t in SHORT.values() for size, tile in TILES.items()}
@@ -95,12 +99,19 @@ def tma_kernel(batch: int, m: int, n: int, k: int, dtype: str) -> str | None:
     PINGPONG_TILES tiles with K up to PINGPONG_K, where each block has several tiles whose epilogues
     it can hide (h100/session8/gemm-sweep-pingpong.json: Qwen's gate/up at 4,096 rows 0.83 -> 0.87x,
     the LM head at 1,024 rows 0.85 -> 0.90, MiniLM's qkv at 15,360 rows 0.78 -> 0.81; it lost with
-    K = 4,864 and with few tiles a block)."""
+    K = 4,864 and with few tiles a block). The 192 x 128 tiles for one product of WIDE_ROWS rows or more
+    in WIDE_TILES of them, with K up to WIDE_K or in WIDE_FEW tiles at most (h200x2/session9/gemm-sweep.json,
+    two H200s' first: MiniLM's qkv at 15,360 rows 0.79 -> 0.82x cuBLAS, its attention output 0.75 -> 0.79,
+    FFN up at 4,096 rows 0.75 -> 0.80, down at 15,360 0.87 -> 0.89, Qwen's gate/up at 1,024 rows 0.74 ->
+    0.77; they lost to the ping-pong tiles from about 800 of them, or with K = 896 at 560, and wherever a
+    second wave was mostly empty)."""
     if dtype not in SHORT or k % ALIGN or m <= TC_FEW_ROWS:
         return None
     t = SHORT[dtype]
     if narrow(batch, m, n, k):
         return f"matmul_tma128x64_{t}_{t}"
+    if wide(batch, m, n, k):
+        return f"matmul_tma192x128_{t}_{t}"
     tiles = tiles_of(TILES["128x128"], batch, m, n)
     if tiles < MIN_TILES or tiles * k < MIN_WORK:
         return None
@@ -116,6 +127,13 @@ def tiles_of(tile: TmaTile, batch: int, m: int, n: int) -> int:
 def narrow(batch: int, m: int, n: int, k: int) -> bool:
     """Whether the 128 x 64 tiles serve these products (see tma_kernel)."""
     return m >= TILES["128x64"].bm and k >= NARROW_K and NARROW_TILES <= tiles_of(TILES["128x64"], batch, m, n) <= SMS
+
+
+def wide(batch: int, m: int, n: int, k: int) -> bool:
+    """Whether the 192 x 128 tiles serve these products (see tma_kernel)."""
+    tiles = tiles_of(TILES["192x128"], batch, m, n)
+    low, high = WIDE_TILES
+    return batch == 1 and m >= WIDE_ROWS and low <= tiles <= high and (k <= WIDE_K or tiles <= WIDE_FEW)
 
 
 def tma_grid(name: str, batch: int, m: int, n: int) -> tuple[int, int, int]:
