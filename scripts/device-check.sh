@@ -73,6 +73,13 @@ main() {
                     --json "$OUT/bench-clients-devices-$tag.json" || status=1
             done
             ;;
+        devices-light-ring) # the same with every client on the shared-memory ring (GPUD_RING=1): faster clients
+            for flag in "" --process-per-device; do
+                tag=$([ -n "$flag" ] && echo ppd || echo one)
+                GPUD_RING=1 section python3 -m gpud bench clients --backend cuda --devices all $flag --seconds 3 \
+                    --json "$OUT/bench-clients-devices-ring-$tag.json" || status=1
+            done
+            ;;
         devices-decode) # decode clients spread over every device (the weights once per device), beside one device
             for spread in 0 all; do
                 section python3 -m gpud bench decode --backend cuda --devices "$spread" --clients 1,2,4,8 --modes graph,merged \
