@@ -19,7 +19,7 @@ from gpud_protocol.ops.matmul_tma import TMA_TILES, tma_grid, tma_kernel
 from gpud_protocol.ops.matmul_wg import wg_kernel
 from ops.test_matmul_bf16 import rand, upload
 from ops.test_matmul_tc import dtype_of
-from ops.test_matmul_tma import direct_product, hopper
+from ops.test_matmul_tma import assert_activations_are_unary, direct_product, hopper
 
 ERF = np.vectorize(math.erf)
 REFERENCE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -95,15 +95,7 @@ async def test_every_tma_tile_applies_it(gpu: gpud_client.Client, name: str) -> 
         pytest.skip("the TMA kernels run on compute capability 9.0")
     dtype, case = dtype_of(name), (1, 1500, 1700, 200, "float32", False, False)  # 168 tiles
     plain, (x, w, bias) = await direct_product(gpu, name, case, np.random.default_rng(7), tma_grid)
-    product = upload(gpu, plain, dtype)
-    for activation, code in ACTIVATIONS.items():
-        fused, _ = await direct_product(gpu, name, case, np.random.default_rng(7), tma_grid, code)
-        unary = (
-            gpu.ops.silu(product)
-            if activation == "silu"
-            else gpu.ops.gelu(product, approximate="tanh" if activation == "gelu_tanh" else "none")
-        )
-        assert bits(fused) == bits(await unary.numpy()), f"{name} {activation}: not the product's unary op"
+    for activation, fused in (await assert_activations_are_unary(gpu, name, case, 7, plain, dtype)).items():
         x64, w64, b64 = x[0].astype(np.float64), w.astype(np.float64), bias.astype(np.float64)
         want = REFERENCE[activation](x64 @ w64.T + b64)
         scale = np.abs(x64) @ np.abs(w64).T + np.abs(b64) + 1.0

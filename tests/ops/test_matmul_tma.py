@@ -117,16 +117,29 @@ async def test_the_192_row_tiles_activation_over_blocks_of_several_tiles(gpu: gp
     assert tma_grid(name, 1, 4000, 1800) == (SMS, 1, 1)
     plain, (x, w, bias) = await direct_product(gpu, name, case, np.random.default_rng(11), tma_grid)
     close_of(dtype, plain, x, w, True, bias)
+    await assert_activations_are_unary(gpu, name, case, 11, plain, dtype)
+
+
+async def assert_activations_are_unary(
+    gpu: gpud_client.Client, name: str, case: Any, seed: int, plain: np.ndarray[Any, Any], dtype: str
+) -> dict[str, np.ndarray[Any, Any]]:
+    """Kernel `name` with each epilogue activation on `case` (operands from `seed`) gives, bit for bit, its
+    plain out `plain` through the unary op; those outs, by activation."""
     product = upload(gpu, plain, dtype)
+    outs: dict[str, np.ndarray[Any, Any]] = {}
     for activation, code in ACTIVATIONS.items():
-        fused, _ = await direct_product(gpu, name, case, np.random.default_rng(11), tma_grid, code)
+        fused, _ = await direct_product(gpu, name, case, np.random.default_rng(seed), tma_grid, code)
         unary = (
             gpu.ops.silu(product)
             if activation == "silu"
             else gpu.ops.gelu(product, approximate="tanh" if activation == "gelu_tanh" else "none")
         )
         want = await unary.numpy()
-        assert np.ascontiguousarray(fused).tobytes() == np.ascontiguousarray(want).tobytes(), f"{name} {activation}"
+        assert np.ascontiguousarray(fused).tobytes() == np.ascontiguousarray(want).tobytes(), (
+            f"{name} {activation}: not the product's unary op"
+        )
+        outs[activation] = fused
+    return outs
 
 
 def test_the_tiles_grids_and_rows() -> None:
