@@ -29,6 +29,9 @@ from gpud_protocol.wire import pack
 # its Alloc's packed dtype, shape and device, the key itself (for its origins to share), its strides and info
 Kind = tuple[HostDType, int, bytes, Key, tuple[tuple[int, ...], TensorInfo]]
 _outputs: Memo[Key, Kind] = Memo(4096)
+# what every output's Alloc and every op's dispatch packs, as globals of this module (no attribute of another's)
+_pack_fast, _ALLOC, _DISPATCH, _TENSOR_ARG = packing.pack_fast, packing.ALLOC, packing.DISPATCH, packing.TENSOR_ARG
+_new_tuple = tuple.__new__
 
 
 def _output_kind(key: Key) -> Kind:
@@ -190,11 +193,15 @@ class ClientBase:
         if got is None:  # `_new`'s Alloc (its dtype, shape and device packed once, in `kind`)
             handle = next(self._handles)
             seq = self._seq_last = next(self._seqs)
-            packed = packing.pack_fast(handle)
-            self._queue_packed(b"".join((packing.ALLOC, packing.pack_fast(seq), packed, kind[2])))
+            packed = _pack_fast(handle)
+            connection = self._connection  # `_queue_packed`, inlined
+            if connection.lost is not None:
+                raise connection.lost
+            if connection.queue.add(b"".join((_ALLOC, _pack_fast(seq), packed, kind[2])), None):
+                connection.send_batch()
             self._allocs += 1
             # Origin(...) without the call of its Python __new__
-            origin = tuple.__new__(Origin, (kind[3], seq, kind[1], (TENSOR, handle), packing.TENSOR_ARG + packed))
+            origin = _new_tuple(Origin, (kind[3], seq, kind[1], (TENSOR, handle), _TENSOR_ARG + packed))
         else:
             handle, origin = got
         return output(self, handle, kind[0], shape, where, dtype, origin, kind[4])
@@ -269,25 +276,28 @@ class ClientBase:
         if isinstance(error, OutOfMemory) and self._connection.lost is None:
             self.trim()
 
-    def _queue_launch(self, kernel: bytes, head: bytes, tail: bytes, tensors: Sequence[Any], made: bytes = b"") -> int:
+    def _queue_launch(
+        self, kernel: bytes, head: bytes, tail: bytes, tensors: Sequence[Any], made: bytes, op: str
+    ) -> None:
         """Queue a dispatch of `kernel` (its handle, packed) whose grid and argument count are packed in
         `head`, and its scalar arguments (and writes) in `tail` (gpud_client.packing); `tensors` are its
         tensor arguments, then `made` (packed: an output just made, the last tensor argument, if any).
-        The seq of the dispatch."""
-        parts = [packing.DISPATCH, b"", kernel, head]
+        The dispatch is the op-library call `op`: its failure names it (`Rpc.name_op`)."""
+        parts = [_DISPATCH, b"", kernel, head]
         for t in tensors:
             if type(t) is Tensor and t._client is self and not t._freed and not (t._base and t._base._freed):
                 parts.append(t._packed)
             else:  # refused here (freed, of another connection, not a tensor), or a Tensor subclass
                 parts.append(pack(self._arg(t)))
-        parts += (made, tail)
+        parts.append(made)
+        parts.append(tail)
         seq = self._seq_last = next(self._seqs)
-        parts[1] = packing.pack_fast(seq)
+        parts[1] = _pack_fast(seq)
         connection = self._connection  # `_queue_packed`, inlined: every op's dispatch comes here
         if connection.lost is not None:
             raise connection.lost
         if connection.queue.add(b"".join(parts), None):
             connection.send_batch()
-        return seq
+        connection.name_op(seq, op)
 
     _seq_last = 0

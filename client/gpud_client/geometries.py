@@ -17,6 +17,10 @@ ViewKey = tuple[int, str, int, tuple[int, ...], tuple[int, ...]]  # base's handl
 Wire = tuple[int, int | proto.TensorView]  # a dispatch argument: (TENSOR, ref)
 # A view's key -> its info, ref, ref as a dispatch argument, and that packed (`.T` and reshapes, every step)
 kept_views: Memo[ViewKey, tuple[TensorInfo, proto.TensorView, Wire, bytes]] = Memo(8192)
+ViewOf = tuple[TensorInfo, proto.TensorView, Wire, bytes]  # what `kept_views` keeps of a view
+# A tensor's view key -> its `.T`'s shape, strides and what `kept_views` keeps of it (`q @ k.T` every step: one
+# lookup, not the transpose's geometry and then the view's)
+kept_transposes: Memo[ViewKey, tuple[tuple[int, ...], tuple[int, ...], ViewOf]] = Memo(8192)
 
 
 def strides_and_info(geometry: Geometry) -> tuple[tuple[int, ...], TensorInfo]:

@@ -82,13 +82,13 @@ class Pool:
         if not handles:
             self.misses += 1
             return None
-        handle, origin = handles.popitem(last=False)
+        taken = handles.popitem(last=False)  # (handle, origin), returned as it is
         if not handles:
             del self._by_key[key]
-        del self._order[handle]
-        self.nbytes -= origin.nbytes
+        del self._order[taken[0]]
+        self.nbytes -= taken[1].nbytes
         self.hits += 1
-        return handle, origin
+        return taken
 
     def put(self, handle: int, origin: Origin) -> list[int] | None:
         """Pool a freed `handle`. Returns the handles to free now (evicted to stay within the bounds, or

@@ -9,7 +9,7 @@ import numpy as np
 
 import gpud_protocol as proto
 from gpud_client.dtypes import HostDType, from_storage, name_of, values_dtype
-from gpud_client.geometries import Wire, kept_geometries, kept_views, strides_and_info, view_of
+from gpud_client.geometries import ViewOf, Wire, kept_geometries, kept_transposes, kept_views, strides_and_info, view_of
 from gpud_client.operators import Operators
 from gpud_client.packing import pack_fast
 from gpud_client.pool import Origin, Pool
@@ -17,7 +17,7 @@ from gpud_client.reshapes import Reshapes
 from gpud_client.scope import Scoped, current_task
 from gpud_client.scope import made as scope_made
 from gpud_client.values import TENSOR
-from gpud_client.views import TensorViews, picked
+from gpud_client.views import TensorViews, picked, reversed_axes
 from gpud_protocol.ops import TensorInfo
 from gpud_protocol.wire import pack
 
@@ -181,15 +181,33 @@ class Tensor(TensorViews, Reshapes, Operators):
         """Queue a host-to-device copy of `array` (same dtype and shape) into this tensor."""
         self._client.upload(self, array)
 
-    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
-        """A view of this tensor's memory (no copy, no message, no daemon handle)."""
+    @property
+    def T(self) -> Tensor:
+        """Every axis reversed (numpy's `.T`; torch's for a 2-D tensor): a view (`TensorViews.T`, its geometry
+        and reference kept by this tensor's in one memo: `q @ k.T` every step)."""
+        base = self if self._base is None else self._base
+        key = (base.handle, self.dtype_name, self.offset, self.shape, self.strides)
+        known = kept_transposes.get(key)
+        if known is None:
+            shape, strides = reversed_axes(self.shape, self.strides)
+            view = (base.handle, self.dtype_name, self.offset, shape, strides)
+            of = kept_views.get(view) or kept_views.keep(view, view_of(view))
+            known = kept_transposes.keep(key, (shape, strides, of))
+        return self._view(known[0], known[1], self.offset, known[2])
+
+    def _view(
+        self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, known: ViewOf | None = None
+    ) -> Tensor:
+        """A view of this tensor's memory (no copy, no message, no daemon handle); `known`: what `kept_views`
+        keeps of it, where the caller found it."""
         base = self if self._base is None else self._base
         if self._freed or base._freed:
             self._client._ref_of(self)  # refuse a view of a freed tensor now, not at its first use
         # Tensor(client, base.handle, dtype, shape, device, mode, base, offset, strides, dtype_name), without
         # its arguments' handling (`.T` and reshapes every step); tests/client/test_hot_path_memos.py compares them
-        key = (base.handle, self.dtype_name, offset, shape, strides)
-        known = kept_views.get(key) or kept_views.keep(key, view_of(key))
+        if known is None:
+            key = (base.handle, self.dtype_name, offset, shape, strides)
+            known = kept_views.get(key) or kept_views.keep(key, view_of(key))
         t: Tensor = _new_tensor(Tensor)
         t._client = client = self._client
         t._origin = None

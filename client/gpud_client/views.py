@@ -66,12 +66,8 @@ class TensorViews:
     @property
     def T(self) -> Self:
         """Every axis reversed (numpy's `.T`; torch's for a 2-D tensor): a view."""
-        shape, strides = self.shape, self.strides
-        known = _moved.get(("T", shape, strides))  # `q @ k.T` every step: no permutation to build
-        if known is None:
-            order = tuple(reversed(range(len(shape))))
-            known = _moved.keep(("T", shape, strides), _geometry("permute", geometry.permuted, shape, strides, order))
-        return self._view(known[0], known[1], self.offset)
+        shape, strides = reversed_axes(self.shape, self.strides)
+        return self._view(shape, strides, self.offset)
 
     def __getitem__(self, key: Any) -> Self:
         """numpy's basic indexing (integers, slices of a positive step, None, ...): a view, no copy, no
@@ -140,6 +136,15 @@ class TensorViews:
         except ValueError as exc:
             raise InvalidArgument(str(exc), op="narrow") from None
         return self._view(shape, strides, offset)
+
+
+def reversed_axes(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shape and strides of `.T` (every axis reversed), kept (`q @ k.T` every step: no permutation to build)."""
+    known = _moved.get(("T", shape, strides))
+    if known is None:
+        order = tuple(reversed(range(len(shape))))
+        known = _moved.keep(("T", shape, strides), _geometry("permute", geometry.permuted, shape, strides, order))
+    return known
 
 
 def _geometry(op: str, fn: Any, *args: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -29,7 +29,7 @@ def slots(t: Tensor) -> dict[str, Any]:
 
 async def test_outputs_and_views_are_tensors_slot_for_slot(gpu: gpud_client.Client) -> None:
     async with gpu.scope() as scope:
-        made = gpu.ops.add(gpu.tensor(np.ones((4, 6), np.float16)), 1.0)  # an op output (`tensor.output`)
+        made = gpu.ops.add(gpu.tensor(np.ones((4, 6), np.float16)), 1.0)  # an op output (`ClientBase._output`)
         assert made._origin is not None and made._origin.wire == (TENSOR, made.handle)
         twin = Tensor(gpu, made.handle, made.dtype, made.shape, made.device, dtype_name="float16", origin=made._origin)
         assert slots(made) == slots(twin)
@@ -110,11 +110,13 @@ async def test_numbers_as_operands_take_the_fast_path_and_its_refusals(gpu: gpud
 async def test_the_hot_paths_memos_are_bounded_and_right_past_their_bound(
     gpu: gpud_client.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for memo in (client_base._outputs, geometries.kept_views, geometries.kept_geometries, matmul._swaps):
+    memos = (client_base._outputs, geometries.kept_views, geometries.kept_transposes, geometries.kept_geometries)
+    for memo in (*memos, matmul._swaps):
         assert isinstance(memo, Memo) and memo.capacity <= 8192
-    small: dict[str, Memo[Any, Any]] = {"outputs": Memo(4), "views": Memo(4), "swaps": Memo(4)}
+    small: dict[str, Memo[Any, Any]] = {"outputs": Memo(4), "views": Memo(4), "transposes": Memo(4), "swaps": Memo(4)}
     monkeypatch.setattr(client_base, "_outputs", small["outputs"])
     monkeypatch.setattr(tensor, "kept_views", small["views"])  # as gpud_client.tensor took it from geometries
+    monkeypatch.setattr(tensor, "kept_transposes", small["transposes"])
     monkeypatch.setattr(matmul, "_swaps", small["swaps"])
     rng = np.random.default_rng(1)
     async with gpu.scope():
@@ -162,4 +164,32 @@ async def test_split_attention_queues_both_dispatches_from_its_kept_plan(gpu: gp
     with pytest.raises(gpud_client.InvalidArgument, match="attention"):
         gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=2, out=gpu.empty((2, 3, 2, 4)))
     for t in (tq, tk, tv, tm):
+        t.free()
+
+
+async def test_full_attention_keeps_its_kernels_per_signature_and_checks_its_tensors_every_call(
+    gpu: gpud_client.Client,
+) -> None:
+    """`attention` keeps what it decided per signature (a one-pass kernel's plan, or the split kernels'); a call
+    like an earlier one, or like the last, takes it: the same numbers, and a freed operand still refused."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 3, 2, 8)).astype(np.float32) for _ in range(3))
+    key_mask = np.array([[1, 1, 0], [1, 0, 1]], np.int64)
+    want = _attention(q, k, v, key_mask)
+    tq, tk, tv, tm = (gpu.tensor(a) for a in (q, k, v, key_mask))
+    other = gpu.tensor(np.zeros((2, 5, 2, 8), np.float32))  # another signature between the calls
+    async with gpu.scope():
+        for splits in (None, 2, None, 2, 2):
+            got = gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=splits)
+            gpu.ops.attention(other, other, other, splits=splits)
+            np.testing.assert_allclose(await got.numpy(), want, rtol=1e-5, atol=1e-5)
+    kinds = {key[-1]: type(plan).__name__ for key, plan in gpu.ops._plans.items() if key[:2] == ("attention", tq.info)}
+    assert kinds[2] == "SplitPlan"  # splits given: the split kernels everywhere
+    assert kinds[None] == ("OnePassPlan" if gpu.backend == "webgpu" else "SplitPlan")  # (CUDA's flash: not float32)
+    freed = gpu.tensor(k)
+    freed.free()
+    for splits in (None, 2):
+        with pytest.raises(gpud_client.InvalidArgument, match="freed"):
+            gpu.ops.attention(tq, freed, tv, key_mask=tm, splits=splits)
+    for t in (tq, tk, tv, tm, other):
         t.free()

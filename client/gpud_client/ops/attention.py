@@ -6,11 +6,12 @@ WebGPU's tiled one, a software adapter's CPU one), else the split one (gpud_clie
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.attention_split import SplitAttentionOps, out_dtype, tensor_info
+from gpud_client.ops.attention_split import SplitAttentionOps, SplitPlan, out_dtype, tensor_info
+from gpud_client.ops.base import signed
 from gpud_protocol.ops import OpError
 from gpud_protocol.ops.attention import SHORT, key_mask_mode, mask_mode
 from gpud_protocol.ops.attention_cpu import cpu_applies, cpu_grid
@@ -18,7 +19,20 @@ from gpud_protocol.ops.attention_flash import flash_applies, flash_grid, flash_n
 from gpud_protocol.ops.attention_tiled import tiled_applies, tiled_grid, tiled_width
 
 
+class OnePassPlan(NamedTuple):
+    """A full attention that a one-pass kernel computes: the kernel and its grid, and on WebGPU the CPU
+    kernel's where that one takes the call too (run where q lives on a software adapter: lavapipe)."""
+
+    name: str
+    grid: tuple[int, int, int]
+    cpu: tuple[str, tuple[int, int, int]] | None
+
+
 class AttentionOps(SplitAttentionOps):
+    # the last full attention's key and plan (a SplitPlan or a OnePassPlan): the same signature again (every
+    # layer's) is one comparison
+    _last_attention: tuple[Any, Any] = (None, None)
+
     def attention_decode(
         self,
         q: Any,
@@ -71,21 +85,58 @@ class AttentionOps(SplitAttentionOps):
         a few query rows face many keys (then, as elsewhere, the keys are split over workgroups)."""
         if mask is not None and key_mask is not None:
             raise InvalidArgument("attention: pass mask or key_mask, not both (fold the key mask into the mask)")
+        masks = mask if key_mask is None else key_mask
+        key: tuple[Any, ...] | None = None
+        if (scale is None or type(scale) is float) and (splits is None or type(splits) is int):
+            try:  # the call's kernels, kept by its operands' infos and parameters (`_attention`'s key)
+                key = (
+                    "attention",
+                    q.info,
+                    k.info,
+                    v.info,
+                    None,
+                    None if mask is None else mask.info,
+                    None if key_mask is None else key_mask.info,
+                    None if out is None else out.info,
+                    bool(causal),
+                    scale if scale is None else signed(scale),
+                    splits,
+                )
+                last = self._last_attention
+                if key == last[0]:  # the last call's signature again (every layer's): no hash of the key
+                    plan = last[1]
+                else:
+                    plan = self._plans.get(key)
+                    if plan is not None:
+                        self._last_attention = (key, plan)
+            except (AttributeError, TypeError):  # a recording's operand, an unhashable parameter: the long way
+                key = plan = None
+            if type(plan) is SplitPlan:  # the split kernels: no one-pass kernel takes this call
+                return self._split(plan, q, k, v, None, masks, out, graph)
+            if plan is not None:  # a one-pass kernel's
+                name, grid = plan.cpu if plan.cpu is not None and self._software(q) else (plan.name, plan.grid)
+                return self._one_pass(name, grid, q, k, v, masks, bool(causal), scale, out, graph, key_mask is None)
         backend = self._client.backend
         if mask is None and backend == "cuda" and _flash_fits(q, k, v, key_mask, out):
             grid = flash_grid(*(int(n) for n in q.shape[:3]))
             name = flash_name(int(q.shape[-1]), dtype_name(q), out_dtype("attention", q, out))
-            return self._one_pass(name, grid, q, k, v, key_mask, bool(causal), scale, out, graph)
-        if backend == "webgpu" and splits is None and _tiled_fits(q, k, v, out):
+            one_pass = OnePassPlan(name, grid, None)  # (masks: the key mask if any, so not `additive`)
+        elif backend == "webgpu" and splits is None and _tiled_fits(q, k, v, out):
             grid = tiled_grid(*(int(n) for n in q.shape))
             dtypes = "_".join(SHORT[d] for d in (dtype_name(q), dtype_name(k), out_dtype("attention", q, out)))
             name = f"attention_tiled_d{tiled_width(int(q.shape[-1]))}_{dtypes}"
-            if self._software(q) and _cpu_fits(q, k, v, out, mask is not None):  # lavapipe: no barriers
+            cpu = None
+            if _cpu_fits(q, k, v, out, mask is not None):  # on lavapipe (no barriers), where q lives there
                 batch, steps, heads, dim = (int(n) for n in q.shape)
-                name, grid = f"attention_cpu_d{dim}_{dtypes}", cpu_grid(batch, steps, heads)
-            masks = mask if key_mask is None else key_mask
-            return self._one_pass(name, grid, q, k, v, masks, bool(causal), scale, out, graph, key_mask is None)
-        return self._attention("attention", q, k, v, None, mask, bool(causal), scale, splits, out, graph, key_mask)
+                cpu = (f"attention_cpu_d{dim}_{dtypes}", cpu_grid(batch, steps, heads))
+            one_pass = OnePassPlan(name, grid, cpu)
+        else:
+            return self._attention("attention", q, k, v, None, mask, bool(causal), scale, splits, out, graph, key_mask)
+        if key is not None:
+            self._plans.keep(key, one_pass)
+        if one_pass.cpu is not None and self._software(q):
+            name, grid = one_pass.cpu
+        return self._one_pass(name, grid, q, k, v, masks, bool(causal), scale, out, graph, key_mask is None)
 
     def _one_pass(
         self,

@@ -52,14 +52,21 @@ class SplitAttentionOps(OpsBase):
         # Reused across calls: the daemon runs one client's ops on a device in order, so the next call's
         # writes come after this call's reads. A fresh tensor per call would be a new handle every step.
         self._scratches: LruCache[ScratchKey, Tensor] = LruCache(SCRATCH_KEPT, lambda _key, t: t.free())
+        # the scratch `_scratch` returned last, by its key: the cache's most recent entry (a hit needs no reordering)
+        self._last_scratch_key: ScratchKey | None = None
+        self._last_scratch: Tensor | None = None
 
     def _scratch(self, shape: tuple[int, ...], dtype: str, device: int) -> Tensor:
         key = (shape, dtype, device)
+        tensor = self._last_scratch
+        if key == self._last_scratch_key and tensor is not None and not tensor._freed:
+            return tensor  # the most recent scratch again (every layer's attention): already the cache's newest
         tensor = self._scratches.get(key)
         if tensor is None or tensor._freed:  # (a tensor of its own memory: no base to be freed)
             tensor = self._client._new(tuple(int(d) for d in shape), dtype, device)  # `gpu.empty`, unchecked
             disown(self._client, tensor)  # kept across calls: a scope freeing it would make one per call
             self._scratches.put(key, tensor)
+        self._last_scratch_key, self._last_scratch = key, tensor
         return tensor
 
     def _attention(
@@ -97,17 +104,28 @@ class SplitAttentionOps(OpsBase):
             plan = None
         if plan is None:
             plan = self._plan(key, self._plan_attention, op, q, k, v, pos, mask, causal, scale, splits, out, key_mask)
-        mask = key_mask if key_mask is not None else mask
+        return self._split(plan, q, k, v, pos, mask if key_mask is None else key_mask, out, graph)
+
+    def _split(self, plan: SplitPlan, q: Any, k: Any, v: Any, pos: Any, mask: Any, out: Any, graph: Any) -> Any:
+        """Run a split attention's plan: its first dispatch into the scratch, then the combine into the
+        output. `mask`: the additive mask or the key mask, whichever was given."""
         tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask]  # q stands in: not read
         if graph is not None:
             part = graph.empty(plan.part, "float32")
         else:
             part = self._scratch(plan.part, "float32", int(q.device))
             if out is None:  # a new output: `_execute`'s way, both dispatches queued here
-                result = self._client._output(plan.shape, plan.dtype, q.device)
-                # the first writes part, this client's scratch (no input); the combine the output just made
-                self._queue_dispatch(plan.first, tensors, part._packed)
-                self._queue_dispatch(plan.combine, [part], result._packed)
+                client = self._client
+                result = client._output(plan.shape, plan.dtype, q.device)
+                first, combine = plan.first, plan.combine
+                kernels = self._packed_kernels
+                # the first writes part, this client's scratch (no input); the combine reads part and writes the
+                # output just made: neither is a tensor of the caller's to check (`_queue_dispatch`, inlined)
+                kernel = kernels.get(first.name) or self._packed_kernel(first.name)
+                client._queue_launch(kernel, first.head, first.tail, tensors, part._packed, first.op)
+                kernel = kernels.get(combine.name) or self._packed_kernel(combine.name)
+                made = part._packed + result._packed
+                client._queue_launch(kernel, combine.head, combine.tail, (), made, combine.op)
                 return result
         result = self._out(out, plan.shape, plan.dtype, q, graph)
         self._launch(plan.first, [*tensors, part], graph, fresh=True)  # part: this client's scratch, no input

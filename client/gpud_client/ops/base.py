@@ -159,8 +159,7 @@ class OpsBase:
         """Queue `launch`'s dispatch of `tensors` (checked), then `made` (packed: an output just made)."""
         kernel = self._packed_kernels.get(launch.name) or self._packed_kernel(launch.name)
         client = self._client
-        seq = client._queue_launch(kernel, launch.head, launch.tail, tensors, made)
-        client._connection.name_op(seq, launch.op)
+        client._queue_launch(kernel, launch.head, launch.tail, tensors, made, launch.op)
 
     def _plan(self, key: tuple[Any, ...], make: Callable[..., P], *args: Any) -> P:
         """The plan of a call (`make(*args)`), kept by `key` (its operands' infos and parameters)."""
@@ -185,8 +184,7 @@ class OpsBase:
             launch = plan.launch
             if launch is not None:  # `_queue_dispatch` of a new output (what it writes was just made), inlined
                 kernel = self._packed_kernels.get(launch.name) or self._packed_kernel(launch.name)
-                seq = client._queue_launch(kernel, launch.head, launch.tail, inputs, result._packed)
-                client._connection.name_op(seq, launch.op)
+                client._queue_launch(kernel, launch.head, launch.tail, inputs, result._packed, launch.op)
             return result
         if plan.launch is not None:
             inputs.append(result)

@@ -46,6 +46,12 @@ from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 
 
 class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none, are ElementwiseOps._unary
+    # (shape, strides, its base's shape, strides) of the last view `matmul` found to be its base with the last two
+    # axes swapped (a key of `_swaps`)
+    _last_swapped: tuple[Any, ...] = (None, None, None, None)
+    # (x's info, w's info, transpose_w, the plan) of the last product whose w was a view swapped back to its base
+    _last_swapped_plan: tuple[Any, ...] = (None, None, None, None)
+
     def matmul(
         self,
         x: Any,
@@ -74,12 +80,50 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
             xs, ws = x.shape, w.shape
         except AttributeError:
             raise not_a_tensor(w if hasattr(x, "shape") else x) from None
+        base = None
         if len(ws) >= 2 and not (w.info.strides is None if type(w) is Tensor else getattr(w, "is_contiguous", True)):
-            flipped = _swapped_back(w)  # w = k.transpose(-1, -2) of a dense k: that k, the other layout
+            # w = k.transpose(-1, -2) of a dense k: that k, the other layout
+            base = w._base if type(w) is Tensor else None
+            if base is not None and not w.offset:  # `_swapped_back` of a session's view, inlined (q @ k.T)
+                key = self._last_swapped  # the geometry of the last view found swapped: the same objects again?
+                if ws is key[0] and w.strides is key[1] and base.shape is key[2] and base.strides is key[3]:
+                    swapped = True  # (every layer's k.T: no tuple hashed)
+                else:
+                    key = (ws, w.strides, base.shape, base.strides)
+                    known = _swaps.get(key)
+                    swapped = _swaps.keep(key, _swaps_back(*key)) if known is None else known
+                    if swapped:
+                        self._last_swapped = key
+                flipped = base if swapped else w.transpose(-1, -2)
+            else:
+                flipped = _swapped_back(w)
             if flipped.info.strides is None if type(flipped) is Tensor else flipped.is_contiguous:
                 w, ws, transpose_w = flipped, flipped.shape, not transpose_w
         if 2 <= len(xs) <= 3 and 2 <= len(ws) <= 3 and (len(xs) == 2 or len(ws) == 2 or xs[0] == ws[0]):
-            plan = self._matmul_plan(x, w, bool(transpose_w), bias, out, activation)
+            wt = bool(transpose_w)
+            if bias is None and out is None and activation is None and graph is None:  # q @ k.T, x @ w
+                try:  # `_matmul_plan`'s lookup, inlined
+                    xi, wi = x.info, w.info
+                    last = self._last_swapped_plan  # w swapped back (k of q @ k.T): the last such product's plan?
+                    if w is base and xi is last[0] and wi is last[1] and wt is last[2]:
+                        plan = last[3]  # (every layer's q @ k.T: no key hashed)
+                    else:
+                        plan = self._plans.get(("matmul", wt, None, xi, wi, None, None))
+                        if plan is not None and w is base:
+                            self._last_swapped_plan = (xi, wi, wt, plan)
+                except AttributeError:  # not a session's tensor: `_matmul_plan` says what it is
+                    plan = None
+                if plan is None:
+                    plan = self._matmul_plan(x, w, wt, None, None, None)
+                # `_execute`'s new output, inlined
+                client = self._client
+                result = client._output(plan.shape, plan.dtype, getattr(x, "device", None))
+                launch = plan.launch
+                if launch is not None:
+                    kernel = self._packed_kernels.get(launch.name) or self._packed_kernel(launch.name)
+                    client._queue_launch(kernel, launch.head, launch.tail, (x, w, x), result._packed, launch.op)
+                return result
+            plan = self._matmul_plan(x, w, wt, bias, out, activation)
             inputs = [x, w, x if bias is None else bias]  # no bias: x stands in (not read)
             if activation is None or fused(plan):
                 return self._execute(plan, inputs, out, x, graph)
