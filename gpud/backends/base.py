@@ -232,13 +232,11 @@ class Device(ABC):
         """Copy from this device's `src` into `other`'s `dst`, on this device's queue, in op order."""
         raise NotImplementedError
 
-    # A marker orders work across devices on the devices themselves: made by one device, recorded
-    # in its queue (`encode_mark`), waited on in a peer's (`encode_wait`: what that peer runs after the
-    # wait runs after what this device ran before the mark). A wait must be submitted only once the
-    # submission holding its mark was issued (its `submit` returned), and a marker dropped only once
-    # every submission holding a wait on it has completed.
-
     def new_marker(self) -> Any:
+        """A marker orders two devices' work on the devices: recorded in this device's queue (`encode_mark`),
+        waited on in a peer's (`encode_wait`: the peer's later work runs after this device's work before the
+        mark). Submit a wait only once the mark's submission was issued (its `submit` returned); drop the
+        marker once every submission waiting on it has completed."""
         raise NotImplementedError
 
     def encode_mark(self, marker: Any) -> None:

@@ -1,4 +1,4 @@
-"""matmul with numpy.matmul's other shapes (gpud_client.ops.matmul.numpy_forms): a 1-D x or w, batch
+"""matmul with numpy.matmul's other shapes (gpud_client.ops.matmul_forms.numpy_forms): a 1-D x or w, batch
 axes past one, a batch of one broadcast against many; into numpy's shape, `out=` of that shape, in a
 replay graph; and what gpud does not broadcast, refused naming matmul."""
 
@@ -9,7 +9,7 @@ import pytest
 
 import gpud_client
 from gpud_client import InvalidArgument
-from gpud_client.ops.matmul import numpy_forms
+from gpud_client.ops.matmul_forms import numpy_forms
 from gpud_protocol.ops import OpError
 
 # (x's shape, w's shape as (.., K, N)): every one numpy.matmul takes
