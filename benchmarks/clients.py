@@ -26,9 +26,9 @@ import numpy as np
 
 import gpud_client
 from benchmarks import write_json
-from gpud.service import admin
 from gpud.testing import workloads as kernels
 from gpud.testing.spawn import daemon
+from gpud_client.status import device_count, memory_in_use
 
 N = 4096  # floats per tensor (--size): small, each step is the daemon's work; large, the GPU's
 CHECKED = 4096  # the elements read back and checked per step
@@ -84,7 +84,7 @@ async def _publish(address: str, n: int) -> tuple[str, int]:
     """Publish the shared input on every device; it outlives this session, as resident tensors do. A session
     per device: with a process per device (`--process-per-device`) a session keeps to its own."""
     w, backend = np.linspace(-1, 1, n, dtype=np.float32), ""
-    served = _device_count(address)
+    served = device_count(address)
     for device in range(served):
         async with gpud_client.connect(address, device=device) as gpu:
             gpu.publish(gpu.tensor(w, device=device), f"bench/w/{device}", mode="ro")
@@ -98,10 +98,6 @@ async def _unpublish(address: str, devices: int) -> None:
         async with gpud_client.connect(address, device=device) as gpu:
             gpu.unpublish(f"bench/w/{device}")
             await gpu.flush()
-
-
-def _device_count(address: str) -> int:
-    return len(admin.query(address, 10.0)["devices"])
 
 
 def _run_k(address: str, k: int, seconds: float, devices: int, n: int) -> dict[str, Any]:
@@ -128,11 +124,6 @@ def _run_k(address: str, k: int, seconds: float, devices: int, n: int) -> dict[s
     }
 
 
-def _memory(address: str) -> int:
-    """Device memory in use, every device's (a process-per-device front adds up its workers')."""
-    return sum(int(d["memory_in_use"]) for d in admin.query(address, 10.0)["devices"])
-
-
 def _sweep(
     backend: str, devices: str, counts: list[int], seconds: float, n: int, per_device: bool = False
 ) -> tuple[str, list[dict[str, Any]]]:
@@ -148,7 +139,7 @@ def _sweep(
         print(f"{'clients':>7} {'aggregate/s':>12} {'per client/s (min..max)':>26} {'spread':>8} {'device MiB':>10}")
         for k in counts:
             run = _run_k(address, k, seconds, served, n)
-            run["device_memory_bytes_after"] = _memory(address)
+            run["device_memory_bytes_after"] = memory_in_use(address)
             rates = run["per_client_dispatches_per_s"]
             print(
                 f"{k:>7} {run['aggregate_dispatches_per_s']:>12.0f} {min(rates):>12.0f} .. {max(rates):<11.0f}"

@@ -29,7 +29,6 @@ from benchmarks.plot import svg
 from gpud.backends import resolve
 from gpud.testing.decoding import (
     PROMPT,
-    device_count,
     new_prefix,
     prompt,
     publish,
@@ -40,6 +39,7 @@ from gpud.testing.decoding import (
 from gpud.testing.spawn import daemon
 from gpud.testing.transformer import MODES
 from gpud.testing.transformer_weights import CONFIGS, Config, weights
+from gpud_client.status import device_count
 
 # ------------------------------------------------------------------------------- PyTorch in process
 

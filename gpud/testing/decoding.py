@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 import gpud_client
-from gpud.service import admin
 from gpud.testing.processes import gather
 from gpud.testing.reference import greedy_mismatch, reference_logits
 from gpud.testing.shared_decoder import POOL, decoder_for
@@ -101,16 +100,6 @@ def reference_mismatch(model: str, tokens: list[int], seed: int = 0) -> str:
     fed = prompt(seed, config)[0].tolist()
     logits = reference_logits(config, weights(config, 0), fed, tokens)
     return greedy_mismatch(tokens, logits[len(fed) - 1 :])
-
-
-def memory_in_use(address: str) -> int:
-    """Every device's memory in use (from the status: a process-per-device front adds up its workers')."""
-    return sum(int(d["memory_in_use"]) for d in admin.query(address, 10.0)["devices"])
-
-
-def device_count(address: str) -> int:
-    """The devices the daemon serves (a session's welcome under a process per device lists only its own)."""
-    return len(admin.query(address, 10.0)["devices"])
 
 
 async def _client(

@@ -20,7 +20,6 @@ from typing import Any
 import gpud_client
 from gpud.testing.decoding import (
     PROMPT,
-    memory_in_use,
     new_prefix,
     publish,
     reference_mismatch,
@@ -31,6 +30,7 @@ from gpud.testing.spawn import answers, daemon
 from gpud.testing.transformer import MODES
 from gpud.testing.transformer_weights import CONFIGS
 from gpud_client import default_address
+from gpud_client.status import memory_in_use
 
 
 @contextlib.contextmanager
