@@ -3,17 +3,18 @@ device where there are several (`pytest -m cuda` on a multi-GPU machine)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from support import assert_close, axpb, ref_axpb, run_axpb
+from support import assert_close, axpb, occupy, ref_axpb, run_axpb
 
 import gpud_client
 from gpud.backends import cuda_problem
 from gpud.testing import spawn
-from gpud_client import InvalidArgument, OutOfMemory
+from gpud_client import InvalidArgument, OutOfMemory, status
 
 MiB = 1 << 20
 
@@ -94,6 +95,24 @@ async def test_copies_between_devices_keep_op_order(two_devices: str, request: p
             assert_close(await tmp.numpy(), np.full(n, -1.0, np.float32))
         way = "host_copy_bytes" if request.node.callspec.params["two_devices"] == "fake-host" else "peer_copy_bytes"
         assert (await gpu.stats())["devices"][0][way] == 5 * 4 * n
+
+
+async def test_a_session_that_ends_mid_copy_gives_its_memory_back(two_devices: str) -> None:
+    """A copy between devices still waiting behind the target's earlier work when its session ends: it
+    completes, and then both devices' memory is back where it was."""
+    async with gpud_client.connect(two_devices, device=1) as busy:
+        await occupy(busy, 0.5)  # the target device busy for about half a second
+        before = [d["memory_in_use"] for d in status.query(two_devices)["devices"]]
+        async with gpud_client.connect(two_devices, device=0) as gpu:
+            src = gpu.tensor(np.ones(1 << 20, np.float32), device=0)
+            gpu.copy(src, gpu.empty(1 << 20, device=1))
+            await gpu.flush()  # the copy is on its way; the session ends now
+        for _ in range(200):
+            after = [d["memory_in_use"] for d in status.query(two_devices)["devices"]]
+            if after == before:
+                break
+            await asyncio.sleep(0.02)
+        assert after == before
 
 
 async def test_quotas_count_per_device(two_devices: str) -> None:
