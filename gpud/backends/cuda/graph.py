@@ -1,14 +1,10 @@
 """Runs of launches issued on the stream: one by one, or as a CUDA graph replayed with patched nodes.
 
 A run is the launches between two other commands of a submission (a replay graph's step is one).
-Runs are keyed by their shape (the kernel, grid and block of each launch) and their argument bytes.
-A shape seen for the second time is built into a CUDA graph of explicit kernel nodes (a chain) and
-launched; a later run of that shape with other arguments updates only the kernel nodes whose argument
-bytes differ in the shape's latest graph (`cuGraphExecKernelNodeSetParams`, the way tinygrad's
-CUDAGraph patches its inputs: a new scalar patches those nodes, nothing else), which then holds that
-run's arguments. Arguments that come back after their graph was patched away (sessions taking turns
-with their own buffers) get a graph of their own the second time, launched from then on unpatched;
-the cache (`cache_size` graphs) evicts the least recently used one at a time.
+Which graph serves a run is `run_graphs.RunGraphs`' choice (keyed by the run's shape and argument bytes):
+a graph of explicit kernel nodes (a chain), built the second time a shape is seen, and patched where a
+run's arguments differ: only the kernel nodes whose argument bytes differ are updated
+(`cuGraphExecKernelNodeSetParams`, the way tinygrad's CUDAGraph patches its inputs).
 Shorter runs than `min_launches` are launched one by one; a cache size of 0 never builds graphs.
 
 With `pdl`, the edge into a node whose kernel comes from the op library's CUDA sources (its module in
@@ -35,6 +31,7 @@ from typing import Any
 
 from gpud.backends.cuda import tma
 from gpud.backends.cuda.driver import check, cu, error
+from gpud.backends.cuda.run_graphs import RunGraphs
 from gpud_protocol.lru import LruCache
 
 log = logging.getLogger(__name__)
@@ -77,12 +74,9 @@ class GraphRunner:
         self._stream = stream
         self._cache_size = cache_size
         self._min_launches = min_launches
-        self._graphs: LruCache[tuple[Any, ...], _Graph] = LruCache(max(1, cache_size), self._evicted)
-        self._replays: LruCache[ReplayRun, _Graph] = LruCache(max(1, cache_size), self._evicted)
-        self._seen: LruCache[tuple[Any, ...], int] = LruCache(max(1, 2 * cache_size))  # shapes
-        self._exact: LruCache[tuple[Any, ...], int] = LruCache(max(1, 2 * cache_size))  # (shape, arguments)
-        self._latest: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # shape -> key of its latest graph
         self._dead: list[_Graph] = []
+        self._runs: RunGraphs[_Graph] = RunGraphs(max(1, cache_size), self._evicted)
+        self._replays: LruCache[ReplayRun, _Graph] = LruCache(max(1, cache_size), self._evicted)
         self._generation = 0  # bumped when the caches are dropped: a graph built meanwhile is not cached
         self.built = 0
         self.replays = 0
@@ -108,10 +102,7 @@ class GraphRunner:
         shape = tuple([(*launch[:-1], len(launch[-1])) for launch in run])
         key = (shape, tuple([launch[-1] for launch in run]))
         with self.lock:
-            graph = self._graphs.get(key)
-            patch = build = False
-            if graph is None:
-                graph, patch, build = self._miss(shape, key)
+            graph, patch, build = self._runs.find(shape, key)
             generation = self._generation
         if graph is not None:
             if patch:
@@ -132,35 +123,9 @@ class GraphRunner:
             raise
         with self.lock:
             if self._generation == generation:
-                self._graphs.put(key, graph)  # may evict another into the dead list
-                self._latest[shape] = key
+                self._runs.keep(shape, key, graph)  # may evict another into the dead list
             else:
                 self._dead.append(graph)  # a module was unloaded meanwhile
-
-    def _miss(self, shape: tuple[Any, ...], key: tuple[Any, ...]) -> tuple[_Graph | None, bool, bool]:
-        """(graph to patch, True, False): the shape's latest graph, moved to this run's key; (None, False,
-        True): build one, for a shape seen twice, or for these exact arguments seen twice since the
-        shape's graph left them (sessions taking turns: each gets its own graph, patched no more)."""
-        again = (self._exact.get(key) or 0) + 1
-        latest = self._latest.get(shape)
-        near = None if latest is None else self._graphs.pop(latest)
-        if near is not None:
-            assert latest is not None
-            if again < 2:
-                self._exact.put(key, again)
-                self._graphs.put(key, near)
-                self._latest[shape] = key
-                return near, True, False
-            self._graphs.put(latest, near)  # it keeps its own arguments; this run gets a graph of its own
-            self._exact.pop(key)
-            return None, False, True
-        seen = (self._seen.get(shape) or 0) + 1
-        if seen >= 2:
-            self._seen.pop(shape)
-            self._exact.pop(key)
-            return None, False, True
-        self._seen.put(shape, seen)
-        return None, False, False
 
     def replay(self, run: ReplayRun, patches: Sequence[tuple[int, bytes]]) -> None:
         """A replay graph's run: its CUDA graph (built the first time), with the patched launches updated."""
@@ -266,19 +231,14 @@ class GraphRunner:
             if launch[-1] != values[index]:
                 self._set(graph, index, launch[-1])
 
-    def _evicted(self, key: Any, graph: _Graph) -> None:
+    def _evicted(self, _key: Any, graph: _Graph) -> None:
         self._dead.append(graph)  # under the lock: every put and clear holds it
-        if type(key) is tuple and self._latest.get(key[0]) == key:
-            del self._latest[key[0]]
 
     def forget_all(self) -> None:
         """Drop every graph and every run seen (a module is being unloaded)."""
         with self.lock:
-            self._graphs.clear()
+            self._runs.clear()
             self._replays.clear()
-            self._seen.clear()
-            self._exact.clear()
-            self._latest.clear()
             self._generation += 1
 
     def take_dead(self) -> list[Any]:
@@ -297,7 +257,7 @@ class GraphRunner:
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
-            cache = self._graphs.stats()
+            cache = self._runs.graphs.stats()
             cache["replay_graphs"] = len(self._replays)
         return {
             "graph_cache": cache,
