@@ -48,7 +48,7 @@ def new_prefix() -> str:
 def device_prefix(prefix: str, client: int, devices: int) -> str:
     """The names client `client` uses: the run's own on one device; over several, the weights and step
     graphs of device `client % devices` (clients spread round-robin, each device holding one copy)."""
-    return prefix if devices == 1 else f"{prefix}d{client % devices}/"
+    return prefix if devices == 1 else f"{prefix}d{client_device(client, devices)}/"
 
 
 def client_device(client: int, devices: int) -> int:

@@ -89,8 +89,7 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
                     swapped = True  # (every layer's k.T: no tuple hashed)
                 else:
                     key = (ws, w.strides, base.shape, base.strides)
-                    known = _swaps.get(key)
-                    swapped = _swaps.keep(key, _swaps_back(*key)) if known is None else known
+                    swapped = _swapped(key)
                     if swapped:
                         self._last_swapped = key
                 flipped = base if swapped else w.transpose(-1, -2)
@@ -219,13 +218,8 @@ def _swapped_back(w: Any) -> Any:
     the base itself (no new view on the hot path), else a view."""
     if type(w) is Tensor:  # (a session's: q @ k.T every step) its base without the property, the answer kept
         base = w._base
-        if base is not None and not w.offset:
-            key = (w.shape, w.strides, base.shape, base.strides)
-            swapped = _swaps.get(key)
-            if swapped is None:
-                swapped = _swaps.keep(key, _swaps_back(*key))
-            if swapped:
-                return base
+        if base is not None and not w.offset and _swapped((w.shape, w.strides, base.shape, base.strides)):
+            return base
         return w.transpose(-1, -2)
     base, strides = getattr(w, "base", w), getattr(w, "strides", None)
     if (
@@ -241,6 +235,13 @@ def _swapped_back(w: Any) -> Any:
 
 # (the shape and strides of a view, and of its base) -> whether the view is the base, last two axes swapped
 _swaps: Memo[tuple[tuple[int, ...], ...], bool] = Memo(PLANS_KEPT)
+
+
+def _swapped(key: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether the view of `key` (its shape and strides, its base's) is its base with the last two axes
+    swapped, as `_swaps` keeps it."""
+    known = _swaps.get(key)
+    return _swaps.keep(key, _swaps_back(*key)) if known is None else known
 
 
 def _swaps_back(shape: tuple[int, ...], strides: Any, base_shape: tuple[int, ...], dense: tuple[int, ...]) -> bool:
