@@ -158,6 +158,23 @@ main() {
             section python3 -m gpud bench decode --backend cuda --clients 1,8,16,32 --modes merged \
                 --json "$OUT/bench-decode-merged-cuda.json" || status=1
             ;;
+        matvec-tc) # float32 rows by 16-bit Linear weights on the tensor cores: tests, then the kernel beside matvec and cuBLAS
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matvec_tc.py \
+                tests/ops/test_matmul.py tests/ops/test_matmul_bf16.py || status=1
+            section python3 benchmarks/matvec_tc_harness.py --json "$OUT/matvec-tc-harness.json" || status=1
+            ;;
+        decode-ab) # decode before and after a change, alternating on this machine: .ab/base holds the earlier tree
+            # (made with `git archive <commit> | tar -x -C .ab/base`, carried), this tree is the later one
+            local i=0
+            for run in base new base new; do
+                local tree=$PWD
+                i=$((i + 1))
+                [ "$run" = base ] && tree=$PWD/.ab/base
+                (cd "$tree" && PYTHONPATH=/tmp/site:$tree/protocol:$tree/client:$tree section python3 -m gpud bench decode \
+                    --backend cuda --clients ${DECODE_CLIENTS:-1,8,32} --modes ${DECODE_MODES:-graph,window,merged} \
+                    --json "$OUT/decode-ab-$run-$i.json") || status=1
+            done
+            ;;
         pdl) # the graph runner's tests, programmatic edges and full ones
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/backends/cuda/test_device.py -k graph || status=1
             ;;

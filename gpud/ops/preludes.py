@@ -6,8 +6,8 @@ file without gpud's dependencies."""
 from __future__ import annotations
 
 CUDA_FAMILIES = (
-    "attention", "elementwise", "fused", "layout", "matmul", "matmul_tc", "matmul_tma", "matmul_wg", "reduce",
-    "reduce_axis",
+    "attention", "elementwise", "fused", "layout", "matmul", "matmul_tc", "matmul_tma", "matmul_wg", "matvec_tc",
+    "reduce", "reduce_axis",
 )  # fmt: skip
 _CUDA: dict[str, tuple[str, ...]] = {
     "matmul_tc": ("cp_async", "products"),
@@ -15,6 +15,7 @@ _CUDA: dict[str, tuple[str, ...]] = {
     # and tma.cu's mbarriers, copies and loops (its unsplit and split-K kernels share them)
     "matmul_tma": ("activation", "cp_async", "products", "wgmma", "tma"),
     "matmul_wg": ("activation", "cp_async", "products", "wgmma"),
+    "matvec_tc": ("products",),
     "attention": ("rotary",),
     "elementwise": ("activation", "nan"),
     "fused": ("halves", "load_store", "rotary"),

@@ -1,0 +1,184 @@
+// Products of float32 x and float16 or bfloat16 w as (N, K) (a Linear's weight) for up to 64 rows of x
+// per weight matrix, on the tensor cores, CUDA sm_80 and later (see gpud_protocol/ops/matvec_tc.py for the
+// interface: matmul's tensors, scalars and rule). Decode and merged decode steps: the weights are read
+// once for every row, where matvec reads x through L1 once per weight vector and each group of 8 rows
+// reads w again.
+//
+// x is split into two tf32 parts, hi (its top 11 significant bits: a mask, exact) and lo (the rest,
+// rounded to tf32), and each part goes through mma.sync m16n8k8 tf32 with w (a float16 or bfloat16
+// element is exact in tf32), float32 accumulators: about 22 of x's 24 bits enter every product. inf
+// and NaN in x pass as they are (lo 0). The block's 8 warps split K in chunks of 32 (chunk c to warp
+// c % 8); their sums meet in shared memory in warp order. Neither depends on how many rows there are:
+// a row's sum is the same sequence of instructions wherever it sits in the block, so each row of x
+// gets the bits it gets alone, in a kernel of any row count (a merged replay's rows equal solo ones).
+//
+// Fragments: in a k-step the lane (g, t) = (lane / 4, lane % 4) holds A's (row g, k t), (g + 8, t),
+// (g, t + 4), (g + 8, t + 4) and B's (k t, col g), (k t + 4, g). K is permuted so that those are the
+// neighbours 8t + 2s and 8t + 2s + 1 of a chunk (k-step s of 4): one 16-byte load of a row of w and two
+// of a row of x per lane and chunk. Where K is not a multiple of 8 or an operand not 16-byte aligned,
+// the same lanes read the same elements one at a time (the same bits, slower).
+
+typedef unsigned short half_t;
+
+#define TF_WARPS 8
+#define TF_CHUNK 32
+
+__device__ __forceinline__ void mma_tf32(float* d, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void split_tf32(float v, unsigned int& hi, unsigned int& lo) {
+    const unsigned int u = __float_as_uint(v);
+    if ((u & 0x7f800000u) == 0x7f800000u) {  // inf, or NaN made quiet in the bits tf32 keeps
+        hi = (u & 0x007fffffu) ? (u | 0x00400000u) : u;
+        lo = 0u;
+        return;
+    }
+    hi = u & 0xffffe000u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(v - __uint_as_float(hi)));
+}
+
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// a weight's 16 bits as tf32 bits (exact)
+template <bool BF>
+__device__ __forceinline__ unsigned int w_tf32(unsigned int h) {
+    return BF ? (h << 16) : __float_as_uint(h2f((unsigned short)h));
+}
+
+// the 8 elements [e0, e0 + 8) of a row of w (N, K) as 4 words of halves (zeros past k); vec: one load
+__device__ __forceinline__ uint4 w_chunk(const half_t* row, unsigned int e0, unsigned int k, bool vec) {
+    if (vec) return e0 < k ? ld_stream16(row + e0) : make_uint4(0, 0, 0, 0);
+    unsigned int h[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) h[i] = e0 + i < k ? (unsigned int)row[e0 + i] : 0u;
+    return make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+}
+
+// ... and of a row of x, split: hi[i], lo[i] of element e0 + i (zeros past k, or where the row is none)
+__device__ __forceinline__ void x_chunk(const float* row, bool live, unsigned int e0, unsigned int k, bool vec,
+                                        unsigned int* hi, unsigned int* lo) {
+    float v[8];
+    if (live && vec && e0 < k) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(row + e0));
+        const float4 b = __ldg(reinterpret_cast<const float4*>(row + e0 + 4));
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = live && e0 + i < k ? __ldg(row + e0 + i) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) split_tf32(v[i], hi[i], lo[i]);
+}
+
+// MT tiles of 16 rows, NT tiles of 8 columns (from n0), U chunks of w in flight per warp
+template <int MT, int NT, int U, bool BF>
+__device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const half_t* __restrict__ w,
+                                          const void* __restrict__ bias, float* __restrict__ out, unsigned int batch,
+                                          unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+                                          unsigned int w_stride, unsigned int epilogue) {
+    constexpr int ROWS = MT * 16, COLS = NT * 8;
+    __shared__ float red[TF_WARPS * ROWS * COLS];
+    const unsigned int n0 = (blockIdx.x + blockIdx.y * gridDim.x) * COLS, b = blockIdx.z;
+    if (b >= batch || n0 >= n || m == 0 || m > ROWS) return;  // uniform over the block
+    x += (u64)b * x_stride;
+    w += (u64)b * w_stride;
+    out += (u64)b * m * n;
+    const unsigned int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const bool vec = k % 8 == 0 && (reinterpret_cast<u64>(x) & 15u) == 0 && (reinterpret_cast<u64>(w) & 15u) == 0;
+    const half_t* wrow[NT];
+    bool wlive[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        wlive[j] = n0 + j * 8 + g < n;
+        wrow[j] = w + (u64)(wlive[j] ? n0 + j * 8 + g : n0) * k;
+    }
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.0f;
+    const unsigned int chunks = (k + TF_CHUNK - 1) / TF_CHUNK;
+    for (unsigned int c0 = warp; c0 < chunks; c0 += TF_WARPS * U) {
+        uint4 wv[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const unsigned int e0 = (c0 + u * TF_WARPS) * TF_CHUNK + 8 * t;
+#pragma unroll
+            for (int j = 0; j < NT; j++) wv[u][j] = wlive[j] ? w_chunk(wrow[j], e0, k, vec) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const unsigned int c = c0 + u * TF_WARPS;
+            if (c >= chunks) break;
+            const unsigned int e0 = c * TF_CHUNK + 8 * t;
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if (i * 16 >= (int)m) break;  // uniform: rows past m add nothing
+                unsigned int hi0[8], lo0[8], hi1[8], lo1[8];
+                const unsigned int r0 = i * 16 + g, r1 = r0 + 8;
+                x_chunk(x + (u64)r0 * k, r0 < m, e0, k, vec, hi0, lo0);
+                x_chunk(x + (u64)r1 * k, r1 < m, e0, k, vec, hi1, lo1);
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    const unsigned int ah[4] = {hi0[2 * s], hi1[2 * s], hi0[2 * s + 1], hi1[2 * s + 1]};
+                    const unsigned int al[4] = {lo0[2 * s], lo1[2 * s], lo0[2 * s + 1], lo1[2 * s + 1]};
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const unsigned int word = s == 0 ? wv[u][j].x : s == 1 ? wv[u][j].y : s == 2 ? wv[u][j].z : wv[u][j].w;
+                        const unsigned int b0 = w_tf32<BF>(word & 0xffffu), b1 = w_tf32<BF>(word >> 16);
+                        mma_tf32(acc[i][j], ah, b0, b1);
+                        mma_tf32(acc[i][j], al, b0, b1);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const unsigned int row = i * 16 + g + (c >= 2 ? 8 : 0), col = j * 8 + 2 * t + (c & 1);
+                red[(warp * ROWS + row) * COLS + col] = acc[i][j][c];
+            }
+    __syncthreads();
+    for (unsigned int o = threadIdx.x; o < (unsigned int)(ROWS * COLS); o += TF_WARPS * 32) {
+        const unsigned int row = o / COLS, col = n0 + o % COLS;
+        if (row >= m || col >= n) continue;
+        float s = red[o];
+#pragma unroll
+        for (int v = 1; v < TF_WARPS; v++) s += red[v * ROWS * COLS + o];
+        out[(u64)row * n + col] = s + bias_at(bias, epilogue, col);
+    }
+}
+
+// ---------------------------------------------------------------- entry points
+// matvec_tc<R>_f32_<w>: up to R rows of x per weight matrix, as matvec_tc<R / 16, NT, U, BF> (TF_KERNELS in
+// gpud_protocol/ops/matvec_tc.py: 8 NT columns of out per block); w float16 or bfloat16 bits.
+
+#define MATVEC_TC(NAME, MT, NT, U, BF)                                                                          \
+    extern "C" __global__ void __launch_bounds__(TF_WARPS * 32) NAME(                                           \
+        const float* x, const half_t* w, const void* bias, float* out, unsigned int batch, unsigned int m,      \
+        unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,          \
+        unsigned int epilogue) {                                                                               \
+        gpud_wait_prior();                                                                                     \
+        if (wt) matvec_tc<MT, NT, U, BF>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);       \
+    }
+
+MATVEC_TC(matvec_tc16_f32_f16, 1, 1, 4, false)
+MATVEC_TC(matvec_tc32_f32_f16, 2, 2, 2, false)
+MATVEC_TC(matvec_tc64_f32_f16, 4, 2, 2, false)
+MATVEC_TC(matvec_tc16_f32_bf16, 1, 1, 4, true)
+MATVEC_TC(matvec_tc32_f32_bf16, 2, 2, 2, true)
+MATVEC_TC(matvec_tc64_f32_bf16, 4, 2, 2, true)

@@ -1,0 +1,150 @@
+"""The products of float32 x and a 16-bit Linear weight on the tensor cores (matvec_tc<R>_f32_<w>, CUDA
+sm_80+) against numpy in float64: every variant dispatched directly at sizes off its tiles (K not a
+multiple of 8 (rows off 16-byte alignment: one element at a time) or of 32, N odd, rows off 16),
+batches, a bias, inf and NaN in x; through the op, every row with the bits it gets alone whatever the rows beside it
+(the property merged replays need); the choice and grids as pure functions; the daemon's rule; and on
+WebGPU, which has no such kernels, a typed refusal. Tolerance as test_matmul.py's for a float32 out
+(1e-5 of the row's magnitude): x enters as two tf32 parts, about 22 of its 24 bits in every product."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpud_client
+from gpud_protocol.ops import KERNELS, MAX_GROUPS, OpError, TensorInfo
+from gpud_protocol.ops.matmul import plan
+from gpud_protocol.ops.matvec_tc import TF_COLUMNS, TF_KERNELS, tf_grid, tf_kernel
+from ops.test_matmul_bf16 import check, upload
+from ops.test_matmul_bf16 import rand as rand_of
+
+# (batch, M, N, K, bias, batched w)
+EDGES = [
+    (1, 1, 33, 70, False, False),
+    (1, 3, 8, 200, True, False),
+    (1, 16, 130, 896, False, False),
+    (1, 17, 9, 64, True, False),
+    (1, 31, 40, 40, False, False),
+    (1, 32, 17, 896, True, False),
+    (1, 33, 33, 136, False, False),
+    (1, 64, 24, 8, True, False),
+    (2, 5, 72, 96, True, True),
+    (3, 4, 40, 24, False, False),  # a shared w: the batches as the grid's z (x_stride M*K, w_stride 0)
+]
+
+
+def w_dtype_of(name: str) -> str:
+    return "bfloat16" if name.endswith("_bf16") else "float16"
+
+
+async def direct(
+    gpu: gpud_client.Client, name: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, batch: int
+) -> np.ndarray:
+    """Kernel `name` dispatched directly on x (batch, M, K) and w (N, K) or (batch, N, K), into a poisoned out."""
+    dtype = w_dtype_of(name)
+    b, m, k = x.shape
+    n = w.shape[-2]
+    tx, tw = gpu.tensor(x.astype(np.float32)), upload(gpu, w, dtype)
+    out = gpu.tensor(np.full((b, m, n), np.nan, np.float32))
+    tb = tx if bias is None else gpu.tensor(bias.astype(np.float32))
+    x_stride, w_stride = m * k, n * k if w.ndim == 3 else 0
+    scalars = [batch, m, n, k, x_stride, w_stride, 1, 0 if bias is None else 1]
+    gpu.ops._run(name, tf_grid(name, batch, n), [tx, tw, tb, out], scalars, None)
+    result: np.ndarray = await out.numpy()
+    return result
+
+
+@pytest.mark.parametrize("name", list(TF_KERNELS))
+async def test_every_variant_at_edges(gpu: gpud_client.Client, name: str) -> None:
+    rng = np.random.default_rng()
+    dtype, rows = w_dtype_of(name), TF_KERNELS[name]
+    if gpu.backend != "cuda":  # no WebGPU version of the family: the registration is refused
+        x, w = rand_of(rng, (1, 2, 16), "float32"), rand_of(rng, (8, 16), dtype)
+        with pytest.raises(gpud_client.GpudError, match="matvec_tc kernels have no webgpu version"):
+            await direct(gpu, name, x, w, None, 1)
+        return
+    for batch, m, n, k, biased, batched in EDGES:
+        if m > rows:
+            continue
+        x = rand_of(rng, (batch, m, k), "float32")
+        w = rand_of(rng, (batch, n, k) if batched else (n, k), dtype)
+        bias = rand_of(rng, (n,), "float32", 4.0) if biased else None
+        got = await direct(gpu, name, x, w, bias, batch)
+        for i in range(batch):
+            check(got[i], x[i], w[i] if batched else w, True, "float32", bias)
+
+
+async def test_inf_and_nan_in_x(gpu: gpud_client.Client) -> None:
+    """An inf in x gives what numpy gives (inf where every weight it meets is positive), a NaN gives NaN."""
+    rng = np.random.default_rng()
+    n, k = 24, 96
+    special = rand_of(rng, (3, k), "float32")
+    special[0, 5], special[1, 7] = np.inf, np.nan
+    w2 = np.abs(rand_of(rng, (n, k), "float16")) + np.float16(0.5)
+    got = await gpu.ops.matmul(gpu.tensor(special), gpu.tensor(w2), transpose_w=True).numpy()
+    assert gpu.backend != "cuda" or "matvec_tc16_f32_f16" in gpu.ops._kernels
+    assert np.all(np.isposinf(got[0])) and np.all(np.isnan(got[1])) and np.all(np.isfinite(got[2]))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+async def test_each_row_gets_the_bits_it_gets_alone(gpu: gpud_client.Client, dtype: str) -> None:
+    """64 rows at once (32 where matvec takes them), 32, 16, and each alone: every row's output bits are
+    the same (every variant sums a row in one order), so a merged replay of many sessions' rows equals
+    each replaying alone."""
+    rng = np.random.default_rng()
+    n, k = 40, 896
+    total = 64 if gpu.backend == "cuda" else 32  # elsewhere matvec in groups of rows, up to 32 (test_matmul.py)
+    x, w = rand_of(rng, (total, k), "float32"), rand_of(rng, (n, k), dtype)
+    tw = upload(gpu, w, dtype)
+    whole = await gpu.ops.matmul(gpu.tensor(x), tw, transpose_w=True).numpy()
+    check(whole, x, w, True, "float32")
+    flipped = await gpu.ops.matmul(gpu.tensor(x[::-1].copy()), tw, transpose_w=True).numpy()
+    np.testing.assert_array_equal(flipped[::-1], whole)
+    for rows in (32, 16, 5):
+        part = await gpu.ops.matmul(gpu.tensor(x[total - rows :]), tw, transpose_w=True).numpy()
+        np.testing.assert_array_equal(part, whole[total - rows :])
+    for row in (0, 17, total - 1):
+        alone = await gpu.ops.matmul(gpu.tensor(x[row : row + 1]), tw, transpose_w=True).numpy()
+        np.testing.assert_array_equal(alone[0], whole[row])
+    if gpu.backend == "cuda":
+        short = "bf16" if dtype == "bfloat16" else "f16"
+        assert {f"matvec_tc{r}_f32_{short}" for r in (16, 32, 64)} <= set(gpu.ops._kernels)
+
+
+def test_the_choice_and_grids() -> None:
+    """Up to 16, 32, 64 rows: the smallest variant that holds them; float32 x with a 16-bit w as (N, K)
+    on sm_80 and later only; one block per 8 or 16 columns, folded into y past 65,535."""
+    assert tf_kernel(1, "float32", "float16", True, "9.0") == "matvec_tc16_f32_f16"
+    assert tf_kernel(17, "float32", "bfloat16", True, "8.0") == "matvec_tc32_f32_bf16"
+    assert tf_kernel(64, "float32", "float16", True, "8.6") == "matvec_tc64_f32_f16"
+    for refused in [
+        (65, "float32", "float16", True, "9.0"),
+        (8, "float16", "float16", True, "9.0"),
+        (8, "float32", "float32", True, "9.0"),
+        (8, "float32", "float16", False, "9.0"),
+        (8, "float32", "float16", True, "7.5"),
+        (8, "float32", "float16", True, ""),
+    ]:
+        assert tf_kernel(*refused) is None, refused
+    for name, rows in TF_KERNELS.items():
+        assert KERNELS[name].block == 256 and KERNELS[name].family == "matvec_tc"
+        columns = TF_COLUMNS[rows]
+        assert tf_grid(name, 3, columns) == (1, 1, 3)
+        gx, gy, gz = tf_grid(name, 1, 151936 * 8)
+        blocks = -(-151936 * 8 // columns)
+        assert gz == 1 and gx <= MAX_GROUPS and gx * gy >= blocks and gx * (gy - 1) < blocks
+
+
+def test_the_rule_of_the_tensor_core_matvec() -> None:
+    check_rule = KERNELS["matvec_tc32_f32_f16"].check
+    x, w, out = TensorInfo("float32", (3, 8, 5)), TensorInfo("float16", (6, 5)), TensorInfo("float32", (3, 8, 6))
+    sizes = list(plan(x.shape, w.shape, True).sizes)
+    check_rule([x, w, x, out], [*sizes, 1, 0])
+    with pytest.raises(OpError, match="wt 1"):
+        check_rule([x, w, x, out], [*sizes, 0, 0])
+    big, big_out = TensorInfo("float32", (33, 5)), TensorInfo("float32", (33, 6))
+    with pytest.raises(OpError, match="1 to 32 rows"):
+        check_rule([big, w, big, big_out], [1, 33, 6, 5, 0, 0, 1, 0])
+    with pytest.raises(OpError, match="takes x float32"):
+        half = TensorInfo("float16", (3, 8, 5))
+        check_rule([half, w, half, out], [*sizes, 1, 0])
