@@ -166,7 +166,7 @@ main() {
         decode-ab) # decode before and after a change, alternating on this machine: .ab/base holds the earlier tree
             # (made with `git archive <commit> | tar -x -C .ab/base`, carried), this tree is the later one
             local i=0
-            for run in base new base new; do
+            for run in ${AB_RUNS:-base new base new}; do
                 local tree=$PWD
                 i=$((i + 1))
                 [ "$run" = base ] && tree=$PWD/.ab/base
