@@ -35,8 +35,8 @@ POISON = 0x7FC0DEAD  # a NaN no kernel writes: out's elements before the kernel 
 
 # Launch rules, from gpud_protocol.ops.matvec_tc (TF_ROWS, TF_COLUMNS, tf_kernel, tf_grid) and .matmul
 # (fold, threads_per_row, matvec_grid, matvec_groups); compared with the protocol's where it imports.
-TF_ROWS = (16, 32, 64)
-TF_COLUMNS = {16: 8, 32: 16, 64: 16}
+TF_ROWS = (8, 16, 32, 64)
+TF_COLUMNS = 16
 
 
 def fold(groups: int, batch: int) -> tuple[int, int, int]:
@@ -48,7 +48,7 @@ def tc_name(m: int, t: str) -> str:
 
 
 def tc_grid(rows: int, batch: int, n: int) -> tuple[int, int, int]:
-    return fold(-(-n // TF_COLUMNS[rows]), batch)
+    return fold(-(-n // TF_COLUMNS), batch)
 
 
 def mv_grid(batch: int, n: int, k: int) -> tuple[int, int, int]:
@@ -108,7 +108,7 @@ def build(dev: Any) -> dict[str, Any]:
                 for a in ("NUM_REGS", "LOCAL_SIZE_BYTES", "SHARED_SIZE_BYTES")
             ]
             rows = int(name[9:11]) if name.startswith("matvec_tc") else 8
-            kernels[name] = gd.Kernel(name, rows, TF_COLUMNS.get(rows, 0), 256, fn, *resources)
+            kernels[name] = gd.Kernel(name, rows, TF_COLUMNS if rows in TF_ROWS else 0, 256, fn, *resources)
     return kernels
 
 

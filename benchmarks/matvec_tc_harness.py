@@ -102,7 +102,7 @@ def edge_case(dev: Any, fn: Any, dtype: str, m: int, case: tuple[Any, ...], rng:
 
 
 def bit_identity(dev: Any, kernels: dict[str, Any], dtype: str, rng: np.random.Generator) -> list[str]:
-    """Each of 64 rows of x launched alone through matvec_tc16 against every variant with the rows in
+    """Each of 64 rows of x launched alone through matvec_tc8 against every variant with the rows in
     order, reversed, shuffled in launches of random size, between inf/NaN rows, and alone: the failures."""
     torch, t, n, failures = dev.torch, mv.SHORT[dtype], 896, []
     for k in (896, 4864):
@@ -125,7 +125,7 @@ def bit_identity(dev: Any, kernels: dict[str, Any], dtype: str, rng: np.random.G
             return got[np.argsort(rows, kind="stable")][:64]
 
         alone = [[i] for i in range(64)]
-        solo = run(f"matvec_tc16_f32_{t}", alone)
+        solo = run(f"matvec_tc8_f32_{t}", alone)
         x64, w64 = x[:64].astype(np.float32).astype(np.float64), mv.weight_values(w.cpu().numpy(), dtype)
         err = np.abs(solo.view(np.float32) - x64 @ w64.T) / (1e-5 * (np.abs(x64) @ np.abs(w64).T) + 1e-30)
         if not err.max() <= 1:

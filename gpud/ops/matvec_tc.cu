@@ -12,11 +12,15 @@
 // a row's sum is the same sequence of instructions wherever it sits in the block, so each row of x
 // gets the bits it gets alone, in a kernel of any row count (a merged replay's rows equal solo ones).
 //
-// Fragments: in a k-step the lane (g, t) = (lane / 4, lane % 4) holds A's (row g, k t), (g + 8, t),
-// (g, t + 4), (g + 8, t + 4) and B's (k t, col g), (k t + 4, g). K is permuted so that those are the
-// neighbours 8t + 2s and 8t + 2s + 1 of a chunk (k-step s of 4): one 16-byte load of a row of w and two
-// of a row of x per lane and chunk. Where K is not a multiple of 8 or an operand not 16-byte aligned,
-// the same lanes read the same elements one at a time (the same bits, slower).
+// The product is taken as out^T = w x^T: w is mma's A (16 rows of out's columns, exact in tf32), x^T its B
+// (8 rows of x a tile), so that a lane splits only the x elements of its own row of x and one row of
+// x fills a tile's first column (decode's single row wastes no loads of w). In a k-step the lane
+// (g, t) = (lane / 4, lane % 4) holds A's (row g, k t), (g + 8, t), (g, t + 4), (g + 8, t + 4) and B's
+// (k t, col g), (k t + 4, g); K is permuted so that those are the neighbours 8t + 2s and 8t + 2s + 1 of
+// a chunk (k-step s of 4): per lane and chunk one 16-byte load of each of two rows of w and two of its
+// row of x per tile. Where K is not a multiple of 8 or an operand not 16-byte aligned, the same lanes
+// read the same elements one at a time (the same bits, slower). The hi and lo parts add into
+// accumulators of their own (two chains, not one twice as long), summed when the warp is done.
 
 typedef unsigned short half_t;
 
@@ -32,13 +36,9 @@ __device__ __forceinline__ void mma_tf32(float* d, const unsigned int* a, unsign
 
 __device__ __forceinline__ void split_tf32(float v, unsigned int& hi, unsigned int& lo) {
     const unsigned int u = __float_as_uint(v);
-    if ((u & 0x7f800000u) == 0x7f800000u) {  // inf, or NaN made quiet in the bits tf32 keeps
-        hi = (u & 0x007fffffu) ? (u | 0x00400000u) : u;
-        lo = 0u;
-        return;
-    }
-    hi = u & 0xffffe000u;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(v - __uint_as_float(hi)));
+    const bool special = (u & 0x7f800000u) == 0x7f800000u;  // inf, or NaN made quiet in the bits tf32 keeps
+    hi = special ? u | ((u & 0x007fffffu) ? 0x00400000u : 0u) : u & 0xffffe000u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(special ? 0.0f : v - __uint_as_float(hi)));
 }
 
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
@@ -62,10 +62,8 @@ __device__ __forceinline__ uint4 w_chunk(const half_t* row, unsigned int e0, uns
     return make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
 }
 
-// ... and of a row of x, split: hi[i], lo[i] of element e0 + i (zeros past k, or where the row is none)
-__device__ __forceinline__ void x_chunk(const float* row, bool live, unsigned int e0, unsigned int k, bool vec,
-                                        unsigned int* hi, unsigned int* lo) {
-    float v[8];
+// ... and of a row of x (zeros past k, or where the row is none)
+__device__ __forceinline__ void x_chunk(const float* row, bool live, unsigned int e0, unsigned int k, bool vec, float* v) {
     if (live && vec && e0 < k) {
         const float4 a = __ldg(reinterpret_cast<const float4*>(row + e0));
         const float4 b = __ldg(reinterpret_cast<const float4*>(row + e0 + 4));
@@ -74,17 +72,15 @@ __device__ __forceinline__ void x_chunk(const float* row, bool live, unsigned in
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] = live && e0 + i < k ? __ldg(row + e0 + i) : 0.0f;
     }
-#pragma unroll
-    for (int i = 0; i < 8; i++) split_tf32(v[i], hi[i], lo[i]);
 }
 
-// MT tiles of 16 rows, NT tiles of 8 columns (from n0), U chunks of w in flight per warp
-template <int MT, int NT, int U, bool BF>
+// XT tiles of 8 rows of x, a block's 16 columns of out from n0, U chunks in flight per warp
+template <int XT, int U, bool BF>
 __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const half_t* __restrict__ w,
                                           const void* __restrict__ bias, float* __restrict__ out, unsigned int batch,
                                           unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
                                           unsigned int w_stride, unsigned int epilogue) {
-    constexpr int ROWS = MT * 16, COLS = NT * 8;
+    constexpr int ROWS = XT * 8, COLS = 16;
     __shared__ float red[TF_WARPS * ROWS * COLS];
     const unsigned int n0 = (blockIdx.x + blockIdx.y * gridDim.x) * COLS, b = blockIdx.z;
     if (b >= batch || n0 >= n || m == 0 || m > ROWS) return;  // uniform over the block
@@ -93,65 +89,58 @@ __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const hal
     out += (u64)b * m * n;
     const unsigned int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const bool vec = k % 8 == 0 && (reinterpret_cast<u64>(x) & 15u) == 0 && (reinterpret_cast<u64>(w) & 15u) == 0;
-    const half_t* wrow[NT];
-    bool wlive[NT];
+    const bool live0 = n0 + g < n, live1 = n0 + g + 8 < n;
+    const half_t* w0 = w + (u64)(live0 ? n0 + g : n0) * k;
+    const half_t* w1 = w + (u64)(live1 ? n0 + g + 8 : n0) * k;
+    float hi_acc[XT][4], lo_acc[XT][4];
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        wlive[j] = n0 + j * 8 + g < n;
-        wrow[j] = w + (u64)(wlive[j] ? n0 + j * 8 + g : n0) * k;
-    }
-    float acc[MT][NT][4];
+    for (int j = 0; j < XT; j++)
 #pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.0f;
+        for (int c = 0; c < 4; c++) hi_acc[j][c] = lo_acc[j][c] = 0.0f;
     const unsigned int chunks = (k + TF_CHUNK - 1) / TF_CHUNK;
     for (unsigned int c0 = warp; c0 < chunks; c0 += TF_WARPS * U) {
-        uint4 wv[U][NT];
+        uint4 wa[U], wb[U];
+        float xv[U][XT][8];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const unsigned int e0 = (c0 + u * TF_WARPS) * TF_CHUNK + 8 * t;
+            wa[u] = live0 ? w_chunk(w0, e0, k, vec) : make_uint4(0, 0, 0, 0);
+            wb[u] = live1 ? w_chunk(w1, e0, k, vec) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int j = 0; j < NT; j++) wv[u][j] = wlive[j] ? w_chunk(wrow[j], e0, k, vec) : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < XT; j++) {
+                const unsigned int r = j * 8 + g;
+                x_chunk(x + (u64)r * k, r < m && j * 8 < (int)m, e0, k, vec, xv[u][j]);
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const unsigned int c = c0 + u * TF_WARPS;
-            if (c >= chunks) break;
-            const unsigned int e0 = c * TF_CHUNK + 8 * t;
+            if (c0 + u * TF_WARPS >= chunks) break;
 #pragma unroll
-            for (int i = 0; i < MT; i++) {
-                if (i * 16 >= (int)m) break;  // uniform: rows past m add nothing
-                unsigned int hi0[8], lo0[8], hi1[8], lo1[8];
-                const unsigned int r0 = i * 16 + g, r1 = r0 + 8;
-                x_chunk(x + (u64)r0 * k, r0 < m, e0, k, vec, hi0, lo0);
-                x_chunk(x + (u64)r1 * k, r1 < m, e0, k, vec, hi1, lo1);
+            for (int s = 0; s < 4; s++) {
+                const unsigned int pa = s == 0 ? wa[u].x : s == 1 ? wa[u].y : s == 2 ? wa[u].z : wa[u].w;
+                const unsigned int pb = s == 0 ? wb[u].x : s == 1 ? wb[u].y : s == 2 ? wb[u].z : wb[u].w;
+                const unsigned int a[4] = {w_tf32<BF>(pa & 0xffffu), w_tf32<BF>(pb & 0xffffu), w_tf32<BF>(pa >> 16),
+                                           w_tf32<BF>(pb >> 16)};
 #pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    const unsigned int ah[4] = {hi0[2 * s], hi1[2 * s], hi0[2 * s + 1], hi1[2 * s + 1]};
-                    const unsigned int al[4] = {lo0[2 * s], lo1[2 * s], lo0[2 * s + 1], lo1[2 * s + 1]};
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        const unsigned int word = s == 0 ? wv[u][j].x : s == 1 ? wv[u][j].y : s == 2 ? wv[u][j].z : wv[u][j].w;
-                        const unsigned int b0 = w_tf32<BF>(word & 0xffffu), b1 = w_tf32<BF>(word >> 16);
-                        mma_tf32(acc[i][j], ah, b0, b1);
-                        mma_tf32(acc[i][j], al, b0, b1);
-                    }
+                for (int j = 0; j < XT; j++) {
+                    if (j * 8 >= (int)m) break;  // uniform: tiles past m's rows add nothing
+                    unsigned int h0, l0, h1, l1;
+                    split_tf32(xv[u][j][2 * s], h0, l0);
+                    split_tf32(xv[u][j][2 * s + 1], h1, l1);
+                    mma_tf32(hi_acc[j], a, h0, h1);
+                    mma_tf32(lo_acc[j], a, l0, l1);
                 }
             }
         }
     }
+    // D's (column g of out, row 2t of x), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): red[warp][row of x][column]
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+    for (int j = 0; j < XT; j++)
 #pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const unsigned int row = i * 16 + g + (c >= 2 ? 8 : 0), col = j * 8 + 2 * t + (c & 1);
-                red[(warp * ROWS + row) * COLS + col] = acc[i][j][c];
-            }
+        for (int c = 0; c < 4; c++) {
+            const unsigned int row = j * 8 + 2 * t + (c & 1), col = g + (c >= 2 ? 8 : 0);
+            red[(warp * ROWS + row) * COLS + col] = hi_acc[j][c] + lo_acc[j][c];
+        }
     __syncthreads();
     for (unsigned int o = threadIdx.x; o < (unsigned int)(ROWS * COLS); o += TF_WARPS * 32) {
         const unsigned int row = o / COLS, col = n0 + o % COLS;
@@ -164,21 +153,23 @@ __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const hal
 }
 
 // ---------------------------------------------------------------- entry points
-// matvec_tc<R>_f32_<w>: up to R rows of x per weight matrix, as matvec_tc<R / 16, NT, U, BF> (TF_KERNELS in
-// gpud_protocol/ops/matvec_tc.py: 8 NT columns of out per block); w float16 or bfloat16 bits.
+// matvec_tc<R>_f32_<w>: up to R rows of x per weight matrix, as matvec_tc<R / 8, U, BF> (TF_KERNELS in
+// gpud_protocol/ops/matvec_tc.py; 16 columns of out per block); w float16 or bfloat16 bits.
 
-#define MATVEC_TC(NAME, MT, NT, U, BF)                                                                          \
+#define MATVEC_TC(NAME, XT, U, BF)                                                                              \
     extern "C" __global__ void __launch_bounds__(TF_WARPS * 32) NAME(                                           \
         const float* x, const half_t* w, const void* bias, float* out, unsigned int batch, unsigned int m,      \
         unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,          \
         unsigned int epilogue) {                                                                               \
         gpud_wait_prior();                                                                                     \
-        if (wt) matvec_tc<MT, NT, U, BF>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);       \
+        if (wt) matvec_tc<XT, U, BF>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);           \
     }
 
-MATVEC_TC(matvec_tc16_f32_f16, 1, 1, 4, false)
-MATVEC_TC(matvec_tc32_f32_f16, 2, 2, 2, false)
-MATVEC_TC(matvec_tc64_f32_f16, 4, 2, 2, false)
-MATVEC_TC(matvec_tc16_f32_bf16, 1, 1, 4, true)
-MATVEC_TC(matvec_tc32_f32_bf16, 2, 2, 2, true)
-MATVEC_TC(matvec_tc64_f32_bf16, 4, 2, 2, true)
+MATVEC_TC(matvec_tc8_f32_f16, 1, 4, false)
+MATVEC_TC(matvec_tc16_f32_f16, 2, 2, false)
+MATVEC_TC(matvec_tc32_f32_f16, 4, 1, false)
+MATVEC_TC(matvec_tc64_f32_f16, 8, 1, false)
+MATVEC_TC(matvec_tc8_f32_bf16, 1, 4, true)
+MATVEC_TC(matvec_tc16_f32_bf16, 2, 2, true)
+MATVEC_TC(matvec_tc32_f32_bf16, 4, 1, true)
+MATVEC_TC(matvec_tc64_f32_bf16, 8, 1, true)

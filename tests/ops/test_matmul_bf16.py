@@ -85,7 +85,7 @@ async def test_every_bfloat16_pair_at_sizes_off_the_workgroup(
         check(await product(gpu, x, w, (x_dtype, w_dtype), wt), x, w, wt, out)
     used = set(gpu.ops._kernels)
     if gpu.backend == "cuda" and wt and x_dtype == "float32" and w_dtype != "float32":  # up to 64 rows
-        assert f"matvec_tc16_f32_{SHORT[w_dtype]}" in used and f"matvec_tc64_f32_{SHORT[w_dtype]}" in used, used
+        assert f"matvec_tc8_f32_{SHORT[w_dtype]}" in used and f"matvec_tc64_f32_{SHORT[w_dtype]}" in used, used
     else:
         assert f"matvec_{SHORT[x_dtype]}_{SHORT[w_dtype]}" in used
     if gpu.backend == "cuda" and x_dtype == w_dtype:

@@ -82,7 +82,7 @@ async def test_inf_and_nan_in_x(gpu: gpud_client.Client) -> None:
     special[0, 5], special[1, 7] = np.inf, np.nan
     w2 = np.abs(rand_of(rng, (n, k), "float16")) + np.float16(0.5)
     got = await gpu.ops.matmul(gpu.tensor(special), gpu.tensor(w2), transpose_w=True).numpy()
-    assert gpu.backend != "cuda" or "matvec_tc16_f32_f16" in gpu.ops._kernels
+    assert gpu.backend != "cuda" or "matvec_tc8_f32_f16" in gpu.ops._kernels
     assert np.all(np.isposinf(got[0])) and np.all(np.isnan(got[1])) and np.all(np.isfinite(got[2]))
 
 
@@ -108,13 +108,14 @@ async def test_each_row_gets_the_bits_it_gets_alone(gpu: gpud_client.Client, dty
         np.testing.assert_array_equal(alone[0], whole[row])
     if gpu.backend == "cuda":
         short = "bf16" if dtype == "bfloat16" else "f16"
-        assert {f"matvec_tc{r}_f32_{short}" for r in (16, 32, 64)} <= set(gpu.ops._kernels)
+        assert {f"matvec_tc{r}_f32_{short}" for r in (8, 16, 32, 64)} <= set(gpu.ops._kernels)
 
 
 def test_the_choice_and_grids() -> None:
-    """Up to 16, 32, 64 rows: the smallest variant that holds them; float32 x with a 16-bit w as (N, K)
-    on sm_80 and later only; one block per 8 or 16 columns, folded into y past 65,535."""
-    assert tf_kernel(1, "float32", "float16", True, "9.0") == "matvec_tc16_f32_f16"
+    """Up to 8, 16, 32, 64 rows: the smallest variant that holds them; float32 x with a 16-bit w as (N, K)
+    on sm_80 and later only; one block per 16 columns, folded into y past 65,535."""
+    assert tf_kernel(1, "float32", "float16", True, "9.0") == "matvec_tc8_f32_f16"
+    assert tf_kernel(9, "float32", "float16", True, "9.0") == "matvec_tc16_f32_f16"
     assert tf_kernel(17, "float32", "bfloat16", True, "8.0") == "matvec_tc32_f32_bf16"
     assert tf_kernel(64, "float32", "float16", True, "8.6") == "matvec_tc64_f32_f16"
     for refused in [
@@ -128,8 +129,8 @@ def test_the_choice_and_grids() -> None:
         assert tf_kernel(*refused) is None, refused
     for name, rows in TF_KERNELS.items():
         assert KERNELS[name].block == 256 and KERNELS[name].family == "matvec_tc"
-        columns = TF_COLUMNS[rows]
-        assert tf_grid(name, 3, columns) == (1, 1, 3)
+        columns = TF_COLUMNS
+        assert tf_grid(name, 3, columns) == (1, 1, 3) and name.startswith(f"matvec_tc{rows}_f32_")
         gx, gy, gz = tf_grid(name, 1, 151936 * 8)
         blocks = -(-151936 * 8 // columns)
         assert gz == 1 and gx <= MAX_GROUPS and gx * gy >= blocks and gx * (gy - 1) < blocks

@@ -1,12 +1,12 @@
 """Products of float32 x and float16 or bfloat16 w on the tensor cores, for up to 64 rows of x per
 weight matrix (CUDA, compute capability 8.0 and later; family matvec_tc: gpud/ops/matvec_tc.cu).
 
-`matvec_tc<R>_f32_<w>` for R in 16, 32, 64 and w in f16, bf16: matmul's tensors, scalars and rule (see
+`matvec_tc<R>_f32_<w>` for R in 8, 16, 32, 64 and w in f16, bf16: matmul's tensors, scalars and rule (see
 gpud_protocol.ops.matmul) for x float32 and w as (N, K) only (wt = 1, a Linear's weight), at most R
 rows of x per weight matrix; out float32. x enters as two tf32 parts (about 22 of its 24 bits in every
 product), float32 accumulators; a row's sum does not depend on the rows beside it or on R, so every
 row gets the bits it gets alone (merged replays equal solo ones). Grid: tf_grid, one block of 256
-threads per TF_KERNELS[name] columns of out, folded into y past 65,535; z the batch. tf_kernel picks
+threads per TF_COLUMNS columns of out, folded into y past 65,535; z the batch. tf_kernel picks
 the variant for a product, or None where the kernels do not apply.
 """
 
@@ -21,8 +21,8 @@ from gpud_protocol.ops.matmul import fold
 
 SHORT = {"float16": "f16", "bfloat16": "bf16"}  # w's dtype; x is float32
 MIN_CAPABILITY = (8, 0)  # mma.sync's tf32 form
-TF_ROWS = (16, 32, 64)
-TF_COLUMNS = {16: 8, 32: 16, 64: 16}  # columns of out per block, by the variant's rows
+TF_ROWS = (8, 16, 32, 64)
+TF_COLUMNS = 16  # columns of out per block
 TF_KERNELS = {f"matvec_tc{rows}_f32_{t}": rows for t in SHORT.values() for rows in TF_ROWS}  # name: rows
 _TILED = {spec.name: spec for spec in MATMUL_SPECS}
 
@@ -44,8 +44,7 @@ def tf_kernel(m: int, x_dtype: str, w_dtype: str, wt: bool, capability: str) -> 
 
 def tf_grid(name: str, batch: int, n: int) -> tuple[int, int, int]:
     """One block per TF_COLUMNS columns of out, folded into y past 65,535; z the batch."""
-    columns = TF_COLUMNS[TF_KERNELS[name]]
-    return fold(-(-n // columns), batch)
+    return fold(-(-n // TF_COLUMNS), batch)
 
 
 def _spec(name: str, rows: int, w_dtype: str) -> KernelSpec:
