@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import multiprocessing
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -27,7 +28,10 @@ gd = sys.modules["gemm_device"]
 Array = npt.NDArray[Any]
 OPS = gd.ROOT / "gpud" / "ops"
 SOURCES = {  # each family after its preludes (gpud/ops/preludes.py), and the entry points it must have
-    ("pdl.cu", "products.cu", "matvec_tc.cu"): [f"matvec_tc{r}_f32_{t}" for t in ("f16", "bf16") for r in (16, 32, 64)],
+    ("variants.cu", "pdl.cu", "products.cu", "matvec_tc.cu"): [
+        *(f"matvec_tc{r}_f32_{t}" for t in ("f16", "bf16") for r in (8, 16, 32, 64)),
+        *(f"matvec_tc{v}_f32_f16" for v in ("8w4", "8w16", "8w16u2", "32w16")),  # GPUD_MATVEC_TC_VARIANTS
+    ],
     ("pdl.cu", "matmul.cu"): ["matvec_f32_f16", "matvec_f32_bf16"],
 }
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
@@ -86,7 +90,10 @@ def check_protocol() -> None:
 
 
 def compile_images(arch: str) -> list[bytes]:
-    texts = ["".join((OPS / name).read_text() for name in files) for files in SOURCES]
+    variants = "#define GPUD_MATVEC_TC_VARIANTS\n"  # the source's measurement-only entry points
+    texts = [
+        "".join(variants if name == "variants.cu" else (OPS / name).read_text() for name in files) for files in SOURCES
+    ]
     context = multiprocessing.get_context("spawn")  # NVRTC holds the GIL; the workers never touch CUDA
     with ProcessPoolExecutor(max_workers=len(texts), mp_context=context) as pool:
         images = list(pool.map(gd.compile_cubin, texts, [arch] * len(texts)))
@@ -107,8 +114,10 @@ def build(dev: Any) -> dict[str, Any]:
                 gd._check(cu.cuFuncGetAttribute(getattr(attr, f"CU_FUNC_ATTRIBUTE_{a}"), fn))
                 for a in ("NUM_REGS", "LOCAL_SIZE_BYTES", "SHARED_SIZE_BYTES")
             ]
-            rows = int(name[9:11]) if name.startswith("matvec_tc") else 8
-            kernels[name] = gd.Kernel(name, rows, TF_COLUMNS if rows in TF_ROWS else 0, 256, fn, *resources)
+            shape = re.match(r"matvec_tc(\d+)(?:w(\d+))?", name)
+            rows = int(shape[1]) if shape else 8
+            threads = 32 * int(shape[2]) if shape and shape[2] else 256
+            kernels[name] = gd.Kernel(name, rows, TF_COLUMNS if shape else 0, threads, fn, *resources)
     return kernels
 
 

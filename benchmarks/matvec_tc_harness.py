@@ -172,7 +172,8 @@ def measure_point(dev: Any, kernels: dict[str, Any], dtype: str, n: int, k: int,
         return call
 
     plan = mv.tc_name(m, t)
-    names = [f"matvec_tc{r}_f32_{t}" for r in mv.TF_ROWS if r >= m] if args.all_variants else [plan]
+    names = [name for name, fn in kernels.items() if name.startswith("matvec_tc") and name.endswith(f"_f32_{t}")]
+    names = [name for name in names if kernels[name].bm >= m] if args.all_variants else [plan]
     calls = {name: kernel_call(kernels[name], 1, m, mv.tc_grid(kernels[name].bm, 1, n)) for name in names}
     group = mv.mv_group(m)
     if group is not None:

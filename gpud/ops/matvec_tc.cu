@@ -24,7 +24,7 @@
 
 typedef unsigned short half_t;
 
-#define TF_WARPS 8
+#define TF_WARPS 8  // the library's kernels' warps; W below (variants for measurements only)
 #define TF_CHUNK 32
 
 __device__ __forceinline__ void mma_tf32(float* d, const unsigned int* a, unsigned int b0, unsigned int b1) {
@@ -75,13 +75,13 @@ __device__ __forceinline__ void x_chunk(const float* row, bool live, unsigned in
 }
 
 // XT tiles of 8 rows of x, a block's 16 columns of out from n0, U chunks in flight per warp
-template <int XT, int U, bool BF>
+template <int XT, int U, bool BF, int W = TF_WARPS>
 __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const half_t* __restrict__ w,
                                           const void* __restrict__ bias, float* __restrict__ out, unsigned int batch,
                                           unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
                                           unsigned int w_stride, unsigned int epilogue) {
     constexpr int ROWS = XT * 8, COLS = 16;
-    __shared__ float red[TF_WARPS * ROWS * COLS];
+    __shared__ float red[W * ROWS * COLS];
     const unsigned int n0 = (blockIdx.x + blockIdx.y * gridDim.x) * COLS, b = blockIdx.z;
     if (b >= batch || n0 >= n || m == 0 || m > ROWS) return;  // uniform over the block
     x += (u64)b * x_stride;
@@ -98,12 +98,12 @@ __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const hal
 #pragma unroll
         for (int c = 0; c < 4; c++) hi_acc[j][c] = lo_acc[j][c] = 0.0f;
     const unsigned int chunks = (k + TF_CHUNK - 1) / TF_CHUNK;
-    for (unsigned int c0 = warp; c0 < chunks; c0 += TF_WARPS * U) {
+    for (unsigned int c0 = warp; c0 < chunks; c0 += W * U) {
         uint4 wa[U], wb[U];
         float xv[U][XT][8];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const unsigned int e0 = (c0 + u * TF_WARPS) * TF_CHUNK + 8 * t;
+            const unsigned int e0 = (c0 + u * W) * TF_CHUNK + 8 * t;
             wa[u] = live0 ? w_chunk(w0, e0, k, vec) : make_uint4(0, 0, 0, 0);
             wb[u] = live1 ? w_chunk(w1, e0, k, vec) : make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -114,7 +114,7 @@ __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const hal
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (c0 + u * TF_WARPS >= chunks) break;
+            if (c0 + u * W >= chunks) break;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
                 const unsigned int pa = s == 0 ? wa[u].x : s == 1 ? wa[u].y : s == 2 ? wa[u].z : wa[u].w;
@@ -142,12 +142,12 @@ __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const hal
             red[(warp * ROWS + row) * COLS + col] = hi_acc[j][c] + lo_acc[j][c];
         }
     __syncthreads();
-    for (unsigned int o = threadIdx.x; o < (unsigned int)(ROWS * COLS); o += TF_WARPS * 32) {
+    for (unsigned int o = threadIdx.x; o < (unsigned int)(ROWS * COLS); o += W * 32) {
         const unsigned int row = o / COLS, col = n0 + o % COLS;
         if (row >= m || col >= n) continue;
         float s = red[o];
 #pragma unroll
-        for (int v = 1; v < TF_WARPS; v++) s += red[v * ROWS * COLS + o];
+        for (int v = 1; v < W; v++) s += red[v * ROWS * COLS + o];
         out[(u64)row * n + col] = s + bias_at(bias, epilogue, col);
     }
 }
@@ -170,6 +170,21 @@ MATVEC_TC(matvec_tc16_f32_f16, 2, 2, false)
 MATVEC_TC(matvec_tc32_f32_f16, 4, 1, false)
 MATVEC_TC(matvec_tc64_f32_f16, 8, 1, false)
 MATVEC_TC(matvec_tc8_f32_bf16, 1, 4, true)
+
+#ifdef GPUD_MATVEC_TC_VARIANTS  // benchmarks/matvec_tc_harness.py: other warp counts (other bits)
+#define MATVEC_TC_W(NAME, XT, U, W)                                                                             \
+    extern "C" __global__ void __launch_bounds__(W * 32) NAME(                                                  \
+        const float* x, const half_t* w, const void* bias, float* out, unsigned int batch, unsigned int m,      \
+        unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,          \
+        unsigned int epilogue) {                                                                               \
+        gpud_wait_prior();                                                                                     \
+        if (wt) matvec_tc<XT, U, false, W>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);     \
+    }
+MATVEC_TC_W(matvec_tc8w4_f32_f16, 1, 4, 4)
+MATVEC_TC_W(matvec_tc8w16_f32_f16, 1, 4, 16)
+MATVEC_TC_W(matvec_tc8w16u2_f32_f16, 1, 2, 16)
+MATVEC_TC_W(matvec_tc32w16_f32_f16, 4, 1, 16)
+#endif
 MATVEC_TC(matvec_tc16_f32_bf16, 2, 2, true)
 MATVEC_TC(matvec_tc32_f32_bf16, 4, 1, true)
 MATVEC_TC(matvec_tc64_f32_bf16, 8, 1, true)
