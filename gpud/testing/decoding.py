@@ -91,8 +91,7 @@ async def unpublish(address: str, model: str, prefix: str, devices: int = 1) -> 
 
 # Every mode's tokens agree exactly: each computes a row as it would alone. A merged step runs a
 # session's row among up to POOL others, and every op of the step still sums that row in the same
-# order (matmul takes up to 64 float32 rows through matvec_tc on CUDA, up to 32 through matvec in
-# groups elsewhere: `matvec_groups`).
+# order (matmul takes up to 32 float32 rows through matvec in groups: `matvec_groups`).
 
 
 def reference_mismatch(model: str, tokens: list[int], seed: int = 0) -> str:

@@ -1,9 +1,10 @@
 """The products of float32 x and a 16-bit Linear weight on the tensor cores (matvec_tc<R>_f32_<w>, CUDA
-sm_80+) against numpy in float64: every variant dispatched directly at sizes off its tiles (K not a
-multiple of 8 (rows off 16-byte alignment: one element at a time) or of 32, N odd, rows off 16),
-batches, a bias, inf and NaN in x; through the op, every row with the bits it gets alone whatever the rows beside it
-(the property merged replays need); the choice and grids as pure functions; the daemon's rule; and on
-WebGPU, which has no such kernels, a typed refusal. Tolerance as test_matmul.py's for a float32 out
+sm_80+; dispatched by name, the op does not pick them yet: see gpud_protocol.ops.matvec_tc) against
+numpy in float64: every variant at sizes off its tiles (K not a multiple of 8 (rows off 16-byte
+alignment: one element at a time) or of 32, N odd, rows off 16), batches, a bias, inf and NaN in x;
+every row with the bits it gets alone whatever the rows beside it and the variant (the property merged
+replays need); the choice of variant and the grids as pure functions; the daemon's rule; and on WebGPU,
+which has no such kernels, a typed refusal. Tolerance as test_matmul.py's for a float32 out
 (1e-5 of the row's magnitude): x enters as two tf32 parts, about 22 of its 24 bits in every product."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import gpud_client
 from gpud_protocol.ops import KERNELS, MAX_GROUPS, OpError, TensorInfo
 from gpud_protocol.ops.matmul import plan
-from gpud_protocol.ops.matvec_tc import TF_COLUMNS, TF_KERNELS, tf_grid, tf_kernel
+from gpud_protocol.ops.matvec_tc import TF_COLUMNS, TF_KERNELS, TF_ROWS, tf_grid, tf_kernel
 from ops.test_matmul_bf16 import check, upload
 from ops.test_matmul_bf16 import rand as rand_of
 
@@ -76,39 +77,38 @@ async def test_every_variant_at_edges(gpu: gpud_client.Client, name: str) -> Non
 
 async def test_inf_and_nan_in_x(gpu: gpud_client.Client) -> None:
     """An inf in x gives what numpy gives (inf where every weight it meets is positive), a NaN gives NaN."""
+    if gpu.backend != "cuda":
+        pytest.skip("the matvec_tc kernels run on CUDA")
     rng = np.random.default_rng()
     n, k = 24, 96
-    special = rand_of(rng, (3, k), "float32")
-    special[0, 5], special[1, 7] = np.inf, np.nan
-    w2 = np.abs(rand_of(rng, (n, k), "float16")) + np.float16(0.5)
-    got = await gpu.ops.matmul(gpu.tensor(special), gpu.tensor(w2), transpose_w=True).numpy()
-    assert gpu.backend != "cuda" or "matvec_tc8_f32_f16" in gpu.ops._kernels
+    special = rand_of(rng, (1, 3, k), "float32")
+    special[0, 0, 5], special[0, 1, 7] = np.inf, np.nan
+    w = np.abs(rand_of(rng, (n, k), "float16")) + np.float16(0.5)
+    got = (await direct(gpu, "matvec_tc8_f32_f16", special, w, None, 1))[0]
     assert np.all(np.isposinf(got[0])) and np.all(np.isnan(got[1])) and np.all(np.isfinite(got[2]))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 async def test_each_row_gets_the_bits_it_gets_alone(gpu: gpud_client.Client, dtype: str) -> None:
-    """64 rows at once (32 where matvec takes them), 32, 16, and each alone: every row's output bits are
-    the same (every variant sums a row in one order), so a merged replay of many sessions' rows equals
-    each replaying alone."""
+    """64 rows at once, reversed, 32, 16 and 5 at a time, and each alone, through every variant that
+    holds them: every row's output bits are the same (each variant sums a row in one order), the
+    property a merged replay of many sessions' rows needs to equal each session replaying alone."""
+    if gpu.backend != "cuda":
+        pytest.skip("the matvec_tc kernels run on CUDA")
     rng = np.random.default_rng()
-    n, k = 40, 896
-    total = 64 if gpu.backend == "cuda" else 32  # elsewhere matvec in groups of rows, up to 32 (test_matmul.py)
-    x, w = rand_of(rng, (total, k), "float32"), rand_of(rng, (n, k), dtype)
-    tw = upload(gpu, w, dtype)
-    whole = await gpu.ops.matmul(gpu.tensor(x), tw, transpose_w=True).numpy()
-    check(whole, x, w, True, "float32")
-    flipped = await gpu.ops.matmul(gpu.tensor(x[::-1].copy()), tw, transpose_w=True).numpy()
+    n, k, short = 40, 896, "bf16" if dtype == "bfloat16" else "f16"
+    x, w = rand_of(rng, (1, 64, k), "float32"), rand_of(rng, (n, k), dtype)
+    whole = (await direct(gpu, f"matvec_tc64_f32_{short}", x, w, None, 1))[0]
+    check(whole, x[0], w, True, "float32")
+    flipped = (await direct(gpu, f"matvec_tc64_f32_{short}", x[:, ::-1].copy(), w, None, 1))[0]
     np.testing.assert_array_equal(flipped[::-1], whole)
     for rows in (32, 16, 5):
-        part = await gpu.ops.matmul(gpu.tensor(x[total - rows :]), tw, transpose_w=True).numpy()
-        np.testing.assert_array_equal(part, whole[total - rows :])
-    for row in (0, 17, total - 1):
-        alone = await gpu.ops.matmul(gpu.tensor(x[row : row + 1]), tw, transpose_w=True).numpy()
+        for name in (f"matvec_tc{r}_f32_{short}" for r in TF_ROWS if r >= rows):
+            part = (await direct(gpu, name, x[:, 64 - rows :].copy(), w, None, 1))[0]
+            np.testing.assert_array_equal(part, whole[64 - rows :], err_msg=name)
+    for row in (0, 17, 63):
+        alone = (await direct(gpu, f"matvec_tc8_f32_{short}", x[:, row : row + 1].copy(), w, None, 1))[0]
         np.testing.assert_array_equal(alone[0], whole[row])
-    if gpu.backend == "cuda":
-        short = "bf16" if dtype == "bfloat16" else "f16"
-        assert {f"matvec_tc{r}_f32_{short}" for r in (8, 16, 32, 64)} <= set(gpu.ops._kernels)
 
 
 def test_the_choice_and_grids() -> None:

@@ -1,8 +1,6 @@
 """Matrix products: matmul (x @ w, batched or not, w as (K, N) or PyTorch Linear's (N, K), an
-optional bias), accumulated in float32. On CUDA (sm_80 and later), float32 x with a float16 or
-bfloat16 w as (N, K) (decode's activations and weights), 1 to 64 rows, goes to matvec_tc: the tensor
-cores with x as two tf32 parts, every row summed as alone. Otherwise one row of x per weight matrix
-(decode) goes to a matrix-vector kernel that reads each weight once, and so do up to 8 rows but for float16 or bfloat16
+optional bias), accumulated in float32. One row of x per weight matrix (decode) goes to a
+matrix-vector kernel that reads each weight once, and so do up to 8 rows but for float16 or bfloat16
 x and w of one dtype on CUDA: those go from 2 rows to the tensor cores (a matmul_tc kernel with a tile
 sized to the product, whose 16-row tiles match cuBLAS there; on Hopper, wide products with w as (N, K)
 to a matmul_wg kernel: its warpgroup instructions, and large ones to matmul_tma: TMA copies feeding
@@ -44,7 +42,6 @@ from gpud_protocol.ops.matmul_nk import nk_applies, nk_grid
 from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
 from gpud_protocol.ops.matmul_tmak import tma_splits, tmak_grid, tmak_name
 from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
-from gpud_protocol.ops.matvec_tc import tf_grid, tf_kernel
 
 
 class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none, are ElementwiseOps._unary
@@ -176,13 +173,9 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
             epilogue |= BIAS_KINDS[bd]
         try:
             p = plan(tuple(x.shape), tuple(w.shape), wt)
-            cuda = self._client.backend == "cuda"
-            tensor_cores = xd == wd and xd in TC_DTYPES and cuda
-            tf = tf_kernel(p.m, xd, wd, wt, self._capability(x)) if cuda else None
-            grouped = None if tensor_cores or tf or p.m <= MATVEC_ROWS else matvec_groups(p)
-            if tf is not None:  # float32 rows and a 16-bit Linear weight (decode, merged decode): any row count
-                name, grid = tf, tf_grid(tf, p.batch, p.n)
-            elif p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores) or grouped is not None:
+            tensor_cores = xd == wd and xd in TC_DTYPES and self._client.backend == "cuda"
+            grouped = None if tensor_cores or p.m <= MATVEC_ROWS else matvec_groups(p)
+            if p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores) or grouped is not None:
                 p = grouped or p  # past 8 rows, groups of rows along z: each row's bits as if alone
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
             elif tensor_cores:  # from 2 rows: matmul_tc's 16-row tiles match cuBLAS where matvec did not

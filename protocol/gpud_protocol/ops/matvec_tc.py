@@ -8,6 +8,14 @@ product), float32 accumulators; a row's sum does not depend on the rows beside i
 row gets the bits it gets alone (merged replays equal solo ones). Grid: tf_grid, one block of 256
 threads per TF_COLUMNS columns of out, folded into y past 65,535; z the batch. tf_kernel picks
 the variant for a product, or None where the kernels do not apply.
+
+The op (gpud_client's matmul) does not pick them yet. A merged decode step must give each row the bits
+that row gets alone, so one kernel family has to serve every row count, and at one row these are
+1.2-1.7x slower than matvec (H200, benchmarks/matvec_tc_harness.py: o_proj 3.7 against 2.8 us, the
+down projection 13.9 against 7.1, the LM head 138 against 83), while at 8 to 32 rows they are 1.4-4.1x
+faster than matvec's groups. With the op picking them for every row count, `gpud bench decode` on that
+H200 gave merged steps 2,643 tokens/s at 8 clients and 4,565 at 32 (2,158 and 2,847 on matvec) but one
+client's window steps 708 (905): benchmarks/results/h200/session10/.
 """
 
 from __future__ import annotations
