@@ -2,7 +2,7 @@
 // per weight matrix, on the tensor cores, CUDA sm_80 and later (see gpud_protocol/ops/matvec_tc.py for the
 // interface: matmul's tensors, scalars and rule). Decode and merged decode steps: the weights are read
 // once for every row, where matvec reads x through L1 once per weight vector and each group of 8 rows
-// reads w again.
+// reads w again. (The op does not pick them yet: gpud_protocol/ops/matvec_tc.py says why.)
 //
 // x is split into two tf32 parts, hi (its top 11 significant bits: a mask, exact) and lo (the rest,
 // rounded to tf32), and each part goes through mma.sync m16n8k8 tf32 with w (a float16 or bfloat16
@@ -156,35 +156,28 @@ __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const hal
 // matvec_tc<R>_f32_<w>: up to R rows of x per weight matrix, as matvec_tc<R / 8, U, BF> (TF_KERNELS in
 // gpud_protocol/ops/matvec_tc.py; 16 columns of out per block); w float16 or bfloat16 bits.
 
-#define MATVEC_TC(NAME, XT, U, BF)                                                                              \
-    extern "C" __global__ void __launch_bounds__(TF_WARPS * 32) NAME(                                           \
+#define MATVEC_TC_W(NAME, XT, U, BF, W)                                                                         \
+    extern "C" __global__ void __launch_bounds__(W * 32) NAME(                                                  \
         const float* x, const half_t* w, const void* bias, float* out, unsigned int batch, unsigned int m,      \
         unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,          \
         unsigned int epilogue) {                                                                               \
         gpud_wait_prior();                                                                                     \
-        if (wt) matvec_tc<XT, U, BF>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);           \
+        if (wt) matvec_tc<XT, U, BF, W>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);        \
     }
+#define MATVEC_TC(NAME, XT, U, BF) MATVEC_TC_W(NAME, XT, U, BF, TF_WARPS)
 
 MATVEC_TC(matvec_tc8_f32_f16, 1, 4, false)
 MATVEC_TC(matvec_tc16_f32_f16, 2, 2, false)
 MATVEC_TC(matvec_tc32_f32_f16, 4, 1, false)
 MATVEC_TC(matvec_tc64_f32_f16, 8, 1, false)
 MATVEC_TC(matvec_tc8_f32_bf16, 1, 4, true)
-
-#ifdef GPUD_MATVEC_TC_VARIANTS  // benchmarks/matvec_tc_harness.py: other warp counts (other bits)
-#define MATVEC_TC_W(NAME, XT, U, W)                                                                             \
-    extern "C" __global__ void __launch_bounds__(W * 32) NAME(                                                  \
-        const float* x, const half_t* w, const void* bias, float* out, unsigned int batch, unsigned int m,      \
-        unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride, unsigned int wt,          \
-        unsigned int epilogue) {                                                                               \
-        gpud_wait_prior();                                                                                     \
-        if (wt) matvec_tc<XT, U, false, W>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, epilogue);     \
-    }
-MATVEC_TC_W(matvec_tc8w4_f32_f16, 1, 4, 4)
-MATVEC_TC_W(matvec_tc8w16_f32_f16, 1, 4, 16)
-MATVEC_TC_W(matvec_tc8w16u2_f32_f16, 1, 2, 16)
-MATVEC_TC_W(matvec_tc32w16_f32_f16, 4, 1, 16)
-#endif
 MATVEC_TC(matvec_tc16_f32_bf16, 2, 2, true)
 MATVEC_TC(matvec_tc32_f32_bf16, 4, 1, true)
 MATVEC_TC(matvec_tc64_f32_bf16, 8, 1, true)
+
+#ifdef GPUD_MATVEC_TC_VARIANTS  // benchmarks/matvec_tc_harness.py: other warp counts (other bits)
+MATVEC_TC_W(matvec_tc8w4_f32_f16, 1, 4, false, 4)
+MATVEC_TC_W(matvec_tc8w16_f32_f16, 1, 4, false, 16)
+MATVEC_TC_W(matvec_tc8w16u2_f32_f16, 1, 2, false, 16)
+MATVEC_TC_W(matvec_tc32w16_f32_f16, 4, 1, false, 16)
+#endif
