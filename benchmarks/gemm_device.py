@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib.util
+import json
 import math
 import multiprocessing
 import sys
@@ -278,3 +279,11 @@ class Device:
             samples.append(start.elapsed_time(end) / 1e3 / launches)
         del graph
         return samples
+
+
+def write_result(path: Path | None, result: dict[str, Any]) -> None:
+    """A harness's results as JSON at `path` (its --json), where one is given."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {path}")

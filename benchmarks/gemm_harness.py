@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import statistics
 import sys
@@ -247,10 +246,7 @@ def main() -> int:
         "seconds": time.time() - started,
         "failed": failed,
     }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    gd.write_result(args.json, result)
     return 1 if failed else 0
 
 

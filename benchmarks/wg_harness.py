@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import sys
 import time
@@ -173,9 +172,7 @@ def main() -> int:
         "points": points,
         "seconds": time.time() - started,
     }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    gd.write_result(args.json, result)
     return 1 if bad else 0
 
 
