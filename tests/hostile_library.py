@@ -48,6 +48,7 @@ class Lib:
     binary16: int | None = None  # ew_binary16 (CUDA only)
     norm: int | None = None  # layernorm_warp_f32_f32 (CUDA only)
     added_norm: int | None = None  # add_layernorm_warp_f32_f32 (CUDA only)
+    matvec_tc: int | None = None  # matvec_tc8_f32_f16 (CUDA only): lying dispatches, never run
     x: int = 0
     y: int = 0
     out: int = 0
@@ -91,6 +92,7 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
             ("ew_binary16", "binary16"),
             ("layernorm_warp_f32_f32", "norm"),
             ("add_layernorm_warp_f32_f32", "added_norm"),
+            ("matvec_tc8_f32_f16", "matvec_tc"),
         )
     for name, field in kernels:
         b.op(Opcode.KERNEL, [t.new_handle(), f"gpud:{name}", name, {}], e.ok("kernel", name), then=registered(field))
@@ -318,11 +320,31 @@ ROWS = 16  # the matvec's x, w and out: 16 x 16 views of the flat tensors (x, y,
 
 def _matvec(t: Any, b: Any, e: Expectations) -> None:
     """matvec on 16 x 16 views: its rows as two groups of 8 along z (matvec_groups), valid and checked,
-    or sizes whose groups lie (past x's rows, overlapping, more than 8 rows a group), refused."""
+    or sizes whose groups lie (past x's rows, overlapping, more than 8 rows a group), refused; on CUDA
+    now and then matvec_tc8's rule broken (w as (K, N), more rows than it takes, a float32 w), refused."""
     lib: Lib = t.lib
     if lib.matvec is None:
         return
     x, w, out = ([h, 0, [ROWS, ROWS], [ROWS, 1]] for h in (lib.x, lib.y, lib.out))
+    if lib.matvec_tc is not None and t.rng.random() < 0.25:  # the tensor-core matvec's rule, on float32 w
+        lies = {  # (m, wt, what the refusal says): its rule refuses the first of them it meets
+            "wt 0 (w as (K, N))": (8, 0, "wt 1"),
+            "16 rows for 8": (ROWS, 1, "1 to 8 rows"),
+            "a float32 w": (8, 1, "w float16"),
+        }
+        what = t.rng.choice(list(lies))
+        m, wt, names = lies[what]
+        xv = [lib.x, 0, [m, ROWS], [ROWS, 1]]
+        ov = [lib.out, 0, [m, ROWS], [ROWS, 1]]
+        args = [
+            [TENSOR, xv],
+            [TENSOR, w],
+            [TENSOR, xv],
+            [TENSOR, ov],
+            *([U32, v] for v in [1, m, ROWS, ROWS, 0, 0, wt, 0]),
+        ]
+        b.op(Opcode.DISPATCH, [lib.matvec_tc, [1, 1, 1], args, None], e.fails("dispatch", what, INVALID, names=names))
+        return
     sizes = {
         "two groups of 8": [2, 8, ROWS, ROWS, 8 * ROWS, 0],
         "groups past x's rows": [4, 8, ROWS, ROWS, 8 * ROWS, 0],
