@@ -32,13 +32,14 @@ SOURCES = {  # each family after its preludes (gpud/ops/preludes.py), and the en
         *(f"matvec_tc{r}_f32_{t}" for t in ("f16", "bf16") for r in (8, 16, 32, 64)),
         *(f"matvec_tc{v}_f32_f16" for v in ("8w4", "8w16", "8w16u2", "32w16")),  # GPUD_MATVEC_TC_VARIANTS
     ],
-    ("pdl.cu", "matmul.cu"): ["matvec_f32_f16", "matvec_f32_bf16"],
+    ("pdl.cu", "matmul.cu"): ["matvec_f32_f16", "matvec_f32_bf16", "matvec_sx_f32_f16", "matvec_sx_f32_bf16"],
 }
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 POISON = 0x7FC0DEAD  # a NaN no kernel writes: out's elements before the kernel and the guard after it
 
 # Launch rules, from gpud_protocol.ops.matvec_tc (TF_ROWS, TF_COLUMNS, tf_kernel, tf_grid) and .matmul
-# (fold, threads_per_row, matvec_grid, matvec_groups); compared with the protocol's where it imports.
+# (fold, threads_per_row, matvec_grid, matvec_groups) and .matvec_sx (sx_grid); compared with the
+# protocol's where it imports.
 TF_ROWS = (8, 16, 32, 64)
 TF_COLUMNS = 16
 
@@ -55,11 +56,20 @@ def tc_grid(rows: int, batch: int, n: int) -> tuple[int, int, int]:
     return fold(-(-n // TF_COLUMNS), batch)
 
 
-def mv_grid(batch: int, n: int, k: int) -> tuple[int, int, int]:
-    t = 32  # threads per row of w
+def threads_per_row(k: int) -> int:
+    t = 32
     while t < 256 and t * 32 < k:
         t *= 2
-    return fold(-(-n // (256 // t)), batch)
+    return t
+
+
+def mv_grid(batch: int, n: int, k: int) -> tuple[int, int, int]:
+    return fold(-(-n // (256 // threads_per_row(k))), batch)
+
+
+def sx_grid(batch: int, n: int, k: int, m: int) -> tuple[int, int, int]:
+    """matvec's blocks with each thread taking 4 rows of w (2 past 4 rows of x)."""
+    return fold(-(-n // (256 // threads_per_row(k) * (4 if m <= 4 else 2))), batch)
 
 
 def mv_group(m: int) -> int | None:
@@ -73,6 +83,7 @@ def check_protocol() -> None:
     try:
         tf = importlib.import_module("gpud_protocol.ops.matvec_tc")
         mm = importlib.import_module("gpud_protocol.ops.matmul")
+        sx = importlib.import_module("gpud_protocol.ops.matvec_sx")
     except Exception as exc:
         print(f"gpud_protocol does not import ({exc!r}): launch rules not compared with it")
         return
@@ -85,6 +96,8 @@ def check_protocol() -> None:
             assert (plan and (plan.batch, plan.m, plan.x_stride)) == (group and (m // group, group, group * 64)), m
     for n, k in ((1, 3), (33, 70), (896, 896), (896, 4864), (151936, 896), (10**6, 8000)):
         assert mm.matvec_grid(3, n, k, True) == mv_grid(3, n, k), (n, k)
+        for m in range(1, 9):
+            assert sx.sx_grid(3, n, k, m) == sx_grid(3, n, k, m), (n, k, m)
         for r in TF_ROWS:
             assert tf.tf_grid(f"matvec_tc{r}_f32_f16", 3, n) == tc_grid(r, 3, n), (r, n)
 

@@ -177,6 +177,7 @@ def measure_point(dev: Any, kernels: dict[str, Any], dtype: str, n: int, k: int,
     group = mv.mv_group(m)
     if group is not None:
         calls["old"] = kernel_call(kernels[f"matvec_f32_{t}"], m // group, group, mv.mv_grid(m // group, n, k))
+        calls["sx"] = kernel_call(kernels[f"matvec_sx_f32_{t}"], m // group, group, mv.sx_grid(m // group, n, k, group))
     calls["torch16"] = lambda i: linear(x16, ws[i % copies])
     calls["torch32"] = lambda i: linear(x, ws32[i % len(ws32)])
     launches = max(3, min(50 if args.quick else 200, int((4e-4 if args.quick else 1.5e-3) / (w_bytes / 2.5e12 + 3e-6))))
@@ -193,17 +194,18 @@ def measure_point(dev: Any, kernels: dict[str, Any], dtype: str, n: int, k: int,
 
 
 def print_table(points: list[dict[str, Any]]) -> None:
-    print(f"\n{'layer':<13}{'N':>7}{'K':>6}{'M':>4}  {'kernel':<22}{'new us':>8}{'old us':>8}{'t16 us':>8}"
+    print(f"\n{'layer':<13}{'N':>7}{'K':>6}{'M':>4}  {'kernel':<22}{'new us':>8}{'old us':>8}{'sx us':>8}{'t16 us':>8}"
           f"{'f32 us':>8}{'old/new':>8}{'t16/new':>8}{'GB/s':>7}")  # fmt: skip
     for p in points:
         us = p["us"]
-        new, old = us[p["plan"]], us.get("old", math.nan)
+        new, old, sx = us[p["plan"]], us.get("old", math.nan), us.get("sx", math.nan)
         print(
-            f"{p['layer']:<13}{p['n']:>7}{p['k']:>6}{p['m']:>4}  {p['plan']:<22}{new:8.2f}{old:8.2f}"
+            f"{p['layer']:<13}{p['n']:>7}{p['k']:>6}{p['m']:>4}  {p['plan']:<22}{new:8.2f}{old:8.2f}{sx:8.2f}"
             f"{us['torch16']:8.2f}{us['torch32']:8.2f}{old / new:8.2f}{us['torch16'] / new:8.2f}"
             f"{p['n'] * p['k'] * 2 / new / 1e3:7.0f}"
         )
-    print("(t16: F.linear on float16 or bfloat16 x and w; f32: on float32 x and w; GB/s: w's bytes / new us)")
+    print("(old: matvec, in groups of 8 past 8 rows; sx: matvec_sx, the same groups; t16: F.linear on float16 or")
+    print(" bfloat16 x and w; f32: on float32 x and w; GB/s: w's bytes / new us)")
 
 
 def main() -> int:

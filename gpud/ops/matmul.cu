@@ -9,8 +9,12 @@
 // flight before the first use (2 past 2 rows of x), and multiplies them by the same elements of every
 // row of x (read through the read-only cache: x is small and every row of w reads it); warp shuffles,
 // then shared memory, sum the row. The rows of x are a template parameter (1, 2, 4 or 8: the
-// accumulators stay in registers; surplus rows repeat the last one and are not written). Where K is
-// not a multiple of 8 or a pointer not 16-byte aligned, the same threads read one element at a time.
+// accumulators stay in registers; surplus rows repeat the last one and are not written).
+// matvec_sx_<x>_<w> (CUDA only; gpud_protocol/ops/matvec_sx.py): the same with each thread taking 4 rows
+// of w (up to 4 rows of x) or 2 (up to 8), reading each element of x once for all of them: x through L1
+// bounds matvec with several rows of x by a wide w. A row's products are summed in the same order, so
+// its bits are matvec's. A kernel of its own: its registers would cost matvec's one-row occupancy. Where K
+// is not a multiple of 8 or a pointer not 16-byte aligned, the same threads read one element at a time.
 // w as (K, N): 64 columns per block, 4 slices of K each, coalesced along the rows of w.
 //
 // matmul_<x>_<w>: 64 x 64 blocks of out, 4 x 4 per thread, K in steps of 16 through shared memory
@@ -120,83 +124,109 @@ __device__ __forceinline__ unsigned int threads_per_row(unsigned int k) {
 
 // ---------------------------------------------------------------- matvec, w as (N, K)
 
-template <typename XT, typename WT, typename OT, int R, int U>
+// WR rows of w per thread, each multiplied by the same elements of x (read once for all of them); a
+// row's products are summed in the same order whatever WR is (its bits do not depend on it)
+template <typename XT, typename WT, typename OT, int R, int U, int WR>
 __device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
                                           OT* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
                                           unsigned int epilogue, float* red) {
     const unsigned int t = threads_per_row(k);
     const unsigned int lane = threadIdx.x & (t - 1);
     const unsigned int slot = threadIdx.x / t;
-    const u64 j = (u64)(blockIdx.x + (u64)blockIdx.y * gridDim.x) * (BLOCK / t) + slot;
-    float acc[R];
+    const u64 j0 = ((u64)(blockIdx.x + (u64)blockIdx.y * gridDim.x) * (BLOCK / t) + slot) * WR;
+    float acc[WR][R];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    if (j < n) {
-        const WT* wr = w + j * k;
+    for (int q = 0; q < WR; q++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[q][r] = 0.0f;
+    if (j0 < n) {
+        const WT* w0 = w + j0 * k;
+        const unsigned int wlast = (unsigned int)min((u64)WR - 1, n - 1 - j0);  // rows past n repeat the last
+#define WR_ROW(q) (w0 + (u64)min((unsigned int)(q), wlast) * k)
         const XT* xr[R];
 #pragma unroll
         for (int r = 0; r < R; r++) xr[r] = x + (u64)min((unsigned int)r, m - 1) * k;
         if (k % 8 == 0 && aligned16(w) && aligned16(x)) {
-            // 16-byte vectors of w (two of x when it is float32): U of them per thread in flight at once
+            // 16-byte vectors of w (two of x when it is float32): U of them per row per thread in flight at once
             const unsigned int nv = k / 8;
             for (unsigned int v0 = lane; v0 < nv; v0 += U * t) {
-                Raw8 wv[U];
+                Raw8 wv[U][WR];
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const unsigned int v = v0 + u * t;
-                    if (v < nv) wv[u] = ld8_stream(wr + (u64)v * 8);
+#pragma unroll
+                    for (int q = 0; q < WR; q++)
+                        if (v < nv) wv[u][q] = ld8_stream(WR_ROW(q) + (u64)v * 8);
                 }
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const unsigned int v = v0 + u * t;
                     if (v >= nv) break;
-                    float wf[8];
-                    unpack8(wv[u], wr, wf);
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         float xf[8];
                         unpack8(ld8_cached(xr[r] + (u64)v * 8), xr[r], xf);
 #pragma unroll
-                        for (int e = 0; e < 8; e++) acc[r] = fmaf(xf[e], wf[e], acc[r]);
+                        for (int q = 0; q < WR; q++) {
+                            float wf[8];
+                            unpack8(wv[u][q], w, wf);
+#pragma unroll
+                            for (int e = 0; e < 8; e++) acc[q][r] = fmaf(xf[e], wf[e], acc[q][r]);
+                        }
                     }
                 }
             }
         } else {
             for (unsigned int i = lane; i < k; i += t) {
-                const float wf = ld1(wr, i);
 #pragma unroll
-                for (int r = 0; r < R; r++) acc[r] = fmaf(ldg1(xr[r], i), wf, acc[r]);
+                for (int q = 0; q < WR; q++) {
+                    const float wf = ld1(WR_ROW(q), i);
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[q][r] = fmaf(ldg1(xr[r], i), wf, acc[q][r]);
+                }
             }
         }
+#undef WR_ROW
     }
-    // a warp belongs to one row (t >= 32): shuffle-sum it, then the row's warps through shared memory
+    // a warp belongs to one slot (t >= 32): shuffle-sum its rows, then the slot's warps through shared memory
 #pragma unroll
-    for (int r = 0; r < R; r++) {
+    for (int q = 0; q < WR; q++)
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
-    }
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) acc[q][r] += __shfl_xor_sync(0xffffffffu, acc[q][r], offset);
+        }
     if (t > 32) {  // uniform: every thread of the block takes the same branch
         const unsigned int warp = threadIdx.x / 32;
         if ((threadIdx.x & 31) == 0) {
 #pragma unroll
-            for (int r = 0; r < R; r++) red[r * (BLOCK / 32) + warp] = acc[r];
+            for (int q = 0; q < WR; q++)
+#pragma unroll
+                for (int r = 0; r < R; r++) red[(q * R + r) * (BLOCK / 32) + warp] = acc[q][r];
         }
         __syncthreads();
         if (lane == 0) {
             const unsigned int first = slot * (t / 32), count = t / 32;
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                float s = 0.0f;
-                for (unsigned int i = 0; i < count; i++) s += red[r * (BLOCK / 32) + first + i];
-                acc[r] = s;
-            }
+            for (int q = 0; q < WR; q++)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float s = 0.0f;
+                    for (unsigned int i = 0; i < count; i++) s += red[(q * R + r) * (BLOCK / 32) + first + i];
+                    acc[q][r] = s;
+                }
         }
     }
-    if (lane == 0 && j < n) {
-        const float b = bias_at(bias, epilogue, (unsigned int)j);
+    if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            if ((unsigned int)r < m) st1(out, (u64)r * n + j, acc[r] + b);
+        for (int q = 0; q < WR; q++) {
+            const u64 j = j0 + q;
+            if (j >= n) break;
+            const float b = bias_at(bias, epilogue, (unsigned int)j);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if ((unsigned int)r < m) st1(out, (u64)r * n + j, acc[q][r] + b);
+            }
         }
     }
 }
@@ -250,10 +280,10 @@ __device__ __forceinline__ void matvec(const XT* x, const WT* w, const void* bia
     w += (u64)b * w_stride;
     out += (u64)b * m * n;
     if (wt) {
-        if (m == 1) matvec_nk<XT, WT, OT, 1, 4>(x, w, bias, out, m, n, k, epilogue, red);
-        else if (m <= 2) matvec_nk<XT, WT, OT, 2, 4>(x, w, bias, out, m, n, k, epilogue, red);
-        else if (m <= 4) matvec_nk<XT, WT, OT, 4, 2>(x, w, bias, out, m, n, k, epilogue, red);
-        else matvec_nk<XT, WT, OT, 8, 2>(x, w, bias, out, m, n, k, epilogue, red);
+        if (m == 1) matvec_nk<XT, WT, OT, 1, 4, 1>(x, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 2) matvec_nk<XT, WT, OT, 2, 4, 1>(x, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 4) matvec_nk<XT, WT, OT, 4, 2, 1>(x, w, bias, out, m, n, k, epilogue, red);
+        else matvec_nk<XT, WT, OT, 8, 2, 1>(x, w, bias, out, m, n, k, epilogue, red);
     } else {
         if (m == 1) matvec_kn<XT, WT, OT, 1>(x, w, bias, out, m, n, k, epilogue, red);
         else if (m <= 2) matvec_kn<XT, WT, OT, 2>(x, w, bias, out, m, n, k, epilogue, red);
@@ -436,6 +466,33 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_bf16(const bf16_
     gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
+
+// matvec_sx_<x>_<w>: up to 4 rows of x with 4 rows of w a thread, up to 8 with 2 (sx_rows in
+// gpud_protocol/ops/matvec_sx.py; its grids count on them), w as (N, K) only
+template <typename XT, typename WT>
+__device__ __forceinline__ void matvec_sx(const XT* x, const WT* w, const void* bias, float* out, unsigned int batch,
+                                          unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
+                                          unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
+    __shared__ float red[4 * ROWS * (BLOCK / 32)];
+    const unsigned int b = blockIdx.z;
+    if (b >= batch || m == 0 || m > ROWS || k == 0 || !wt) return;  // uniform over the block
+    x += (u64)b * x_stride;
+    w += (u64)b * w_stride;
+    out += (u64)b * m * n;
+    if (m <= 4) matvec_nk<XT, WT, float, 4, 2, 4>(x, w, bias, out, m, n, k, epilogue, red);
+    else matvec_nk<XT, WT, float, 8, 1, 2>(x, w, bias, out, m, n, k, epilogue, red);
+}
+
+#define MATVEC_SX(NAME, XT, WT)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(BLOCK) NAME(const XT* x, const WT* w, const void* bias, float* out, \
+        unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,              \
+        unsigned int w_stride, unsigned int wt, unsigned int epilogue) {                                       \
+        gpud_wait_prior();                                                                                     \
+        matvec_sx(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);                          \
+    }
+MATVEC_SX(matvec_sx_f32_f32, float, float)
+MATVEC_SX(matvec_sx_f32_f16, float, half_t)
+MATVEC_SX(matvec_sx_f32_bf16, float, bf16_t)
 
 extern "C" __global__ void __launch_bounds__(BLOCK) matmul_f32_f32(const float* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,

@@ -1,6 +1,7 @@
 """Matrix products: matmul (x @ w, batched or not, w as (K, N) or PyTorch Linear's (N, K), an
 optional bias), accumulated in float32. One row of x per weight matrix (decode) goes to a
-matrix-vector kernel that reads each weight once, and so do up to 8 rows but for float16 or bfloat16
+matrix-vector kernel that reads each weight once (on CUDA, from 4 float32 rows by a wide Linear
+weight, matvec_sx: the same sums, x read once for several rows of w), and so do up to 8 rows but for float16 or bfloat16
 x and w of one dtype on CUDA: those go from 2 rows to the tensor cores (a matmul_tc kernel with a tile
 sized to the product, whose 16-row tiles match cuBLAS there; on Hopper, wide products with w as (N, K)
 to a matmul_wg kernel: its warpgroup instructions, and large ones to matmul_tma: TMA copies feeding
@@ -42,6 +43,7 @@ from gpud_protocol.ops.matmul_nk import nk_applies, nk_grid
 from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
 from gpud_protocol.ops.matmul_tmak import tma_splits, tmak_grid, tmak_name
 from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
+from gpud_protocol.ops.matvec_sx import sx_grid, sx_kernel
 
 
 class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none, are ElementwiseOps._unary
@@ -178,6 +180,9 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
             if p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores) or grouped is not None:
                 p = grouped or p  # past 8 rows, groups of rows along z: each row's bits as if alone
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
+                sx = sx_kernel(p.m, p.n, p.k, xd, wd, wt) if self._client.backend == "cuda" else None
+                if sx is not None:  # matvec's bits, x read once for several rows of a wide w
+                    name, grid = sx, sx_grid(p.batch, p.n, p.k, p.m)
             elif tensor_cores:  # from 2 rows: matmul_tc's 16-row tiles match cuBLAS where matvec did not
                 hopper = wt and self._capability(x) == CAPABILITY  # a Linear's weight layout on sm_90
                 splits = tma_splits(p.batch, p.m, p.n, p.k, xd) if hopper else 1
