@@ -165,11 +165,12 @@ main() {
             ;;
         decode-ab) # decode before and after a change, alternating on this machine: .ab/base holds the earlier tree
             # (made with `git archive <commit> | tar -x -C .ab/base`, carried), this tree is the later one
+            # ("new"); any other name in AB_RUNS is the tree .ab/<name>
             local i=0
             for run in ${AB_RUNS:-base new base new}; do
                 local tree=$PWD
                 i=$((i + 1))
-                [ "$run" = base ] && tree=$PWD/.ab/base
+                [ "$run" != new ] && tree=$PWD/.ab/$run
                 (cd "$tree" && PYTHONPATH=/tmp/site:$tree/protocol:$tree/client:$tree section python3 -m gpud bench decode \
                     --backend cuda --clients ${DECODE_CLIENTS:-1,8,32} --modes ${DECODE_MODES:-graph,window,merged} \
                     --json "$OUT/decode-ab-$run-$i.json") || status=1
