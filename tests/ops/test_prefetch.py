@@ -10,7 +10,7 @@ import pytest
 
 import gpud_client
 from gpud_protocol.ops import KERNELS, OpError, TensorInfo
-from gpud_protocol.ops.prefetch import PREFETCH_MAX
+from gpud_protocol.ops.prefetch import PREFETCH_MAX, SLICE, prefetch_grid
 
 
 async def test_prefetch_changes_no_value_eagerly_or_in_a_graph(gpu: gpud_client.Client) -> None:
@@ -50,13 +50,15 @@ def test_the_rule_bounds_the_bytes_by_each_tensor() -> None:
     spec.verify([a, b, a, a], [160, 12, 0, 1])
     with pytest.raises(OpError, match="b: 13 bytes asked of a tensor of 12"):
         spec.verify([a, b, a, a], [160, 13, 0, 0])
-    assert PREFETCH_MAX == 24 << 20
+    assert prefetch_grid([0, 0, 0, 0]) == (1, 4, 1)
+    assert prefetch_grid([1, SLICE, SLICE + 1, 5]) == (2, 4, 1)
 
 
 async def test_a_raw_dispatch_runs_on_cuda_and_is_refused_by_name_elsewhere(gpu: gpud_client.Client) -> None:
-    big = gpu.empty((PREFETCH_MAX // 4 + 4096,), "float32")  # past the cap: the kernel fetches the cap
+    big = gpu.empty((PREFETCH_MAX // 4 + 4099,), "float32")  # the op's cap passed, slices not whole
     small = gpu.tensor(np.arange(5, dtype=np.float32))
-    gpu.ops._run("prefetch_l2", (1, 1, 1), [big, small, small, small], [big.nbytes, 20, 3, 0], None)
+    sizes = [big.nbytes, 20, 3, 0]
+    gpu.ops._run("prefetch_l2", prefetch_grid(sizes), [big, small, small, small], sizes, None)
     if gpu.backend == "cuda":
         np.testing.assert_array_equal(await small.numpy(), np.arange(5, dtype=np.float32))
     else:

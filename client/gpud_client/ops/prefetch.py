@@ -7,7 +7,7 @@ from typing import Any
 from gpud_client.errors import InvalidArgument
 from gpud_client.operands import foreign
 from gpud_client.ops.base import OpsBase
-from gpud_protocol.ops.prefetch import PREFETCH_MAX, SLOTS
+from gpud_protocol.ops.prefetch import PREFETCH_MAX, SLOTS, prefetch_grid
 
 
 class PrefetchOps(OpsBase):
@@ -27,4 +27,4 @@ class PrefetchOps(OpsBase):
             sizes = [min(int(t.nbytes), PREFETCH_MAX) for t in group]
             group += [group[0]] * (SLOTS - len(group))
             sizes += [0] * (SLOTS - len(sizes))
-            self._run("prefetch_l2", (1, 1, 1), group, sizes, graph)
+            self._run("prefetch_l2", prefetch_grid(sizes), group, sizes, graph)

@@ -4,9 +4,11 @@
 L2 with `cp.async.bulk.prefetch.L2` (sm_90 and later; on older GPUs nothing). A hint: it writes
 nothing and changes no value, and the kernel issues it before it waits for the kernel before it, so
 in a graph with programmatic edges the bytes stream in while earlier kernels still run. A decode
-step uses it for the weights of a layer's later products (gpud.testing.transformer). Grid (1, 1, 1);
-an unused slot repeats a tensor with 0 bytes. At most PREFETCH_MAX bytes of each are fetched (the
-kernel's cap: more would evict what the first bytes brought).
+step uses it for the weights of a layer's later products (gpud.testing.transformer). Blocks of 32
+threads, grid `prefetch_grid`: block (x, y) asks for slice x of SLICE bytes of tensor y (a
+multiprocessor's copy engine serves one block's request, at a few hundred GB/s: one block for it all
+would hold the step up). An unused slot repeats a tensor with 0 bytes. The op asks for at most
+PREFETCH_MAX bytes of each (more would evict what the first bytes brought).
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ from gpud_protocol.limits import DTYPE_SIZES
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
 
 SLOTS = 4  # tensors per launch
-PREFETCH_MAX = 24 << 20  # GPUD_PREFETCH_MAX in gpud/ops/pdl.cu
+SLICE = 128 << 10  # PREFETCH_SLICE in gpud/ops/prefetch.cu
+PREFETCH_MAX = 24 << 20
+BLOCK = 32
 BACKENDS = ("cuda",)
+
+
+def prefetch_grid(sizes: Sequence[int]) -> tuple[int, int, int]:
+    """Slices of the largest, by the slots."""
+    return (max(1, -(-max(sizes) // SLICE)), SLOTS, 1)
 
 
 def _check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
@@ -28,4 +37,4 @@ def _check(t: Sequence[TensorInfo], s: Sequence[int | float]) -> None:
 
 
 _SCALARS = tuple((f"n{c}", "u32") for c in "abcd")
-SPECS = [KernelSpec("prefetch_l2", "prefetch", "prefetch", ("a", "b", "c", "d"), (), _SCALARS, _check)]
+SPECS = [KernelSpec("prefetch_l2", "prefetch", "prefetch", ("a", "b", "c", "d"), (), _SCALARS, _check, block=BLOCK)]
