@@ -231,18 +231,6 @@ __device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __
     }
 }
 
-// Each block starts its own rows of w on their way into L2 before the wait: w is a weight that no kernel
-// before this one writes (and were it written, L2 would still hold its current bytes), so the blocks
-// launched while the kernel before still runs find their rows there. WR: rows of w per thread.
-template <typename WT>
-__device__ __forceinline__ void matvec_prefetch(const WT* w, unsigned int batch, unsigned int n, unsigned int k,
-                                                unsigned int wt, unsigned int wr) {
-    if (batch != 1 || !wt || k == 0 || threadIdx.x != 0) return;
-    const u64 rows = (u64)(BLOCK / threads_per_row(k)) * wr;
-    const u64 j0 = (u64)(blockIdx.x + (u64)blockIdx.y * gridDim.x) * rows;
-    if (j0 < n) gpud_prefetch_l2(w + j0 * k, (min((u64)n, j0 + rows) - j0) * k * sizeof(WT));
-}
-
 // ---------------------------------------------------------------- matvec, w as (K, N)
 
 template <typename XT, typename WT, typename OT, int R>
@@ -433,7 +421,6 @@ __device__ __forceinline__ void matmul(const XT* __restrict__ x, const WT* __res
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f32(const float* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int epilogue) {
-    matvec_prefetch(w, batch, n, k, wt, 1);
     gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
@@ -441,7 +428,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f32(const float* 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f16(const float* x, const half_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int epilogue) {
-    matvec_prefetch(w, batch, n, k, wt, 1);
     gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
@@ -449,7 +435,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_f16(const float* 
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_bf16(const float* x, const bf16_t* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int epilogue) {
-    matvec_prefetch(w, batch, n, k, wt, 1);
     gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
@@ -457,7 +442,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f32_bf16(const float*
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f32(const half_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int epilogue) {
-    matvec_prefetch(w, batch, n, k, wt, 1);
     gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
@@ -465,7 +449,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f32(const half_t*
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f16(const half_t* x, const half_t* w, const void* bias, half_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int epilogue) {
-    matvec_prefetch(w, batch, n, k, wt, 1);
     gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
@@ -473,7 +456,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_f16_f16(const half_t*
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_f32(const bf16_t* x, const float* w, const void* bias, float* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int epilogue) {
-    matvec_prefetch(w, batch, n, k, wt, 1);
     gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
@@ -481,7 +463,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_f32(const bf16_t
 extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_bf16(const bf16_t* x, const bf16_t* w, const void* bias, bf16_t* out,
     unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride, unsigned int w_stride,
     unsigned int wt, unsigned int epilogue) {
-    matvec_prefetch(w, batch, n, k, wt, 1);
     gpud_wait_prior();
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
@@ -506,7 +487,6 @@ __device__ __forceinline__ void matvec_sx(const XT* x, const WT* w, const void* 
     extern "C" __global__ void __launch_bounds__(BLOCK) NAME(const XT* x, const WT* w, const void* bias, float* out, \
         unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,              \
         unsigned int w_stride, unsigned int wt, unsigned int epilogue) {                                       \
-        matvec_prefetch(w, batch, n, k, wt, m <= 4 ? 4 : 2);                                                  \
         gpud_wait_prior();                                                                                     \
         matvec_sx(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);                          \
     }

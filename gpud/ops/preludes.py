@@ -7,7 +7,7 @@ from __future__ import annotations
 
 CUDA_FAMILIES = (
     "attention", "elementwise", "fused", "layout", "matmul", "matmul_tc", "matmul_tma", "matmul_wg", "matvec_tc",
-    "prefetch", "reduce", "reduce_axis",
+    "reduce", "reduce_axis",
 )  # fmt: skip
 _CUDA: dict[str, tuple[str, ...]] = {
     "matmul_tc": ("cp_async", "products"),

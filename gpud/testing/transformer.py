@@ -188,8 +188,6 @@ def step_ops(
         p = f"layer{i}."
         linear(normed, p + "qkv", t["qkv"], p + "qkv_bias")
         yield
-        # the layer's other weights stream into L2 while its attention runs (on CUDA; elsewhere nothing)
-        ops.prefetch(w[p + "o"], w[p + "gate_up"], w[p + "down"], graph=g)  # a hint: no op of its own
         heads = {"heads": c.heads, "kv_heads": c.kv_heads, "base": c.rope_base}
         ops.rotary_kv_append(t["qkv"], ks[i], vs[i], pos, **heads, out=q3, graph=g)
         yield

@@ -17,7 +17,6 @@ from gpud_client.ops.joining import JoinOps
 from gpud_client.ops.layout import LayoutOps
 from gpud_client.ops.matmul import MatmulOps
 from gpud_client.ops.norms import NormOps
-from gpud_client.ops.prefetch import PrefetchOps
 from gpud_client.ops.reduce import ReduceOps
 from gpud_client.ops.stats import StatsOps
 from gpud_client.ops.tokens import TokenOps
@@ -34,7 +33,6 @@ class Ops(
     AttentionOps,
     LayoutOps,
     JoinOps,
-    PrefetchOps,
     OpsBase,
 ):
     """`gpu.ops`: one method per op, grouped by family."""
