@@ -29,8 +29,8 @@ Array = npt.NDArray[Any]
 OPS = gd.ROOT / "gpud" / "ops"
 SOURCES = {  # each family after its preludes (gpud/ops/preludes.py), and the entry points it must have
     ("variants.cu", "pdl.cu", "products.cu", "matvec_tc.cu"): [
-        *(f"matvec_tc{r}_f32_{t}" for t in ("f16", "bf16") for r in (8, 16, 32, 64)),
-        *(f"matvec_tc{v}_f32_f16" for v in ("8w4", "8w16", "8w16u2", "32w16")),  # GPUD_MATVEC_TC_VARIANTS
+        *(f"matvec_tc{r}{w}_f32_{t}" for t in ("f16", "bf16") for w in ("", "w16") for r in (8, 16, 32, 64)),
+        *(f"matvec_tc{v}_f32_f16" for v in ("8w4", "32w4", "8w16u2")),  # GPUD_MATVEC_TC_VARIANTS
     ],
     ("pdl.cu", "matmul.cu"): ["matvec_f32_f16", "matvec_f32_bf16", "matvec_sx_f32_f16", "matvec_sx_f32_bf16"],
 }
@@ -42,14 +42,15 @@ POISON = 0x7FC0DEAD  # a NaN no kernel writes: out's elements before the kernel 
 # protocol's where it imports.
 TF_ROWS = (8, 16, 32, 64)
 TF_COLUMNS = 16
+FEW_COLUMNS = 2048  # weights of at most these N: 16 warps
 
 
 def fold(groups: int, batch: int) -> tuple[int, int, int]:
     return (groups, 1, batch) if groups <= gd.MAX_GROUPS else (gd.MAX_GROUPS, -(-groups // gd.MAX_GROUPS), batch)
 
 
-def tc_name(m: int, t: str) -> str:
-    return f"matvec_tc{next(r for r in TF_ROWS if m <= r)}_f32_{t}"
+def tc_name(m: int, n: int, t: str) -> str:
+    return f"matvec_tc{next(r for r in TF_ROWS if m <= r)}{'w16' if n <= FEW_COLUMNS else ''}_f32_{t}"
 
 
 def tc_grid(rows: int, batch: int, n: int) -> tuple[int, int, int]:
@@ -87,10 +88,11 @@ def check_protocol() -> None:
     except Exception as exc:
         print(f"gpud_protocol does not import ({exc!r}): launch rules not compared with it")
         return
-    assert tf.TF_ROWS == TF_ROWS and tf.TF_COLUMNS == TF_COLUMNS
+    assert tf.TF_ROWS == TF_ROWS and tf.TF_COLUMNS == TF_COLUMNS and tf.FEW_COLUMNS == FEW_COLUMNS
     for m in range(1, 65):
         for dtype, t in SHORT.items():
-            assert tf.tf_kernel(m, "float32", dtype, True, "9.0") == tc_name(m, t), m
+            for n in (896, 9728):
+                assert tf.tf_kernel(m, n, "float32", dtype, True, "9.0") == tc_name(m, n, t), m
         if 8 < m <= mm.MATVEC_GROUPED:  # where the client groups rows for matvec
             plan, group = mm.matvec_groups(mm.Plan((m, 96), 1, m, 96, 64, 0, 0)), mv_group(m)
             assert (plan and (plan.batch, plan.m, plan.x_stride)) == (group and (m // group, group, group * 64)), m

@@ -124,24 +124,35 @@ def bit_identity(dev: Any, kernels: dict[str, Any], dtype: str, rng: np.random.G
             return got[np.argsort(rows, kind="stable")][:64]
 
         alone = [[i] for i in range(64)]
-        solo = run(f"matvec_tc8_f32_{t}", alone)
-        x64, w64 = x[:64].astype(np.float32).astype(np.float64), mv.weight_values(w.cpu().numpy(), dtype)
-        err = np.abs(solo.view(np.float32) - x64 @ w64.T) / (1e-5 * (np.abs(x64) @ np.abs(w64).T) + 1e-30)
-        if not err.max() <= 1:
-            failures.append(f"K={k}: alone, error {err.max():.3g} x the bound")
-        for r in mv.TF_ROWS:
-            cuts = np.cumsum(rng.integers(1, r + 1, 64))
-            layouts = {
-                "in order": [list(range(s, s + r)) for s in range(0, 64, r)],
-                "reversed": [list(range(63 - s, 63 - s - r, -1)) for s in range(0, 64, r)],
-                "shuffled": [c.tolist() for c in np.split(rng.permutation(64), cuts[cuts < 64])],
-                "beside inf/NaN": [[j for i in range(s, s + r // 2) for j in (i, 64)] for s in range(0, 64, r // 2)],
-                "alone": alone,
-            }
-            for what, layout in layouts.items():
-                differ = np.flatnonzero(np.any(run(f"matvec_tc{r}_f32_{t}", layout) != solo, axis=1))
-                if len(differ):
-                    failures.append(f"K={k} matvec_tc{r} {what}: {len(differ)} rows differ (first {differ[0]})")
+        for warps in ("", "w16"):  # each warp count its own bits, the same for every row count
+            failures += bit_failures(run, rng, t, k, warps, alone, x, w, dtype)
+    return failures
+
+
+def bit_failures(
+    run: Any, rng: np.random.Generator, t: str, k: int, warps: str, alone: list[list[int]], x: Any, w: Any, dtype: str
+) -> list[str]:
+    """matvec_tc8<warps> with each row alone against the float64 bound, then every variant of that warp
+    count with the rows in order, reversed, shuffled, between inf/NaN rows and alone: the failures."""
+    failures = []
+    solo = run(f"matvec_tc8{warps}_f32_{t}", alone)
+    x64, w64 = x[:64].astype(np.float32).astype(np.float64), mv.weight_values(w.cpu().numpy(), dtype)
+    err = np.abs(solo.view(np.float32) - x64 @ w64.T) / (1e-5 * (np.abs(x64) @ np.abs(w64).T) + 1e-30)
+    if not err.max() <= 1:
+        failures.append(f"K={k}{warps}: alone, error {err.max():.3g} x the bound")
+    for r in mv.TF_ROWS:
+        cuts = np.cumsum(rng.integers(1, r + 1, 64))
+        layouts = {
+            "in order": [list(range(s, s + r)) for s in range(0, 64, r)],
+            "reversed": [list(range(63 - s, 63 - s - r, -1)) for s in range(0, 64, r)],
+            "shuffled": [c.tolist() for c in np.split(rng.permutation(64), cuts[cuts < 64])],
+            "beside inf/NaN": [[j for i in range(s, s + r // 2) for j in (i, 64)] for s in range(0, 64, r // 2)],
+            "alone": alone,
+        }
+        for what, layout in layouts.items():
+            differ = np.flatnonzero(np.any(run(f"matvec_tc{r}{warps}_f32_{t}", layout) != solo, axis=1))
+            if len(differ):
+                failures.append(f"K={k} matvec_tc{r}{warps} {what}: {len(differ)} rows differ (first {differ[0]})")
     return failures
 
 
@@ -170,7 +181,7 @@ def measure_point(dev: Any, kernels: dict[str, Any], dtype: str, n: int, k: int,
 
         return call
 
-    plan = mv.tc_name(m, t)
+    plan = mv.tc_name(m, n, t)
     names = [name for name, fn in kernels.items() if name.startswith("matvec_tc") and name.endswith(f"_f32_{t}")]
     names = [name for name in names if kernels[name].bm >= m] if args.all_variants else [plan]
     calls = {name: kernel_call(kernels[name], 1, m, mv.tc_grid(kernels[name].bm, 1, n)) for name in names}

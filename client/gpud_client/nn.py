@@ -22,7 +22,7 @@ from gpud_client.dtypes import dtype_name, name_of
 from gpud_client.errors import InvalidArgument
 from gpud_client.memo import Memo
 from gpud_client.ops.base import Planned, info_of
-from gpud_client.ops.matmul import fused
+from gpud_client.ops.matmul import fused, of_rows
 from gpud_client.ops.norms import AddNorm
 from gpud_protocol.ops import TensorInfo
 from gpud_protocol.ops.matmul import ACTIVATIONS, mixes_halves
@@ -67,7 +67,7 @@ class Linear:
 
     def __call__(self, x: Any, graph: Any = None) -> Any:
         info = info_of(x)
-        plan = self._plans.get(info)
+        plan = None if of_rows(graph) else self._plans.get(info)  # a graph of rows plans its own (matmul)
         if plan is not None:  # every call after the first of its shape and dtype: no checks, one lookup
             ops = self.gpu.ops
             return ops._execute(plan, [x, self.weight, x if self.bias is None else self.bias], None, x, graph)
@@ -83,8 +83,8 @@ class Linear:
             )
         matmul, act = self.gpu.ops.matmul, self.activation
         if len(shape) in (2, 3):  # what matmul takes as it is
-            plan = self.gpu.ops._matmul_plan(x, self.weight, True, self.bias, None, act)
-            if act is None or fused(plan):  # one launch: kept for the next calls of this shape
+            plan = self.gpu.ops._matmul_plan(x, self.weight, True, self.bias, None, act, of_rows(graph))
+            if (act is None or fused(plan)) and not of_rows(graph):  # one launch: kept for the next calls
                 self._plans.keep(info, plan)
             return matmul(x, self.weight, transpose_w=True, bias=self.bias, activation=act, graph=graph)
         rows = x.reshape(math.prod(shape[:-1]), self.in_features)  # a view: no copy

@@ -81,7 +81,9 @@ __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const hal
                                           unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
                                           unsigned int w_stride, unsigned int epilogue) {
     constexpr int ROWS = XT * 8, COLS = 16;
-    __shared__ float red[W * ROWS * COLS];
+    // the warps' sums meet in shared memory a part of the rows at a time where all would pass 48 KiB
+    constexpr int PARTS = W * ROWS * COLS * 4 > 49152 ? 2 : 1, PART = ROWS / PARTS;
+    __shared__ float red[W * PART * COLS];
     const unsigned int n0 = (blockIdx.x + blockIdx.y * gridDim.x) * COLS, b = blockIdx.z;
     if (b >= batch || n0 >= n || m == 0 || m > ROWS) return;  // uniform over the block
     x += (u64)b * x_stride;
@@ -135,20 +137,24 @@ __device__ __forceinline__ void matvec_tc(const float* __restrict__ x, const hal
     }
     // D's (column g of out, row 2t of x), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): red[warp][row of x][column]
 #pragma unroll
-    for (int j = 0; j < XT; j++)
+    for (int part = 0; part < PARTS; part++) {
+        if (part > 0) __syncthreads();  // the part before is summed
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const unsigned int row = j * 8 + 2 * t + (c & 1), col = g + (c >= 2 ? 8 : 0);
-            red[(warp * ROWS + row) * COLS + col] = hi_acc[j][c] + lo_acc[j][c];
+        for (int j = part * (XT / PARTS); j < (part + 1) * (XT / PARTS); j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const unsigned int row = j * 8 + 2 * t + (c & 1) - part * PART, col = g + (c >= 2 ? 8 : 0);
+                red[(warp * PART + row) * COLS + col] = hi_acc[j][c] + lo_acc[j][c];
+            }
+        __syncthreads();
+        for (unsigned int o = threadIdx.x; o < (unsigned int)(PART * COLS); o += W * 32) {
+            const unsigned int row = part * PART + o / COLS, col = n0 + o % COLS;
+            if (row >= m || col >= n) continue;
+            float s = red[o];
+#pragma unroll
+            for (int v = 1; v < W; v++) s += red[v * PART * COLS + o];
+            out[(u64)row * n + col] = s + bias_at(bias, epilogue, col);
         }
-    __syncthreads();
-    for (unsigned int o = threadIdx.x; o < (unsigned int)(ROWS * COLS); o += W * 32) {
-        const unsigned int row = o / COLS, col = n0 + o % COLS;
-        if (row >= m || col >= n) continue;
-        float s = red[o];
-#pragma unroll
-        for (int v = 1; v < W; v++) s += red[v * ROWS * COLS + o];
-        out[(u64)row * n + col] = s + bias_at(bias, epilogue, col);
     }
 }
 
@@ -174,10 +180,19 @@ MATVEC_TC(matvec_tc8_f32_bf16, 1, 4, true)
 MATVEC_TC(matvec_tc16_f32_bf16, 2, 2, true)
 MATVEC_TC(matvec_tc32_f32_bf16, 4, 1, true)
 MATVEC_TC(matvec_tc64_f32_bf16, 8, 1, true)
+// matvec_tc<R>w16_f32_<w>: 16 warps split K (other bits than 8: a weight's products take one of the two
+// for every row count), for weights of few columns of out (tf_warps)
+MATVEC_TC_W(matvec_tc8w16_f32_f16, 1, 4, false, 16)
+MATVEC_TC_W(matvec_tc16w16_f32_f16, 2, 2, false, 16)
+MATVEC_TC_W(matvec_tc32w16_f32_f16, 4, 1, false, 16)
+MATVEC_TC_W(matvec_tc64w16_f32_f16, 8, 1, false, 16)
+MATVEC_TC_W(matvec_tc8w16_f32_bf16, 1, 4, true, 16)
+MATVEC_TC_W(matvec_tc16w16_f32_bf16, 2, 2, true, 16)
+MATVEC_TC_W(matvec_tc32w16_f32_bf16, 4, 1, true, 16)
+MATVEC_TC_W(matvec_tc64w16_f32_bf16, 8, 1, true, 16)
 
 #ifdef GPUD_MATVEC_TC_VARIANTS  // benchmarks/matvec_tc_harness.py: other warp counts (other bits)
 MATVEC_TC_W(matvec_tc8w4_f32_f16, 1, 4, false, 4)
-MATVEC_TC_W(matvec_tc8w16_f32_f16, 1, 4, false, 16)
+MATVEC_TC_W(matvec_tc32w4_f32_f16, 4, 1, false, 4)
 MATVEC_TC_W(matvec_tc8w16u2_f32_f16, 1, 2, false, 16)
-MATVEC_TC_W(matvec_tc32w16_f32_f16, 4, 1, false, 16)
 #endif

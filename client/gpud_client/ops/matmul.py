@@ -44,6 +44,7 @@ from gpud_protocol.ops.matmul_tma import tma_grid, tma_kernel
 from gpud_protocol.ops.matmul_tmak import tma_splits, tmak_grid, tmak_name
 from gpud_protocol.ops.matmul_wg import CAPABILITY, wg_grid, wg_kernel
 from gpud_protocol.ops.matvec_sx import sx_grid, sx_kernel
+from gpud_protocol.ops.matvec_tc import tf_grid, tf_kernel
 
 
 class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none, are ElementwiseOps._unary
@@ -123,7 +124,7 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
                     kernel = self._packed_kernels.get(launch.name) or self._packed_kernel(launch.name)
                     client._queue_launch(kernel, launch.head, launch.tail, (x, w, x), result._packed, launch.op)
                 return result
-            plan = self._matmul_plan(x, w, wt, bias, out, activation)
+            plan = self._matmul_plan(x, w, wt, bias, out, activation, of_rows(graph))
             inputs = [x, w, x if bias is None else bias]  # no bias: x stands in (not read)
             if activation is None or fused(plan):
                 return self._execute(plan, inputs, out, x, graph)
@@ -152,20 +153,25 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
         self.matmul(xv, wv, transpose_w=wt, bias=bias, activation=activation, out=ov, graph=graph)
         return result
 
-    def _matmul_plan(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None = None) -> Planned:
-        """The plan of `matmul` for these operands (checked when made; see `nn.Linear`, which keeps its own)."""
+    def _matmul_plan(
+        self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None = None, rows: bool = False
+    ) -> Planned:
+        """The plan of `matmul` for these operands (checked when made; see `nn.Linear`, which keeps its own).
+        `rows`: recorded into a row-independent graph (`of_rows`)."""
         bi, oi = None if bias is None else info_of(bias), None if out is None else info_of(out)
         try:  # `info_of` and `_plan`'s lookup, inlined
-            key = ("matmul", wt, activation, x.info, w.info, bi, oi)
+            key = ("matmul", wt, activation, x.info, w.info, bi, oi, rows)
         except AttributeError:
-            key = ("matmul", wt, activation, info_of(x), info_of(w), bi, oi)
+            key = ("matmul", wt, activation, info_of(x), info_of(w), bi, oi, rows)
         try:
             plan: Planned | None = self._plans.get(key)
         except TypeError:
             plan = None
-        return self._plan(key, self._plan_matmul, x, w, wt, bias, out, activation) if plan is None else plan
+        return self._plan(key, self._plan_matmul, x, w, wt, bias, out, activation, rows) if plan is None else plan
 
-    def _plan_matmul(self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None) -> Planned:
+    def _plan_matmul(
+        self, x: Any, w: Any, wt: bool, bias: Any, out: Any, activation: str | None, rows: bool
+    ) -> Planned:
         xd, wd = _operand_dtypes(x, w)
         epilogue = 0
         if bias is not None:
@@ -177,7 +183,13 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
             p = plan(tuple(x.shape), tuple(w.shape), wt)
             tensor_cores = xd == wd and xd in TC_DTYPES and self._client.backend == "cuda"
             grouped = None if tensor_cores or p.m <= MATVEC_ROWS else matvec_groups(p)
-            if p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores) or grouped is not None:
+            # in a graph of rows, every instance (1 row to 64) on the kernels whose rows' bits do not
+            # depend on the row count: a merged launch's rows equal solo ones, on the tensor cores
+            cuda = self._client.backend == "cuda"
+            tf = tf_kernel(p.m, p.n, xd, wd, wt, self._capability(x)) if rows and cuda else None
+            if tf is not None:
+                name, grid = tf, tf_grid(tf, p.batch, p.n)
+            elif p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores) or grouped is not None:
                 p = grouped or p  # past 8 rows, groups of rows along z: each row's bits as if alone
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
                 sx = sx_kernel(p.m, p.n, p.k, xd, wd, wt) if self._client.backend == "cuda" else None
@@ -283,3 +295,8 @@ def _operand_dtypes(x: Any, w: Any) -> tuple[str, str]:
             op="matmul",
         )
     return xd, wd
+
+
+def of_rows(graph: Any) -> bool:
+    """Whether `graph` is a row-independent recording (`gpu.graph(name, rows=True)` or `slots=`)."""
+    return graph is not None and bool(getattr(graph, "rows", False))
