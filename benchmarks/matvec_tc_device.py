@@ -29,8 +29,8 @@ Array = npt.NDArray[Any]
 OPS = gd.ROOT / "gpud" / "ops"
 SOURCES = {  # each family after its preludes (gpud/ops/preludes.py), and the entry points it must have
     ("variants.cu", "pdl.cu", "products.cu", "matvec_tc.cu"): [
-        *(f"matvec_tc{r}{w}_f32_{t}" for t in ("f16", "bf16") for w in ("", "w16") for r in (8, 16, 32, 64)),
-        *(f"matvec_tc{v}_f32_f16" for v in ("8w4", "32w4", "8w16u2")),  # GPUD_MATVEC_TC_VARIANTS
+        *(f"matvec_tc{r}{w}_f32_{t}" for t in ("f16", "bf16") for w in ("", "w4", "w16") for r in (8, 16, 32, 64)),
+        "matvec_tc8w16u2_f32_f16",  # GPUD_MATVEC_TC_VARIANTS
     ],
     ("pdl.cu", "matmul.cu"): ["matvec_f32_f16", "matvec_f32_bf16", "matvec_sx_f32_f16", "matvec_sx_f32_bf16"],
 }
@@ -42,7 +42,7 @@ POISON = 0x7FC0DEAD  # a NaN no kernel writes: out's elements before the kernel 
 # protocol's where it imports.
 TF_ROWS = (8, 16, 32, 64)
 TF_COLUMNS = 16
-FEW_COLUMNS = 2048  # weights of at most these N: 16 warps
+FEW_COLUMNS = 2048  # weights of at most these N: 16 warps, wider ones 4
 
 
 def fold(groups: int, batch: int) -> tuple[int, int, int]:
@@ -50,7 +50,7 @@ def fold(groups: int, batch: int) -> tuple[int, int, int]:
 
 
 def tc_name(m: int, n: int, t: str) -> str:
-    return f"matvec_tc{next(r for r in TF_ROWS if m <= r)}{'w16' if n <= FEW_COLUMNS else ''}_f32_{t}"
+    return f"matvec_tc{next(r for r in TF_ROWS if m <= r)}{'w16' if n <= FEW_COLUMNS else 'w4'}_f32_{t}"
 
 
 def tc_grid(rows: int, batch: int, n: int) -> tuple[int, int, int]:

@@ -124,7 +124,7 @@ def bit_identity(dev: Any, kernels: dict[str, Any], dtype: str, rng: np.random.G
             return got[np.argsort(rows, kind="stable")][:64]
 
         alone = [[i] for i in range(64)]
-        for warps in ("", "w16"):  # each warp count its own bits, the same for every row count
+        for warps in ("", "w4", "w16"):  # each warp count its own bits, the same for every row count
             failures += bit_failures(run, rng, t, k, warps, alone, x, w, dtype)
     return failures
 

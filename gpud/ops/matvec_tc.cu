@@ -180,19 +180,21 @@ MATVEC_TC(matvec_tc8_f32_bf16, 1, 4, true)
 MATVEC_TC(matvec_tc16_f32_bf16, 2, 2, true)
 MATVEC_TC(matvec_tc32_f32_bf16, 4, 1, true)
 MATVEC_TC(matvec_tc64_f32_bf16, 8, 1, true)
-// matvec_tc<R>w16_f32_<w>: 16 warps split K (other bits than 8: a weight's products take one of the two
-// for every row count), for weights of few columns of out (tf_warps)
-MATVEC_TC_W(matvec_tc8w16_f32_f16, 1, 4, false, 16)
-MATVEC_TC_W(matvec_tc16w16_f32_f16, 2, 2, false, 16)
-MATVEC_TC_W(matvec_tc32w16_f32_f16, 4, 1, false, 16)
-MATVEC_TC_W(matvec_tc64w16_f32_f16, 8, 1, false, 16)
-MATVEC_TC_W(matvec_tc8w16_f32_bf16, 1, 4, true, 16)
-MATVEC_TC_W(matvec_tc16w16_f32_bf16, 2, 2, true, 16)
-MATVEC_TC_W(matvec_tc32w16_f32_bf16, 4, 1, true, 16)
-MATVEC_TC_W(matvec_tc64w16_f32_bf16, 8, 1, true, 16)
+// matvec_tc<R>w<W>_f32_<w>: W warps split K (other bits than 8: a weight's products take one warp count
+// for every row count, tf_warps in gpud_protocol/ops/matvec_tc.py): 16 for weights of few columns of
+// out, 4 for wide ones
+#define MATVEC_TC_WARPS(W)                                                                                    \
+    MATVEC_TC_W(matvec_tc8w##W##_f32_f16, 1, 4, false, W)                                                      \
+    MATVEC_TC_W(matvec_tc16w##W##_f32_f16, 2, 2, false, W)                                                     \
+    MATVEC_TC_W(matvec_tc32w##W##_f32_f16, 4, 1, false, W)                                                     \
+    MATVEC_TC_W(matvec_tc64w##W##_f32_f16, 8, 1, false, W)                                                     \
+    MATVEC_TC_W(matvec_tc8w##W##_f32_bf16, 1, 4, true, W)                                                      \
+    MATVEC_TC_W(matvec_tc16w##W##_f32_bf16, 2, 2, true, W)                                                     \
+    MATVEC_TC_W(matvec_tc32w##W##_f32_bf16, 4, 1, true, W)                                                     \
+    MATVEC_TC_W(matvec_tc64w##W##_f32_bf16, 8, 1, true, W)
+MATVEC_TC_WARPS(4)
+MATVEC_TC_WARPS(16)
 
-#ifdef GPUD_MATVEC_TC_VARIANTS  // benchmarks/matvec_tc_harness.py: other warp counts (other bits)
-MATVEC_TC_W(matvec_tc8w4_f32_f16, 1, 4, false, 4)
-MATVEC_TC_W(matvec_tc32w4_f32_f16, 4, 1, false, 4)
+#ifdef GPUD_MATVEC_TC_VARIANTS  // benchmarks/matvec_tc_harness.py: fewer chunks in flight
 MATVEC_TC_W(matvec_tc8w16u2_f32_f16, 1, 2, false, 16)
 #endif

@@ -125,16 +125,16 @@ async def test_each_row_gets_the_bits_it_gets_alone(gpu: gpud_client.Client, dty
 
 def test_the_choice_and_grids() -> None:
     """Up to 8, 16, 32, 64 rows: the smallest variant that holds them, with the warps the weight's N
-    takes whatever the rows (16 up to FEW_COLUMNS columns, else 8); float32 x with a 16-bit w as (N, K) on
+    takes whatever the rows (16 up to FEW_COLUMNS columns, else 4); float32 x with a 16-bit w as (N, K) on
     sm_80 and later only; 32 threads a warp; one block per 16 columns, folded into y past 65,535."""
     wide, few = FEW_COLUMNS + 1, FEW_COLUMNS
-    assert tf_kernel(1, wide, "float32", "float16", True, "9.0") == "matvec_tc8_f32_f16"
-    assert tf_kernel(9, wide, "float32", "float16", True, "9.0") == "matvec_tc16_f32_f16"
-    assert tf_kernel(17, wide, "float32", "bfloat16", True, "8.0") == "matvec_tc32_f32_bf16"
-    assert tf_kernel(64, wide, "float32", "float16", True, "8.6") == "matvec_tc64_f32_f16"
+    assert tf_kernel(1, wide, "float32", "float16", True, "9.0") == "matvec_tc8w4_f32_f16"
+    assert tf_kernel(9, wide, "float32", "float16", True, "9.0") == "matvec_tc16w4_f32_f16"
+    assert tf_kernel(17, wide, "float32", "bfloat16", True, "8.0") == "matvec_tc32w4_f32_bf16"
+    assert tf_kernel(64, wide, "float32", "float16", True, "8.6") == "matvec_tc64w4_f32_f16"
     for m, rows in ((1, 8), (8, 8), (9, 16), (32, 32), (33, 64)):
         assert tf_kernel(m, few, "float32", "float16", True, "9.0") == f"matvec_tc{rows}w16_f32_f16"
-    assert tf_warps(896) == 16 and tf_warps(151936) == 8
+    assert tf_warps(896) == 16 and tf_warps(151936) == 4
     for refused in [
         (65, wide, "float32", "float16", True, "9.0"),
         (8, wide, "float16", "float16", True, "9.0"),
@@ -146,7 +146,7 @@ def test_the_choice_and_grids() -> None:
         assert tf_kernel(*refused) is None, refused
     for name, (rows, warps) in TF_KERNELS.items():
         assert KERNELS[name].block == 32 * warps and KERNELS[name].family == "matvec_tc"
-        assert name.startswith(f"matvec_tc{rows}{'' if warps == 8 else 'w16'}_f32_")
+        assert name.startswith(f"matvec_tc{rows}{'' if warps == 8 else f'w{warps}'}_f32_")
         columns = TF_COLUMNS
         assert tf_grid(name, 3, columns) == (1, 1, 3)
         gx, gy, gz = tf_grid(name, 1, 151936 * 8)

@@ -1,13 +1,13 @@
 """Products of float32 x and float16 or bfloat16 w on the tensor cores, for up to 64 rows of x per
 weight matrix (CUDA, compute capability 8.0 and later; family matvec_tc: gpud/ops/matvec_tc.cu).
 
-`matvec_tc<R>[w16]_f32_<w>` for R in 8, 16, 32, 64 and w in f16, bf16: matmul's tensors, scalars and rule
+`matvec_tc<R>[w<W>]_f32_<w>` for R in 8, 16, 32, 64 and w in f16, bf16: matmul's tensors, scalars and rule
 (see gpud_protocol.ops.matmul) for x float32 and w as (N, K) only (wt = 1, a Linear's weight), at most R
 rows of x per weight matrix; out float32. x enters as two tf32 parts (about 22 of its 24 bits in every
-product), float32 accumulators. The block's warps (8, or 16 for `w16`) split K; a row's sum does not
+product), float32 accumulators. The block's warps (8, or W: 4 or 16) split K; a row's sum does not
 depend on the rows beside it or on R, so every row gets the bits it gets alone. The warp count does
 change the bits, so tf_kernel picks it by the weight alone (`tf_warps`: 16 where N is small, giving
-few blocks more warps each), the same for every row count. Grid: tf_grid, one block of 32 threads
+few blocks more warps each, 4 where it is wide), the same for every row count. Grid: tf_grid, one block of 32 threads
 per warp for each TF_COLUMNS columns of out, folded into y past 65,535; z the batch.
 
 The op (gpud_client's matmul) picks them in graphs of rows (`gpu.graph(name, rows=True)`, merged
@@ -32,9 +32,10 @@ SHORT = {"float16": "f16", "bfloat16": "bf16"}  # w's dtype; x is float32
 MIN_CAPABILITY = (8, 0)  # mma.sync's tf32 form
 TF_ROWS = (8, 16, 32, 64)
 TF_COLUMNS = 16  # columns of out per block
-TF_WARPS = (8, 16)
-FEW_COLUMNS = 2048  # weights of at most these N take 16 warps (H200: the down projection 10.5 us at one
-# row against 13.9, 24.9 at 32 rows against 34.7; the LM head 397 at 32 against 321)
+TF_WARPS = (4, 8, 16)
+FEW_COLUMNS = 2048  # weights of at most these N take 16 warps, wider ones 4 (H200, harness of session 11:
+# the down projection 10.3 us at one row with 16 against 13.7 with 8, 25.0 at 32 rows against 35.0; the
+# gate/up projection 9.3 with 4 against 11.8, 21.9 at 32 rows against 27.3)
 
 
 def tf_name(rows: int, warps: int, w_short: str) -> str:
@@ -48,7 +49,7 @@ _TILED = {spec.name: spec for spec in MATMUL_SPECS}
 
 def tf_warps(n: int) -> int:
     """The warps that split K for a weight of n columns of out: the same for every row count."""
-    return 16 if n <= FEW_COLUMNS else 8
+    return 16 if n <= FEW_COLUMNS else 4
 
 
 def tf_kernel(m: int, n: int, x_dtype: str, w_dtype: str, wt: bool, capability: str) -> str | None:
