@@ -8,7 +8,8 @@ to a matmul_wg kernel: its warpgroup instructions, and large ones to matmul_tma:
 warp-specialized warpgroups; products of few tiles and a long K to matmul_tmak: matmul_tma with K split
 over a cluster of blocks, their float32 sums added in block order). On a WebGPU adapter that runs on
 the CPU (lavapipe), products with w as (N, K) and K a multiple of 8 go to matmul_nk_<x>_<w>; anything
-else to matmul_<x>_<w>."""
+else to matmul_<x>_<w>. In a graph of rows on CUDA (merged decode), float32 rows by a 16-bit (N, K) w go
+to matvec_tc at every row count: its rows' bits do not depend on the instance."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
         batch axes past one, broadcast where one side's are all ones or both sides' are the same. A w
         that is a dense tensor's last two axes swapped (`k.transpose(-1, -2)`) is read in place. On
         CUDA, float16 or bfloat16 x and w with more than 8 rows per weight matrix run on the tensor
-        cores: the same exact products summed in float32, in another order. activation: "gelu" (erf),
+        cores: the same exact products summed in float32, in another order; recorded into a graph of
+        rows, float32 x by a 16-bit w as (N, K) runs on them for every row count (matvec_tc). activation: "gelu" (erf),
         "gelu_tanh" or "silu": the bits of `gpu.ops.gelu(x @ w + bias)` (its unary op on the rounded
         product), in one launch where the kernel applies it as it stores its tiles (Hopper's warpgroup
         kernels), else the unary op after the product."""
