@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--modes",
         type=lambda v: v.split(","),
-        help="decode, soak: some of dispatch,coalesced,graph,window,merged (default all)",
+        help="decode, soak: some of dispatch,coalesced,graph,window,merged,merged-window (default all)",
     )
     bench.add_argument(
         "--activities", type=lambda v: v.split(","), help="soak: some of decode,ops,replay,publish,open (default all)"

@@ -50,14 +50,7 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
     session.touched.add(rt.index)
     if family.pool is None and not (family.rows and session._settings.merge_replays):
         return execute(session, op, family, instance, values, data, plan)
-    # At the end of this slice, perhaps merged with other sessions' rows; a slot graph's row at its slot.
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def queued() -> Wait:
-        session._daemon.merger.add(family, Pending(session, op, instance, values, data, done, slot))
-        return Wait(done, done.result)
-
-    return then(zeroed, queued)
+    return _queue(session, family, Pending(session, op, instance, values, data, _future(), slot), zeroed)
 
 
 def _slot(session: Session, family: Family, instance: Instance) -> tuple[int, Wait | None]:
@@ -88,7 +81,8 @@ def leave(session: Session, family: Family) -> None:
 
 def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) -> Wait | None:
     """`op.steps` replays back to back, each step's fed inputs copied on the device from the outputs
-    of the step before (`graph_run.execute_steps`)."""
+    of the step before (`graph_run.execute_steps`); of a row-independent graph, merged as a replay is
+    with other sessions' replays of as many steps (a slot graph's row at its slot)."""
     session._admit()
     family, instance, values, plan, data = _checked(session, op, batch, op.steps)
     rt = family.runtime
@@ -100,9 +94,27 @@ def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) ->
         raise OutOfMemory(
             f"{op.steps} steps need {scratch} bytes of device memory: the session quota has {quota - used}"
         )
+    slot, zeroed = _slot(session, family, instance)
     _reserve(session, op.steps * instance.output_bytes)
     session.touched.add(rt.index)
-    return execute_steps(session, op, family, instance, values, data, plan)
+    if family.pool is None and not (family.rows and session._settings.merge_replays):
+        return execute_steps(session, op, family, instance, values, data, plan)
+    return _queue(session, family, Pending(session, op, instance, values, data, _future(), slot), zeroed)
+
+
+def _future() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
+
+
+def _queue(session: Session, family: Family, pending: Pending, zeroed: Wait | None) -> Wait | None:
+    """At the end of this slice, perhaps merged with other sessions' rows; a slot graph's row at its
+    slot (`merging`): the session waits until its rows are encoded."""
+
+    def queued() -> Wait:
+        session._daemon.merger.add(family, pending)
+        return Wait(pending.done, pending.done.result)
+
+    return then(zeroed, queued)
 
 
 def _reserve(session: Session, nbytes: int) -> None:

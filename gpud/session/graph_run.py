@@ -23,7 +23,7 @@ class Reader(Protocol):
     """A merged replay that reads its rows back (`merging.Pending`)."""
 
     session: Session
-    op: proto.Replay | proto.Launch
+    op: proto.Replay | proto.Launch | proto.ReplaySteps
     instance: Instance
 
 
@@ -77,25 +77,45 @@ def execute_rows(
     merged: memoryview,
     readers: Sequence[tuple[Reader, int]],
     owner: Session,
+    steps: int = 1,
+    rows: Sequence[tuple[int, int]] = (),
 ) -> Wait | None:
-    """Encode one launch of `instance` over several replays' rows (`merged` inputs); `readers`: the
-    replays that read their rows back, each with its first row."""
+    """Encode one launch of `instance` over several replays' rows (`merged` inputs, `steps` steps'
+    worth: a multi-step launch as `execute_steps` encodes one, its scratch charged to `owner`, the fed
+    inputs copied for the replays' `rows` only (runs [first, end)): a padding row keeps its pad every
+    step, so it never feeds a state row of a slot nobody replays); `readers`: the replays that read
+    their rows back, each with its first row."""
     rt, slots = family.runtime, family.slots
     plan = family.plan(instance, ())
+    size_out = instance.output_bytes
 
-    def run() -> Wait | None:
-        rt.replay(plan, values, owner)
-        family.last_use = rt.ledger.pending_index
+    def read(outputs: Buffer) -> Wait | None:
         if not readers:
             return None
-        scatter = Scatter(instance, readers, rt)
-        if instance.output_bytes == 0:
+        scatter = Scatter(instance, readers, rt, steps)
+        if size_out == 0:
             scatter.deliver(0, b"", None)
             rt.want_flush()
             return None
-        return rt.download(rt.view(slots["out"], 0, instance.output_bytes), scatter.deliver, owner)
+        return rt.download(rt.view(outputs, 0, steps * size_out), scatter.deliver, owner)
 
-    return then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), merged, owner), run)
+    if steps == 1:
+
+        def run() -> Wait | None:
+            rt.replay(plan, values, owner)
+            family.last_use = rt.ledger.pending_index
+            return read(slots["out"])
+
+        return then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), merged, owner), run)
+    scratch = _Scratch(owner, rt, [max(ALIGN, steps * instance.input_bytes), max(ALIGN, steps * size_out)])
+    inputs, outputs = scratch.buffers
+
+    def run_steps() -> Wait | None:
+        _encode_steps(family, instance, plan, values, steps, inputs, outputs, owner, rows)
+        return read(outputs)
+
+    uploaded = rt.upload(rt.view(inputs, 0, steps * instance.input_bytes), merged, owner)
+    return scratch.guard(lambda: then(uploaded, run_steps))
 
 
 def execute_steps(
@@ -107,31 +127,17 @@ def execute_steps(
     data: memoryview | None,
     plan: Replayable,
 ) -> Wait | None:
-    """Encode `op.steps` replays of `plan` back to back: every step's inputs uploaded at once into scratch
-    memory, each step's copied in before it runs, the fed inputs (`instance.feeds`) then copied from
-    the step before's outputs on the device; each step's outputs copied into scratch, read back at
-    once. The scratch is charged to the session until the steps completed, and given back on every
-    way out (an error, or the session ending while the replay waits for staging)."""
-    rt, slots, steps = family.runtime, family.slots, op.steps
+    """Encode `op.steps` replays of `plan` back to back (`_encode_steps`), every step's inputs uploaded
+    at once into scratch memory, every step's outputs read back at once. The scratch is charged to the
+    session until the steps completed, and given back on every way out (an error, or the session ending
+    while the replay waits for staging)."""
+    rt, steps = family.runtime, op.steps
     size_in, size_out = instance.input_bytes, instance.output_bytes
     scratch = _Scratch(session, rt, [max(ALIGN, steps * size_in), max(ALIGN, steps * size_out)])
     inputs, outputs = scratch.buffers
 
     def run() -> Wait | None:
-        for k in range(steps):
-            if size_in:
-                rt.copy(rt.view(inputs, k * size_in, size_in), rt.view(slots["in"], 0, size_in), session)
-            for out_index, in_index in instance.feeds if k else ():
-                src, dst = instance.outputs[out_index], instance.inputs[in_index]
-                rt.copy(
-                    rt.view(outputs, (k - 1) * size_out + src.offset, src.nbytes),
-                    rt.view(slots["in"], dst.offset, dst.nbytes),
-                    session,
-                )
-            rt.replay(plan, values, session)
-            if size_out:
-                rt.copy(rt.view(slots["out"], 0, size_out), rt.view(outputs, k * size_out, size_out), session)
-        family.last_use = rt.ledger.pending_index
+        _encode_steps(family, instance, plan, values, steps, inputs, outputs, session)
         reply = session._readback_reply(op.seq, steps * size_out, rt, {"outputs": layout(instance), "steps": steps})
         if not size_out:
             reply.deliver(0, b"", None)
@@ -142,6 +148,40 @@ def execute_steps(
     if data is None:
         return scratch.guard(run)
     return scratch.guard(lambda: then(rt.upload(rt.view(inputs, 0, steps * size_in), data, session), run))
+
+
+def _encode_steps(
+    family: Family,
+    instance: Instance,
+    plan: Replayable,
+    values: tuple[int | float, ...],
+    steps: int,
+    inputs: Buffer,
+    outputs: Buffer,
+    owner: Session,
+    rows: Sequence[tuple[int, int]] = (),
+) -> None:
+    """`steps` replays of `plan`: each step's inputs copied in from `inputs` before it runs, the fed
+    inputs (`instance.feeds`) then copied from the step before's outputs on the device (for the row
+    runs `rows` only, when given); each step's outputs copied into `outputs`."""
+    rt, slots = family.runtime, family.slots
+    size_in, size_out = instance.input_bytes, instance.output_bytes
+    for k in range(steps):
+        if size_in:
+            rt.copy(rt.view(inputs, k * size_in, size_in), rt.view(slots["in"], 0, size_in), owner)
+        for out_index, in_index in instance.feeds if k else ():
+            src, dst = instance.outputs[out_index], instance.inputs[in_index]
+            row = src.nbytes // instance.rows if rows else src.nbytes  # no runs: the whole part
+            for first, end in rows or [(0, 1)]:
+                rt.copy(
+                    rt.view(outputs, (k - 1) * size_out + src.offset + first * row, (end - first) * row),
+                    rt.view(slots["in"], dst.offset + first * row, (end - first) * row),
+                    owner,
+                )
+        rt.replay(plan, values, owner)
+        if size_out:
+            rt.copy(rt.view(slots["out"], 0, size_out), rt.view(outputs, k * size_out, size_out), owner)
+    family.last_use = rt.ledger.pending_index
 
 
 class _Scratch:
@@ -185,28 +225,28 @@ def layout(instance: Instance) -> list[list[Any]]:
 
 class Scatter:
     """The readback of a merged launch: collected part by part, then each replay's rows sent to it as
-    the reply of its own `Replay` (its outputs laid out as a lone replay of its rows lays them out)."""
+    the reply of its own `Replay` or `ReplaySteps` (its outputs laid out as a lone replay of its rows
+    lays them out, step after step)."""
 
-    def __init__(self, instance: Instance, readers: Sequence[tuple[Reader, int]], rt: DeviceRuntime) -> None:
+    def __init__(
+        self, instance: Instance, readers: Sequence[tuple[Reader, int]], rt: DeviceRuntime, steps: int = 1
+    ) -> None:
         self._instance = instance
         self._rt = rt
-        self._data = bytearray(instance.output_bytes)
-        self._left = rt.parts(instance.output_bytes) if instance.output_bytes else 1
+        self._steps = steps
+        self._data = bytearray(steps * instance.output_bytes)
+        self._left = rt.parts(steps * instance.output_bytes) if instance.output_bytes else 1
         self._replies = [
-            (
-                reader,
-                start,
-                reader.session._readback_reply(
-                    reader.op.seq, reader.instance.output_bytes, rt, {"outputs": layout(reader.instance)}
-                ),
-            )
+            (reader, start, reader.session._readback_reply(reader.op.seq, steps * reader.instance.output_bytes, rt, f))
             for reader, start in readers
+            for f in [_fields(reader, steps)]
         ]
 
     def deliver(self, part: int, data: bytes | memoryview | None, error: BaseException | None) -> None:
+        steps = self._steps
         if error is not None or data is None:
             for reader, _start, reply in self._replies:
-                for k in range(max(1, self._rt.parts(reader.instance.output_bytes))):
+                for k in range(max(1, self._rt.parts(steps * reader.instance.output_bytes))):
                     reply.deliver(k, None, error)
             self._replies = []
             return
@@ -218,10 +258,20 @@ class Scatter:
         whole, rows, part_bytes = self._instance, self._instance.rows, self._rt.part_bytes
         for reader, start, reply in self._replies:
             own = reader.instance
-            out = bytearray(own.output_bytes)
-            for merged_part, own_part in zip(whole.outputs, own.outputs, strict=True):
-                at = merged_part.offset + start * (merged_part.nbytes // rows)
-                out[own_part.offset : own_part.offset + own_part.nbytes] = self._data[at : at + own_part.nbytes]
+            out = bytearray(steps * own.output_bytes)
+            for k in range(steps):
+                for merged_part, own_part in zip(whole.outputs, own.outputs, strict=True):
+                    at = k * whole.output_bytes + merged_part.offset + start * (merged_part.nbytes // rows)
+                    to = k * own.output_bytes + own_part.offset
+                    out[to : to + own_part.nbytes] = self._data[at : at + own_part.nbytes]
             view = memoryview(out)
-            for k in range(max(1, self._rt.parts(own.output_bytes))):
+            for k in range(max(1, self._rt.parts(steps * own.output_bytes))):
                 reply.deliver(k, view[k * part_bytes : (k + 1) * part_bytes], None)
+
+
+def _fields(reader: Reader, steps: int) -> dict[str, Any]:
+    """A merged replay's reply fields: its outputs' layout, and its steps for a multi-step replay."""
+    fields: dict[str, Any] = {"outputs": layout(reader.instance)}
+    if type(reader.op) is proto.ReplaySteps:
+        fields["steps"] = steps
+    return fields

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import gpud_protocol as proto
 from gpud.runtime.runtime import DeviceRuntime, Wait
-from gpud.session.graph_run import execute, execute_rows
+from gpud.session.graph_run import execute, execute_rows, execute_steps
 from gpud_protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Pending:
     """One replay waiting for its slice to end."""
 
     session: Session
-    op: proto.Replay | proto.Launch
+    op: proto.Replay | proto.Launch | proto.ReplaySteps
     instance: Instance  # the instance of its own rows (what a lone replay runs)
     values: tuple[int | float, ...]
     data: memoryview | None  # its packed inputs
@@ -49,8 +49,18 @@ class Pending:
     slot: int = -1  # in a slot graph, the row its one row of inputs and outputs takes
 
     @property
+    def steps(self) -> int:
+        return self.op.steps if type(self.op) is proto.ReplaySteps else 1
+
+    @property
     def key(self) -> tuple[Any, ...]:
-        return (self.values, tuple(shape[1:] for shape in self.instance.key))
+        """Replays that may share a launch: the same scalars, row shapes and steps."""
+        return (self.values, tuple(shape[1:] for shape in self.instance.key), self.steps)
+
+    @property
+    def reads(self) -> bool:
+        """Whether it reads its rows back (a `Launch` does not)."""
+        return type(self.op) is not proto.Launch
 
 
 class Merger:
@@ -227,8 +237,12 @@ def _launch(family: Family, chunk: list[Pending], instance: Instance) -> None:
     rt.counters["merged_rows"] += sum(p.instance.rows for p in chunk) if len(chunk) > 1 else 0
     try:
         if alone:
-            pending = chunk[0]
-            wait = execute(pending.session, pending.op, family, instance, pending.values, pending.data)
+            pending, op = chunk[0], chunk[0].op
+            if isinstance(op, proto.ReplaySteps):
+                plan = family.plan(instance, ())
+                wait = execute_steps(pending.session, op, family, instance, pending.values, pending.data, plan)
+            else:
+                wait = execute(pending.session, op, family, instance, pending.values, pending.data)
         else:
             wait = _merged(family, chunk, instance, starts)
     except Exception as exc:
@@ -255,23 +269,37 @@ def _launch(family: Family, chunk: list[Pending], instance: Instance) -> None:
 
 
 def _merged(family: Family, chunk: list[Pending], instance: Instance, starts: list[int]) -> Wait | None:
-    """The rows of `chunk`, placed from `starts` into `instance`'s inputs (the other rows padded);
-    the outputs scattered back."""
-    rows = instance.rows
-    merged = bytearray(instance.input_bytes)
-    for whole, pad in zip(instance.inputs, instance.pads, strict=True):
-        if any(pad):  # zeros already
-            merged[whole.offset : whole.offset + whole.nbytes] = pad * rows
+    """The rows of `chunk`, placed from `starts` into `instance`'s inputs (the other rows padded), step
+    by step for a multi-step replay; the outputs scattered back."""
+    rows, steps, size = instance.rows, chunk[0].steps, instance.input_bytes
+    merged = bytearray(steps * size)
+    for k in range(steps):
+        for whole, pad in zip(instance.inputs, instance.pads, strict=True):
+            if any(pad):  # zeros already
+                merged[k * size + whole.offset : k * size + whole.offset + whole.nbytes] = pad * rows
     for pending, at in zip(chunk, starts, strict=True):
-        data = pending.data
-        if data is not None:
+        data, own_size = pending.data, pending.instance.input_bytes
+        if data is None:
+            continue
+        for k in range(steps):
             for whole, own in zip(instance.inputs, pending.instance.inputs, strict=True):
                 row = whole.nbytes // rows
-                merged[whole.offset + at * row : whole.offset + at * row + own.nbytes] = data[
-                    own.offset : own.offset + own.nbytes
-                ]
-    readers = [(p, start) for p, start in zip(chunk, starts, strict=True) if type(p.op) is proto.Replay]
-    return execute_rows(family, instance, chunk[0].values, memoryview(merged), readers, chunk[0].session)
+                place, first = k * size + whole.offset + at * row, k * own_size + own.offset
+                merged[place : place + own.nbytes] = data[first : first + own.nbytes]
+    readers = [(p, start) for p, start in zip(chunk, starts, strict=True) if p.reads]
+    runs = _runs([(at, at + p.instance.rows) for p, at in zip(chunk, starts, strict=True)])
+    return execute_rows(family, instance, chunk[0].values, memoryview(merged), readers, chunk[0].session, steps, runs)
+
+
+def _runs(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The rows of `spans` as sorted runs of consecutive rows."""
+    runs: list[tuple[int, int]] = []
+    for first, end in sorted(spans):
+        if runs and runs[-1][1] == first:
+            runs[-1] = (runs[-1][0], end)
+        else:
+            runs.append((first, end))
+    return runs
 
 
 def _done(chunk: list[Pending]) -> None:
@@ -285,9 +313,9 @@ def _fail(chunk: list[Pending], exc: BaseException) -> None:
         if pending.done.done():
             continue
         session = pending.session
-        if type(pending.op) is proto.Replay:  # its reservation, made when it was read
+        if pending.reads:  # its reservation, made when it was read
             session.requests_in_flight -= 1
-            session.reply_bytes_reserved -= pending.instance.output_bytes
+            session.reply_bytes_reserved -= pending.steps * pending.instance.output_bytes
         if session.closed:
             pending.done.set_result(None)
         else:

@@ -1,6 +1,6 @@
-"""The decode step every session shares (`merged` mode): one published slot graph whose KV caches hold
-a slot per session, so that the daemon runs the steps that concurrent sessions send together as one
-launch of the smallest instance holding their slots.
+"""The decode step every session shares (`merged` and `merged-window` modes): one published slot graph
+whose KV caches hold a slot per session, so that the daemon runs the steps (or windows of steps) that
+concurrent sessions send together as one launch of the smallest instance holding their slots.
 
 The first session records the step for 1, 2, 4 ... `pool` rows (each instance sees the first rows of
 the pooled caches) and publishes it; the others open it. Each session replays one row: its token id
@@ -16,7 +16,7 @@ import numpy as np
 
 import gpud_client
 from gpud.testing.published import published_step
-from gpud.testing.transformer import Decoder, Output, step_ops, workspace
+from gpud.testing.transformer import SHARED, Decoder, Output, step_ops, workspace
 from gpud.testing.transformer_weights import Config, Weights
 
 POOL = 32  # sessions decoding at once through one shared step
@@ -53,9 +53,20 @@ class SharedDecoder:
         return Output(got["next"], got.get("logits"))
 
     async def steps(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], n: int) -> list[Output]:
-        if n != 1:
-            raise ValueError("a shared decoder runs one step per message")
-        return [await self.step(ids, pos)]
+        """`n` steps in one message (`merged-window`): each step's argmax feeds the next on the device,
+        and the daemon launches the windows that other sessions send at once together."""
+        ids32, pos32 = np.asarray(ids, np.int32).reshape(-1), np.asarray(pos, np.int32).reshape(-1)
+        if ids32.shape != (1,) or pos32.shape != (1,):
+            raise ValueError("a shared decoder decodes one sequence: ids and pos are (1,) arrays")
+        if not 0 <= int(pos32[0]) <= self.c.max_len - n:
+            raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
+        step = self._step or await self._graph()
+        if n == 1:
+            got = await step.replay(ids=ids32, pos=pos32)
+            return [Output(got["next"], got.get("logits"))]
+        positions = np.stack([pos32 + k for k in range(n)]).astype(np.int32)
+        got = await step.replay_steps(n, ids=ids32, pos=positions)
+        return [Output(got["next"][k], got["logits"][k] if "logits" in got else None) for k in range(n)]
 
     async def _graph(self) -> gpud_client.Step:
         """Open the shared step, or record, build and publish it (if another session published it first,
@@ -77,6 +88,7 @@ class SharedDecoder:
             for _ in step_ops(gpu.ops, self.w, c, ids, pos, ks, vs, work, g):
                 pass
             g.output("next", work["next"])
+            g.feed("next", into="ids")  # `merged-window`: the argmax is the next step's token, on the device
             if self.with_logits:
                 g.output("logits", work["logits"])
             step = await g.build()
@@ -100,8 +112,9 @@ def decoder_for(
     logits: bool = False,
     graph_name: str = "decode",
 ) -> Decoder | SharedDecoder:
-    """The decoder a mode runs: the shared slot graph for `merged` (one sequence), else a session's own."""
-    if mode == "merged":
+    """The decoder a mode runs: the shared slot graph for `merged` and `merged-window` (one sequence), else a
+    session's own."""
+    if mode in SHARED:
         if batch != 1:
             raise ValueError("merged mode decodes one sequence per session")
         return SharedDecoder(gpu, config, params, logits=logits, graph_name=graph_name)

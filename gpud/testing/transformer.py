@@ -18,7 +18,9 @@ One decode step is the same op sequence in five modes:
   copied into the next step's ids on the device, so the token never leaves the GPU between steps and
   a round trip is paid per window, not per token;
 - `merged`: one step graph shared by every session, its KV caches a pool with a slot per session, so
-  that the daemon launches the steps of concurrent sessions together (`shared_decoder`).
+  that the daemon launches the steps of concurrent sessions together (`shared_decoder`);
+- `merged-window`: both: `WINDOW` steps of the shared graph per message, the windows that concurrent
+  sessions send launched together (each step all their rows, the tokens fed on the device).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ import gpud_client
 from gpud.testing.published import published_step
 from gpud.testing.transformer_weights import Config, Weights
 
-MODES = ("dispatch", "coalesced", "graph", "window", "merged")
+MODES = ("dispatch", "coalesced", "graph", "window", "merged", "merged-window")
+SHARED = ("merged", "merged-window")  # the modes of the shared step graph (`shared_decoder`)
+WINDOWED = ("window", "merged-window")  # WINDOW steps per message
 WINDOW = 16  # tokens per round trip in `window` mode
 OPS_PER_LAYER = 9
 
@@ -90,8 +94,8 @@ class Decoder:
             raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
         if mode in ("graph", "window"):
             return (await self.steps(ids32, pos32, 1))[0]
-        if mode not in MODES or mode == "merged":
-            raise ValueError(f"mode is one of {MODES[:-1]} (merged: gpud.testing.shared_decoder)")
+        if mode not in MODES or mode in SHARED:
+            raise ValueError(f"mode is one of {MODES[:-2]} ({SHARED}: gpud.testing.shared_decoder)")
         work = self._work
         if work is None:
             work = self._work = self._workspace(self._empty)
@@ -235,7 +239,7 @@ async def generate(
 ) -> tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]]:
     """Feed `prompt` (B, P) one token at a time, then `tokens` greedy ones; (B, tokens) ids and the
     logits of every step (when the decoder reads them). `on_step` is called after each step. In
-    `window` mode the greedy tokens come `WINDOW` to a message."""
+    the windowed modes the greedy tokens come `WINDOW` to a message."""
     batch, length = prompt.shape
     pos = np.full(batch, start, np.int32)
     ids = prompt[:, 0].astype(np.int32)
@@ -253,7 +257,7 @@ async def generate(
         pos = pos + 1
         ids = prompt[:, step + 1].astype(np.int32)
     while len(out) < tokens:
-        n = min(WINDOW, tokens - len(out)) if mode == "window" else 1
+        n = min(WINDOW, tokens - len(out)) if mode in WINDOWED else 1
         gots = await decoder.steps(ids, pos, n) if n > 1 else [await decoder.step(ids, pos, mode)]
         for got in gots:
             stepped(got)

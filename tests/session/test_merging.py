@@ -98,6 +98,47 @@ async def test_replays_sent_together_run_as_one_launch_with_each_rows_back(fake:
         builder.unpublish_graph("merge-scale")
 
 
+async def test_multi_step_replays_of_as_many_steps_merge_and_others_go_alone(fake: Daemon) -> None:
+    """Replays of 3 steps (y fed into x: x * a^k) from three sessions in one launch, each getting its own
+    rows of every step; a replay of another step count beside them is a launch of its own."""
+    async with gpud_client.connect(fake.address) as builder:
+        k = await builder.kernel("fake:scale", "scale")
+        step = None
+        for size in SIZES:
+            g = builder.graph("merge-steps", rows=True)
+            x = g.input("x", (size, WIDTH), "float32")
+            y = g.empty((size, WIDTH), "float32")
+            g.dispatch(k, size, [x, y, 2.0])
+            g.output("y", y)
+            g.feed("y", into="x")
+            step = await g.build()
+        assert step is not None
+        builder.publish_graph(step, "merge-steps")
+        await builder.sync()
+        rows, counts = [1, 2, 1, 2], [3, 3, 3, 2]
+        rng = np.random.default_rng(1)
+        xs = [rng.standard_normal((r, WIDTH)).astype(np.float32) for r in rows]
+        async with clients(fake.address, len(rows)) as gpus:
+            steps = [await gpu.open_graph("merge-steps") for gpu in gpus]
+
+            async def round_() -> bool:
+                before = await device_counters(builder)
+                with stopped(fake):
+                    calls = [s.replay_steps(n, x=x) for s, n, x in zip(steps, counts, xs, strict=True)]
+                    tasks = [asyncio.create_task(call) for call in calls]
+                    await asyncio.sleep(SEND_S)
+                outs = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+                after = await device_counters(builder)
+                for out, n, x in zip(outs, counts, xs, strict=True):
+                    want = np.stack([x * np.float32(2.0**j) for j in range(1, n + 1)])
+                    np.testing.assert_array_equal(out["y"], want)  # (n, rows, WIDTH), its own rows
+                launches, merged = (after[k] - before[k] for k in ("merged_launches", "merged_rows"))
+                return (launches, merged, after["row_launches"] - before["row_launches"]) == (1, 4, 1)
+
+            await until_together(round_, "three multi-step replays in one launch, the fourth alone")
+        builder.unpublish_graph("merge-steps")
+
+
 async def test_groups_by_scalars_and_split_past_the_largest_instance(fake: Daemon) -> None:
     async with gpud_client.connect(fake.address) as builder:
         await build_scale(builder, "merge-groups")

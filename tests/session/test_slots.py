@@ -32,8 +32,9 @@ def fake() -> Iterator[Daemon]:
         assert proc.poll() is None
 
 
-async def build_accumulator(gpu: gpud_client.Client, name: str) -> None:
-    """out = state + x; state <- out: each slot sums the inputs of its session. Built for 1, 2 and 4 rows."""
+async def build_accumulator(gpu: gpud_client.Client, name: str, feed: bool = False) -> None:
+    """out = state + x; state <- out: each slot sums the inputs of its session. Built for 1, 2 and 4 rows;
+    with `feed`, out feeds x in a multi-step replay."""
     add = await gpu.kernel("fake:add", "add")
     total = gpu.empty((P, W), "float32")
     step = None
@@ -45,6 +46,8 @@ async def build_accumulator(gpu: gpud_client.Client, name: str) -> None:
         g.dispatch(add, rows, [state, x, out, u32(rows * W)])
         g.copy(out, state)
         g.output("out", out)
+        if feed:
+            g.feed("out", into="x")
         step = await g.build()
     assert step is not None
     gpu.publish_graph(step, name)
@@ -98,6 +101,50 @@ async def test_each_session_keeps_its_own_slot_through_merged_launches(fake: Dae
             y = np.full((1, W), 10, np.float32)
             np.testing.assert_array_equal((await newcomer.replay(x=y))["out"], y)  # a freed slot, zeroed
         builder.unpublish_graph("acc")
+
+
+def accumulate(state: np.ndarray, x: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The accumulator's outputs over `steps` steps with out fed into x, and the state after them."""
+    outs = []
+    for _ in range(steps):
+        state = state + x
+        x = state
+        outs.append(state)
+    return np.stack(outs), state
+
+
+async def test_multi_step_replays_merge_and_each_keeps_its_own_slot(fake: Daemon) -> None:
+    """Three sessions' replays of 3 steps each (out fed forward on the device) in one launch: each gets
+    its own rows of every step, as its slot alone gives them; a session alone at a slot past the first
+    steps its own slot and no other."""
+    async with gpud_client.connect(fake.address) as builder:
+        await build_accumulator(builder, "acc-steps", feed=True)
+        xs = [np.full((1, W), i + 1, np.float32) for i in range(3)]
+        async with sessions(fake.address, 3, "acc-steps") as open_:
+            states = [np.zeros((1, W), np.float32) for _ in xs]
+            for i, ((_gpu, step), x) in enumerate(zip(open_, xs, strict=True)):
+                np.testing.assert_array_equal((await step.replay(x=x))["out"], x)  # each takes its slot
+                states[i] = x.copy()
+
+            async def round_() -> bool:
+                before = await counters(builder)
+                calls = [step.replay_steps(3, x=x) for (_gpu, step), x in zip(open_, xs, strict=True)]
+                outs = await together(fake, calls)
+                after = await counters(builder)
+                for i, (out, x) in enumerate(zip(outs, xs, strict=True)):
+                    want, states[i] = accumulate(states[i], x, 3)
+                    np.testing.assert_array_equal(out["out"], want)  # (3, 1, W): its own slot's sums
+                return after["merged_launches"] - before["merged_launches"] == 1
+
+            await until_together(round_, "three multi-step replays in one launch")
+            (_gpu, second), x = open_[1], xs[1]
+            want, states[1] = accumulate(states[1], x, 2)
+            np.testing.assert_array_equal((await second.replay_steps(2, x=x))["out"], want)  # alone, at its slot
+            for i in (0, 2):  # the others' slots untouched by it
+                (_gpu, step), x = open_[i], xs[i]
+                want, states[i] = accumulate(states[i], x, 1)
+                np.testing.assert_array_equal((await step.replay(x=x))["out"], want[0])
+        builder.unpublish_graph("acc-steps")
 
 
 async def test_slots_run_out_and_come_back(fake: Daemon) -> None:

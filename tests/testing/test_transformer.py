@@ -17,7 +17,7 @@ import pytest
 import gpud_client
 from gpud.testing.reference import LOGIT_TOL, greedy_mismatch, reference_logits
 from gpud.testing.shared_decoder import SharedDecoder
-from gpud.testing.transformer import MODES, Decoder, generate
+from gpud.testing.transformer import MODES, SHARED, Decoder, generate
 from gpud.testing.transformer_weights import CONFIGS, Weights, weights
 
 CONFIG = CONFIGS["tiny"]
@@ -39,7 +39,7 @@ def check(prompt: np.ndarray, tokens: np.ndarray, logits: list[np.ndarray] | Non
     assert len({tuple(t) for t in tokens.tolist()}) > 1 or len(set(tokens[0].tolist())) > 1, "a degenerate run"
 
 
-@pytest.mark.parametrize("mode", [mode for mode in MODES if mode != "merged"])
+@pytest.mark.parametrize("mode", [mode for mode in MODES if mode not in SHARED])
 async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client.Client, mode: str) -> None:
     prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
     published = await Weights.publish(gpu, CONFIG, SEED, prefix)
@@ -59,10 +59,11 @@ async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client
 
 
 async def merged_runs(
-    gpu: gpud_client.Client, prefix: str, prompts: np.ndarray
+    gpu: gpud_client.Client, prefix: str, prompts: np.ndarray, mode: str = "merged"
 ) -> tuple[list[tuple[np.ndarray, list[np.ndarray]]], dict[str, int]]:
     """A session per prompt row, stepping at once through the shared slot graph (built and published
-    by the first, opened by the others): each one's (tokens, logits), and the device's stats."""
+    by the first, opened by the others) in `mode` (a step or a window of them per message): each one's
+    (tokens, logits), and the device's stats."""
     async with contextlib.AsyncExitStack() as stack:
         others = [await stack.enter_async_context(gpud_client.connect(gpu.address)) for _ in prompts]
         decoders = [
@@ -71,7 +72,7 @@ async def merged_runs(
         ]
         await decoders[0]._graph()
         runs = await asyncio.gather(
-            *(generate(decoder, prompts[i : i + 1], TOKENS, "merged") for i, decoder in enumerate(decoders))
+            *(generate(decoder, prompts[i : i + 1], TOKENS, mode) for i, decoder in enumerate(decoders))
         )
         stats = (await gpu.stats())["device"]
         for decoder in decoders:
@@ -80,11 +81,15 @@ async def merged_runs(
     return list(runs), stats
 
 
-async def test_merged_sessions_each_decode_their_own_sequence_as_the_reference(gpu: gpud_client.Client) -> None:
-    """`merged` mode: a session per sequence, one shared step graph with a KV slot each, stepping at once."""
+@pytest.mark.parametrize("mode", SHARED)
+async def test_merged_sessions_each_decode_their_own_sequence_as_the_reference(
+    gpu: gpud_client.Client, mode: str
+) -> None:
+    """`merged` and `merged-window` modes: a session per sequence, one shared step graph with a KV slot
+    each, stepping (or a window of steps at a time) at once."""
     prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
     published = await Weights.publish(gpu, CONFIG, SEED, prefix)
-    runs, stats = await merged_runs(gpu, prefix, PROMPT)
+    runs, stats = await merged_runs(gpu, prefix, PROMPT, mode)
     tokens = np.concatenate([run[0] for run in runs])
     logits = [np.concatenate(step) for step in zip(*(run[1] for run in runs), strict=True)]
     check(PROMPT, tokens, logits)
@@ -97,15 +102,21 @@ async def test_merged_sessions_each_decode_their_own_sequence_as_the_reference(g
 
 
 async def test_merged_rows_get_the_bits_each_sequence_gets_alone(gpu: gpud_client.Client) -> None:
-    """Four sessions stepping together through the shared slot graph: every logit equals, bit for bit,
-    that sequence decoded by a session alone through the same graph (its 1-row instance: every op of the
-    step computes a row as it would alone, matmul's groups of rows included), and, within matmul's
-    tolerance with the same tokens, that sequence decoded through its own step graph (on CUDA a graph of
-    rows takes its float32 rows by 16-bit weights on the tensor cores, matvec_tc; elsewhere the same bits)."""
+    """Four sessions stepping together through the shared slot graph, a step or a window of steps per
+    message: every logit equals, bit for bit, that sequence decoded by a session alone through the same
+    graph (its 1-row instance: every op of the step computes a row as it would alone, matmul's groups of
+    rows included), and, within matmul's tolerance with the same tokens, that sequence decoded through
+    its own step graph (on CUDA a graph of rows takes its float32 rows by 16-bit weights on the tensor
+    cores, matvec_tc; elsewhere the same bits)."""
     prompts = np.array([[3, 141, 59], [26, 5, 35], [8, 97, 9], [32, 38, 4]], np.int32)
     prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
     published = await Weights.publish(gpu, CONFIG, SEED, prefix)
     runs, stats = await merged_runs(gpu, prefix, prompts)
+    windows, _ = await merged_runs(gpu, prefix, prompts, "merged-window")  # a window's steps: the same bits
+    for (tokens, logits), (window_tokens, window_logits) in zip(runs, windows, strict=True):
+        np.testing.assert_array_equal(window_tokens, tokens)
+        for got, want in zip(window_logits, logits, strict=True):
+            np.testing.assert_array_equal(got, want)
     own = Decoder(gpu, CONFIG, published, batch=1, logits=True, graph_name=prefix + "alone")
     for i, (tokens, logits) in enumerate(runs):  # each run writes the caches before it reads them
         [(solo_tokens, solo_logits)], _ = await merged_runs(gpu, prefix, prompts[i : i + 1])
