@@ -11,7 +11,9 @@ input's pad, and their outputs are dropped), launched once, and each replay gets
 back. A group larger than the largest instance goes in several launches, packed first fit with the
 most rows first; a replay alone in its launch runs its own instance, as an unmerged replay would. A
 slot graph (`slots`) places each session's row at its slot instead. A session never waits for more
-than one launch of its graph.
+than one launch of its graph. Multi-step replays (`ReplaySteps`) merge the same way with others of as
+many steps: every step of the launch carries all their rows, the fed inputs copied for their rows only
+(a padding row keeps its pad every step, so it never feeds a state row nobody replays).
 
 Each row is computed by the instance the group ran, so a kernel that picks its method by the number
 of rows (a matmul) may round a merged row differently than a replay of a smaller instance would:
