@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import gpud_protocol as proto
 from gpud.runtime.runtime import DeviceRuntime, Wait
 from gpud.session.graph_run import execute, execute_rows, execute_steps
+from gpud.session.merged_rows import pack_rows, runs
 from gpud_protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -273,35 +274,12 @@ def _launch(family: Family, chunk: list[Pending], instance: Instance) -> None:
 def _merged(family: Family, chunk: list[Pending], instance: Instance, starts: list[int]) -> Wait | None:
     """The rows of `chunk`, placed from `starts` into `instance`'s inputs (the other rows padded), step
     by step for a multi-step replay; the outputs scattered back."""
-    rows, steps, size = instance.rows, chunk[0].steps, instance.input_bytes
-    merged = bytearray(steps * size)
-    for k in range(steps):
-        for whole, pad in zip(instance.inputs, instance.pads, strict=True):
-            if any(pad):  # zeros already
-                merged[k * size + whole.offset : k * size + whole.offset + whole.nbytes] = pad * rows
-    for pending, at in zip(chunk, starts, strict=True):
-        data, own_size = pending.data, pending.instance.input_bytes
-        if data is None:
-            continue
-        for k in range(steps):
-            for whole, own in zip(instance.inputs, pending.instance.inputs, strict=True):
-                row = whole.nbytes // rows
-                place, first = k * size + whole.offset + at * row, k * own_size + own.offset
-                merged[place : place + own.nbytes] = data[first : first + own.nbytes]
+    steps = chunk[0].steps
+    places = [(p.instance, p.data, at) for p, at in zip(chunk, starts, strict=True)]
+    merged = pack_rows(instance, places, steps)
     readers = [(p, start) for p, start in zip(chunk, starts, strict=True) if p.reads]
-    runs = _runs([(at, at + p.instance.rows) for p, at in zip(chunk, starts, strict=True)])
-    return execute_rows(family, instance, chunk[0].values, memoryview(merged), readers, chunk[0].session, steps, runs)
-
-
-def _runs(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The rows of `spans` as sorted runs of consecutive rows."""
-    runs: list[tuple[int, int]] = []
-    for first, end in sorted(spans):
-        if runs and runs[-1][1] == first:
-            runs[-1] = (runs[-1][0], end)
-        else:
-            runs.append((first, end))
-    return runs
+    rows = runs([(at, at + p.instance.rows) for p, at in zip(chunk, starts, strict=True)])
+    return execute_rows(family, instance, chunk[0].values, memoryview(merged), readers, chunk[0].session, steps, rows)
 
 
 def _done(chunk: list[Pending]) -> None:
