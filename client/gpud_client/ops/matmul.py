@@ -76,10 +76,10 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
         that is a dense tensor's last two axes swapped (`k.transpose(-1, -2)`) is read in place. On
         CUDA, float16 or bfloat16 x and w with more than 8 rows per weight matrix run on the tensor
         cores: the same exact products summed in float32, in another order; recorded into a graph of
-        rows, float32 x by a 16-bit w as (N, K) runs on them for every row count (matvec_tc). activation: "gelu" (erf),
-        "gelu_tanh" or "silu": the bits of `gpu.ops.gelu(x @ w + bias)` (its unary op on the rounded
-        product), in one launch where the kernel applies it as it stores its tiles (Hopper's warpgroup
-        kernels), else the unary op after the product."""
+        rows, float32 x by a 16-bit w as (N, K) runs on them for every row count (matvec_tc).
+        activation: "gelu" (erf), "gelu_tanh" or "silu": the bits of `gpu.ops.gelu(x @ w + bias)` (its
+        unary op on the rounded product), in one launch where the kernel applies it as it stores its
+        tiles (Hopper's warpgroup kernels), else the unary op after the product."""
         try:
             xs, ws = x.shape, w.shape
         except AttributeError:
@@ -183,18 +183,18 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
             epilogue |= BIAS_KINDS[bd]
         try:
             p = plan(tuple(x.shape), tuple(w.shape), wt)
-            tensor_cores = xd == wd and xd in TC_DTYPES and self._client.backend == "cuda"
+            cuda = self._client.backend == "cuda"
+            tensor_cores = xd == wd and xd in TC_DTYPES and cuda
             grouped = None if tensor_cores or p.m <= MATVEC_ROWS else matvec_groups(p)
             # in a graph of rows, every instance (1 row to 64) on the kernels whose rows' bits do not
             # depend on the row count: a merged launch's rows equal solo ones, on the tensor cores
-            cuda = self._client.backend == "cuda"
             tf = tf_kernel(p.m, p.n, xd, wd, wt, self._capability(x)) if rows and cuda else None
             if tf is not None:
                 name, grid = tf, tf_grid(tf, p.batch, p.n)
             elif p.m == 1 or (p.m <= MATVEC_ROWS and not tensor_cores) or grouped is not None:
                 p = grouped or p  # past 8 rows, groups of rows along z: each row's bits as if alone
                 name, grid = f"matvec_{SHORT[xd]}_{SHORT[wd]}", matvec_grid(p.batch, p.n, p.k, wt)
-                sx = sx_kernel(p.m, p.n, p.k, xd, wd, wt) if self._client.backend == "cuda" else None
+                sx = sx_kernel(p.m, p.n, p.k, xd, wd, wt) if cuda else None
                 if sx is not None:  # matvec's bits, x read once for several rows of a wide w
                     name, grid = sx, sx_grid(p.batch, p.n, p.k, p.m)
             elif tensor_cores:  # from 2 rows: matmul_tc's 16-row tiles match cuBLAS where matvec did not
