@@ -231,29 +231,35 @@ _HOLDER = textwrap.dedent(
     import numpy as np
     import gpud_client
 
-    async def main(address):
+    async def main(address, steps):
         async with gpud_client.connect(address) as gpu:
             step = await gpu.open_graph("acc-killed")
             x = np.full((1, 64), 100, np.float32)
             await step.replay(x=x)
             print("ready", flush=True)
             while True:
-                await step.replay(x=x)
+                await (step.replay(x=x) if steps == 1 else step.replay_steps(steps, x=x))
 
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
     """
 )
 
 
-async def test_a_session_killed_while_stepping_frees_its_slot_and_the_others_go_on() -> None:
+@pytest.mark.parametrize("steps", [1, 4])
+async def test_a_session_killed_while_stepping_frees_its_slot_and_the_others_go_on(steps: int) -> None:
+    """A session killed mid-stream (replays, or windows of 4 steps): the others' merged launches go on,
+    each with its own sums, and its slot comes back zeroed."""
     with spawn.daemon("fake", extra_args=("--lease", "1")) as (address, proc):
         async with gpud_client.connect(address) as builder:
-            await build_accumulator(builder, "acc-killed")
+            await build_accumulator(builder, "acc-killed", feed=True)
             async with sessions(address, 2, "acc-killed") as open_:
+                states = []
                 for (_gpu, step), value in zip(open_, (1, 2), strict=True):  # slots 0 and 1
-                    await step.replay(x=np.full((1, W), value, np.float32))
+                    x = np.full((1, W), value, np.float32)
+                    await step.replay(x=x)
+                    states.append(x)
                 victim = await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", _HOLDER, address, stdout=asyncio.subprocess.PIPE
+                    sys.executable, "-c", _HOLDER, address, str(steps), stdout=asyncio.subprocess.PIPE
                 )
                 try:
                     assert victim.stdout is not None
@@ -265,13 +271,16 @@ async def test_a_session_killed_while_stepping_frees_its_slot_and_the_others_go_
                     if victim.returncode is None:
                         victim.kill()
                         await victim.wait()
-                for round_ in range(2, 6):  # while the daemon notices, and after: the others step on, merged
-                    steps = [step for _gpu, step in open_]
-                    outs = await asyncio.gather(
-                        *(step.replay(x=np.full((1, W), v, np.float32)) for step, v in zip(steps, (1, 2), strict=True))
-                    )
-                    for out, value in zip(outs, (1, 2), strict=True):
-                        np.testing.assert_array_equal(out["out"], np.full((1, W), value * round_, np.float32))
+                for _round in range(4):  # while the daemon notices, and after: the others step on, merged
+                    xs = [np.full((1, W), v, np.float32) for v in (1, 2)]
+                    calls = [
+                        step.replay(x=x) if steps == 1 else step.replay_steps(steps, x=x)
+                        for (_gpu, step), x in zip(open_, xs, strict=True)
+                    ]
+                    outs = await asyncio.gather(*calls)
+                    for i, (out, x) in enumerate(zip(outs, xs, strict=True)):
+                        want, states[i] = accumulate(states[i], x, steps)
+                        np.testing.assert_array_equal(out["out"], want[0] if steps == 1 else want)
                     await asyncio.sleep(0.5)
                 async with sessions(address, 1, "acc-killed") as [(_gpu, newcomer)]:  # the freed slot, zeroed
                     out = await newcomer.replay(x=np.full((1, W), 7, np.float32))
