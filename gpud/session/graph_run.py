@@ -81,7 +81,7 @@ def execute_rows(
     rows: Sequence[tuple[int, int]] = (),
 ) -> Wait | None:
     """Encode one launch of `instance` over several replays' rows (`merged` inputs, `steps` steps'
-    worth: a multi-step launch as `execute_steps` encodes one, its scratch charged to `owner`, the fed
+    worth: a multi-step launch as `execute_steps` encodes one, its scratch charged to its replays, the fed
     inputs copied for the replays' `rows` only (runs [first, end)): a padding row keeps its pad every
     step, so it never feeds a state row of a slot nobody replays); `readers`: the replays that read
     their rows back, each with its first row."""
@@ -107,7 +107,10 @@ def execute_rows(
             return read(slots["out"])
 
         return then(rt.upload(rt.view(slots["in"], 0, instance.input_bytes), merged, owner), run)
-    scratch = _Scratch(owner, rt, [max(ALIGN, steps * instance.input_bytes), max(ALIGN, steps * size_out)])
+    # each session charged the share its own replay was checked for; the padding rows' by nobody
+    shares = [(r.session, steps * (r.instance.input_bytes + r.instance.output_bytes)) for r, _ in readers]
+    sizes = [max(ALIGN, steps * instance.input_bytes), max(ALIGN, steps * size_out)]
+    scratch = _Scratch(owner, rt, sizes, shares, merged=True)
     inputs, outputs = scratch.buffers
 
     def run_steps() -> Wait | None:
@@ -185,37 +188,50 @@ def _encode_steps(
 
 
 class _Scratch:
-    """A multi-step replay's scratch buffers: charged to the session, given back (and uncharged once
-    the work that uses them completed) when the replay is encoded, fails, or its session ends."""
+    """A multi-step replay's scratch buffers: charged to the sessions they serve (`charges`: each its
+    share; None: all to `session`), given back (and uncharged once the work that uses them completed)
+    when the replay is encoded or fails, or when its session ends while it waits; a merged launch's
+    scratch (`merged`) outlives any one session, since the launch goes on for the others."""
 
-    def __init__(self, session: Session, rt: DeviceRuntime, sizes: list[int]) -> None:
-        self.session, self.rt = session, rt
+    def __init__(
+        self,
+        session: Session,
+        rt: DeviceRuntime,
+        sizes: list[int],
+        charges: Sequence[tuple[Session, int]] | None = None,
+        merged: bool = False,
+    ) -> None:
+        self.session, self.rt, self.merged = session, rt, merged
         self.buffers: list[Buffer] = []
+        self.charges: list[tuple[Session, int]] = []
         try:
             for size in sizes:
                 self.buffers.append(rt.alloc(size))
         except BaseException:
             self.give_back()
             raise
-        self.nbytes = sum(b.nbytes for b in self.buffers)
-        session.private_bytes[rt.index] += self.nbytes
+        self.charges = list(charges) if charges is not None else [(session, sum(b.nbytes for b in self.buffers))]
+        for owner, nbytes in self.charges:
+            owner.private_bytes[rt.index] += nbytes
 
     def give_back(self) -> None:
         buffers, self.buffers = self.buffers, []
         if not buffers:
             return
-        rt, session, nbytes = self.rt, self.session, getattr(self, "nbytes", 0)
+        rt, charges = self.rt, self.charges
         for buffer in buffers:
             rt.release(buffer)
 
         def uncharge(_error: BaseException | None) -> None:
-            if not session.closed:
-                session.private_bytes[rt.index] -= nbytes
+            for owner, nbytes in charges:
+                if not owner.closed:
+                    owner.private_bytes[rt.index] -= nbytes
 
         rt.ledger.after(max(b.last_use for b in buffers), uncharge)
 
     def guard(self, step: Callable[[], Wait | None]) -> Wait | None:
-        return guarded(step, self.give_back, lambda: self.session.closed, self.give_back)
+        gone = (lambda: False) if self.merged else (lambda: self.session.closed)
+        return guarded(step, self.give_back, gone, self.give_back)
 
 
 def layout(instance: Instance) -> list[list[Any]]:

@@ -103,6 +103,10 @@ async def test_each_session_keeps_its_own_slot_through_merged_launches(fake: Dae
         builder.unpublish_graph("acc")
 
 
+async def private_bytes(gpu: gpud_client.Client) -> int:
+    return int((await gpu.stats())["session"]["private_bytes"])
+
+
 def accumulate(state: np.ndarray, x: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """The accumulator's outputs over `steps` steps with out fed into x, and the state after them."""
     outs = []
@@ -125,6 +129,7 @@ async def test_multi_step_replays_merge_and_each_keeps_its_own_slot(fake: Daemon
             for i, ((_gpu, step), x) in enumerate(zip(open_, xs, strict=True)):
                 np.testing.assert_array_equal((await step.replay(x=x))["out"], x)  # each takes its slot
                 states[i] = x.copy()
+            held = [await private_bytes(gpu) for gpu, _step in open_]
 
             async def round_() -> bool:
                 before = await counters(builder)
@@ -137,6 +142,9 @@ async def test_multi_step_replays_merge_and_each_keeps_its_own_slot(fake: Daemon
                 return after["merged_launches"] - before["merged_launches"] == 1
 
             await until_together(round_, "three multi-step replays in one launch")
+            for (gpu, _step), before in zip(open_, held, strict=True):  # each one's share of the scratch, back
+                await gpu.sync()
+                assert await private_bytes(gpu) == before
             (_gpu, second), x = open_[1], xs[1]
             want, states[1] = accumulate(states[1], x, 2)
             np.testing.assert_array_equal((await second.replay_steps(2, x=x))["out"], want)  # alone, at its slot
