@@ -105,6 +105,7 @@ INPUT, BIND, TEMP, SCALAR = (
     int(k) for k in (proto.ArgKind.INPUT, proto.ArgKind.BIND, proto.ArgKind.TEMP, proto.ArgKind.SCALAR)
 )
 GRAPH_N = 256  # elements of the valid graph's input, intermediate and bound output
+ROWS_W = 64  # elements of a row of the row-independent graph
 PROTOCOL, INVALID, NOT_FOUND, COMPILE = ErrorCode.PROTOCOL, ErrorCode.INVALID_ARGUMENT, ErrorCode.NOT_FOUND, 4
 PERMISSION, SESSION, EXISTS, INTERNAL = ErrorCode.PERMISSION_DENIED, ErrorCode.SESSION, ErrorCode.ALREADY_EXISTS, 9
 CODES = frozenset(int(c) for c in ErrorCode)
@@ -922,6 +923,7 @@ class Tenant(Peer):
         self.graph: int | None = None  # a valid graph: x (input) -> t (temp, the output) -> out (bound)
         self.graph_out: int | None = None  # the tensor bound as its `out`
         self.graph_names: set[str] = set()  # graph names this session published
+        self.rows_graph: int | None = None  # a row-independent graph, y = 1.5 x - 0.5 fed into x, of 1 and 2 rows
         self.lib = hostile_library.Lib()  # built-in kernels and their tensors (`hostile_library.setup`)
         self.copy_graph: int | None = None  # a graph of copy steps (`hostile_messages.setup`)
         self.copy_tensors: list[int] = []
@@ -1294,6 +1296,19 @@ class Tenant(Peer):
                     self.graph = self.run.graphs[self.index] = sent.reply["handle"]
 
             b.op(Opcode.GRAPH, [handle, f"g{life}", self.graph_def()], ok("graph", "a valid graph"), then=built)
+            for rows in (1, 2):  # one family of two instances: two of its replays in one slice run merged
+                rows_handle = self.new_handle()
+
+                def rows_built(sent: Sent, failed: bool) -> None:
+                    if not failed and sent.reply is not None and is_int(sent.reply.get("handle")):
+                        self.rows_graph = sent.reply["handle"]
+
+                b.op(
+                    Opcode.GRAPH,
+                    [rows_handle, f"rows{life}", self.rows_graph_def(rows)],
+                    ok("graph", f"a row-independent graph of {rows} rows"),
+                    then=rows_built,
+                )
             await self.send_batch(b, hostile=False)
             await self.settle()
             # Bad builds where no earlier failure waits to answer them instead (requests' own failures
@@ -2020,6 +2035,65 @@ class Tenant(Peer):
         definition.update(changes)
         return definition
 
+    def rows_graph_def(self, rows: int) -> dict[str, Any]:
+        """x (rows, 64) -> y = 1.5 x - 0.5, row-independent, y fed into x in a multi-step replay."""
+        n = rows * ROWS_W
+        return {
+            "inputs": [["x", "float32", [rows, ROWS_W]]],
+            "scalars": [],
+            "binds": [],
+            "temps": [["float32", [rows, ROWS_W]]],
+            "steps": [[0, self.kernel, [max(1, n // 64), 1, 1], self.rows_args(n), None]],
+            "outputs": [["y", [TEMP, 0]]],
+            "feeds": [["y", "x"]],
+            "rows": True,
+        }
+
+    @staticmethod
+    def rows_args(n: int) -> list[list[Any]]:
+        return [[INPUT, 0], [TEMP, 0], [F32, 1.5], [F32, -0.5], [U32, n]]
+
+    def rows_steps(self, b: Builder) -> None:
+        """Multi-step replays of the row-independent graph: good ones (two in a batch: one merged launch
+        of both, each its own row of every step) checked against numpy, and ones that break a rule."""
+        rng, graph = self.rng, self.rows_graph
+        if graph is None:
+            return
+        choice = rng.randrange(5)
+        name = proto.op_name(Opcode.REPLAY_STEPS)
+        if choice <= 1:
+            steps = rng.randint(1, 4)
+            for _ in range(1 + choice):
+                x = np.random.default_rng(rng.getrandbits(32)).standard_normal((1, ROWS_W)).astype(np.float32)
+                data = x.tobytes() + bytes(4 * ROWS_W * (steps - 1))  # x is fed: its later steps' values unused
+                fields = [graph, b.frame(data), [[1, ROWS_W]], [], [], steps]
+                b.op(Opcode.REPLAY_STEPS, fields, ok(name, f"{steps} steps"), then=partial(self.check_steps, x, steps))
+        elif choice == 2:
+            bad: float = rng.choice([0, -1, LIMITS.max_replay_steps + 1, 2.5])
+            fields = [graph, b.frame(bytes(4 * ROWS_W)), [[1, ROWS_W]], [], [], bad]
+            b.op(Opcode.REPLAY_STEPS, fields, fails(name, f"steps {bad}", INVALID))
+        elif choice == 3:
+            size = rng.choice([4 * ROWS_W - 4, 4 * ROWS_W, 4 * ROWS_W * 3 + 4])  # 3 steps want 3 rows' worth
+            fields = [graph, b.frame(bytes(size)), [[1, ROWS_W]], [], [], 3]
+            b.op(Opcode.REPLAY_STEPS, fields, fails(name, f"{size} bytes of input for 3 steps", INVALID))
+        else:
+            fields = [graph, b.frame(bytes(4 * 3 * ROWS_W * 2)), [[3, ROWS_W]], [], [], 2]
+            b.op(Opcode.REPLAY_STEPS, fields, fails(name, "3 rows: no such instance", NOT_FOUND, INVALID))
+
+    def check_steps(self, x: np.ndarray[Any, Any], steps: int, sent: Sent, failed: bool) -> None:
+        if failed or sent.reply is None:
+            return
+        if sent.reply.get("outputs") != [["y", "float32", [1, ROWS_W], 0]] or sent.reply.get("steps") != steps:
+            self.findings.add(Kind.SHAPE, f"{self.name}: replay_steps #{sent.seq} answered {short(sent.reply)}")
+            return
+        want, y = [], x
+        for _ in range(steps):
+            y = (y * np.float32(1.5) - np.float32(0.5)).astype(np.float32)
+            want.append(y)
+        got = np.frombuffer(sent.payload[: steps * ROWS_W * 4], np.float32).reshape(steps, 1, ROWS_W)
+        if not np.allclose(got, np.stack(want), rtol=1e-5, atol=1e-5):
+            self.findings.add(Kind.DATA, f"{self.name}: replay_steps #{sent.seq}: not its own row's steps")
+
     def replay_fields(self, b: Builder, x: bytes | None = None, **changes: Any) -> list[Any]:
         """[graph, frame, shapes, scalars, binds] of a valid replay of this session's graph, some replaced."""
         data = x if x is not None else self.rng.randbytes(GRAPH_N * 4)
@@ -2043,7 +2117,10 @@ class Tenant(Peer):
         out = self.tensors.get(self.graph_out)
         if out is not None:
             out.data = None  # replays write it
-        kind = rng.randrange(16)
+        kind = rng.randrange(17)
+        if kind == 16:
+            self.rows_steps(b)
+            return
         op = Opcode.REPLAY if rng.random() < 0.6 else Opcode.LAUNCH
         name = proto.op_name(op)
         stale = self.stale_handle()
