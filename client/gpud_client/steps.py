@@ -61,7 +61,8 @@ class Step:
         is copied into that input of the next step on the device. A fed input takes its first step's
         value; every other input takes one value per step, stacked on a new leading axis of `steps`;
         scalars and bound tensors are the same for every step. Resolves with each output stacked the
-        same way: (steps, *shape)."""
+        same way: (steps, *shape). Of a row-independent graph, the daemon launches it together with the
+        other sessions' replays of as many steps (each session's rows of every step its own)."""
         if type(steps) is not int or not 1 <= steps <= self._client.limits.max_replay_steps:
             raise InvalidArgument(f"steps is an int from 1 to {self._client.limits.max_replay_steps}, not {steps!r}")
         fed = set(self.feeds.values())
