@@ -43,14 +43,7 @@ class SharedDecoder:
         self._step: gpud_client.Step | None = None
 
     async def step(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], mode: str = "merged") -> Output:
-        ids32, pos32 = np.asarray(ids, np.int32).reshape(-1), np.asarray(pos, np.int32).reshape(-1)
-        if ids32.shape != (1,) or pos32.shape != (1,):
-            raise ValueError("a shared decoder decodes one sequence: ids and pos are (1,) arrays")
-        if not 0 <= int(pos32[0]) < self.c.max_len:
-            raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
-        step = self._step or await self._graph()
-        got = await step.replay(ids=ids32, pos=pos32)
-        return Output(got["next"], got.get("logits"))
+        return (await self.steps(ids, pos, 1))[0]
 
     async def steps(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], n: int) -> list[Output]:
         """`n` steps in one message (`merged-window`): each step's argmax feeds the next on the device,
