@@ -36,8 +36,9 @@ from benchmarks.soak_samples import SERIES, sample, summary
 from gpud.backends import resolve
 from gpud.service import admin
 from gpud.testing.decoding import PROMPT, new_prefix, prompt, publish, reference_mismatch, unpublish
+from gpud.testing.generation import generate
 from gpud.testing.spawn import daemon
-from gpud.testing.transformer import MODES, Decoder, generate
+from gpud.testing.transformer import MODES, Decoder
 from gpud.testing.transformer_weights import CONFIGS, Weights
 
 DEFAULT_CLIENTS = 4

@@ -22,8 +22,9 @@ import numpy as np
 
 import gpud_client
 from gpud.testing.decoding import prompt
+from gpud.testing.generation import generate
 from gpud.testing.shared_decoder import decoder_for
-from gpud.testing.transformer import MODES, generate
+from gpud.testing.transformer import MODES
 from gpud.testing.transformer_weights import CONFIGS, Weights
 
 ACTIVITIES = ("decode", "ops", "replay", "publish", "open")

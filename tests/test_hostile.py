@@ -2059,25 +2059,38 @@ class Tenant(Peer):
         rng, graph = self.rng, self.rows_graph
         if graph is None:
             return
-        choice = rng.randrange(5)
+        choice = rng.randrange(6)
         name = proto.op_name(Opcode.REPLAY_STEPS)
         if choice <= 1:
             steps = rng.randint(1, 4)
             for _ in range(1 + choice):
                 x = np.random.default_rng(rng.getrandbits(32)).standard_normal((1, ROWS_W)).astype(np.float32)
                 data = x.tobytes() + bytes(4 * ROWS_W * (steps - 1))  # x is fed: its later steps' values unused
-                fields = [graph, b.frame(data), [[1, ROWS_W]], [], [], steps]
+                fields = [graph, b.frame(data), [[1, ROWS_W]], [], [], steps, False]
                 b.op(Opcode.REPLAY_STEPS, fields, ok(name, f"{steps} steps"), then=partial(self.check_steps, x, steps))
         elif choice == 2:
-            bad: float = rng.choice([0, -1, LIMITS.max_replay_steps + 1, 2.5])
-            fields = [graph, b.frame(bytes(4 * ROWS_W)), [[1, ROWS_W]], [], [], bad]
-            b.op(Opcode.REPLAY_STEPS, fields, fails(name, f"steps {bad}", INVALID))
+            bad: Any = rng.choice([0, -1, LIMITS.max_replay_steps + 1, 2.5])
+            flag: Any = rng.choice([1, 0, "yes", None])
+            chosen = rng.random() < 0.5
+            fields = [
+                graph,
+                b.frame(bytes(4 * ROWS_W)),
+                [[1, ROWS_W]],
+                [],
+                [],
+                1 if chosen else bad,
+                flag if chosen else False,
+            ]
+            b.op(Opcode.REPLAY_STEPS, fields, fails(name, f"chain {flag!r}" if chosen else f"steps {bad}", INVALID))
         elif choice == 3:
             size = rng.choice([4 * ROWS_W - 4, 4 * ROWS_W, 4 * ROWS_W * 3 + 4])  # 3 steps want 3 rows' worth
-            fields = [graph, b.frame(bytes(size)), [[1, ROWS_W]], [], [], 3]
+            fields = [graph, b.frame(bytes(size)), [[1, ROWS_W]], [], [], 3, False]
             b.op(Opcode.REPLAY_STEPS, fields, fails(name, f"{size} bytes of input for 3 steps", INVALID))
+        elif choice == 4:  # a row graph merges with other sessions' rows: no window of its own to chain from
+            fields = [graph, b.frame(bytes(4 * ROWS_W * 2)), [[1, ROWS_W]], [], [], 2, True]
+            b.op(Opcode.REPLAY_STEPS, fields, fails(name, "chain on a merged graph", INVALID))
         else:
-            fields = [graph, b.frame(bytes(4 * 3 * ROWS_W * 2)), [[3, ROWS_W]], [], [], 2]
+            fields = [graph, b.frame(bytes(4 * 3 * ROWS_W * 2)), [[3, ROWS_W]], [], [], 2, False]
             b.op(Opcode.REPLAY_STEPS, fields, fails(name, "3 rows: no such instance", NOT_FOUND, INVALID))
 
     def check_steps(self, x: np.ndarray[Any, Any], steps: int, sent: Sent, failed: bool) -> None:

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -97,6 +97,11 @@ class Rpc(Transport):
 
     async def request(self, seq: int) -> Reply:
         """Send what is queued (the request `seq` is its last op) and wait for the reply."""
+        return await self.submit(seq)
+
+    def submit(self, seq: int) -> Coroutine[Any, Any, Reply]:
+        """Send what is queued (the request `seq` is its last op) now; await what this returns for the
+        reply. Requests submitted before the first is awaited are in flight together."""
         if (unreported := self._unreported) is not None:
             self._unreported = None
             raise unreported
@@ -104,6 +109,9 @@ class Rpc(Transport):
         self._futures[seq] = future
         sent_at = time.perf_counter()
         self.send_batch()
+        return self._reply(seq, future, sent_at)
+
+    async def _reply(self, seq: int, future: asyncio.Future[Reply], sent_at: float) -> Reply:
         try:
             if self.queue.held:
                 await self.send_held()

@@ -4,6 +4,7 @@ dispatch (see gpud_client.graphs)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +47,7 @@ class Step:
         self.outputs = outputs
         self.feeds = feeds or {}  # output -> the input it feeds in `replay_steps`
         self.freed = False
+        self._fed_like: dict[str, Any] | None = None  # zeros like the fed inputs of the last replay_steps
         self._names = frozenset(name for name, _ in (*inputs, *scalars, *binds))  # what a replay is given
 
     async def replay(self, **values: Any) -> dict[str, np.ndarray[Any, Any]]:
@@ -56,16 +58,25 @@ class Step:
         header, data = await client._connection.request(seq)
         return _outputs(header, data, 1)[0]
 
-    async def replay_steps(self, steps: int, **values: Any) -> dict[str, np.ndarray[Any, Any]]:
+    def replay_steps(
+        self, steps: int, *, chain: bool = False, **values: Any
+    ) -> Coroutine[Any, Any, dict[str, np.ndarray[Any, Any]]]:
         """`steps` replays back to back in one message: each output that feeds an input (`Graph.feed`)
         is copied into that input of the next step on the device. A fed input takes its first step's
         value; every other input takes one value per step, stacked on a new leading axis of `steps`;
         scalars and bound tensors are the same for every step. Resolves with each output stacked the
         same way: (steps, *shape). Of a row-independent graph, the daemon launches it together with the
-        other sessions' replays of as many steps (each session's rows of every step its own)."""
+        other sessions' replays of as many steps (each session's rows of every step its own).
+
+        The message is sent when this is called; await what it returns for the outputs. `chain=True`
+        starts from the device: the fed inputs (left out) take the fed outputs of the last step of this
+        session's previous `replay_steps` of the graph, so the next window of steps can be sent before
+        the last one has answered (a graph that merges with other sessions' replays cannot chain)."""
         if type(steps) is not int or not 1 <= steps <= self._client.limits.max_replay_steps:
             raise InvalidArgument(f"steps is an int from 1 to {self._client.limits.max_replay_steps}, not {steps!r}")
         fed = set(self.feeds.values())
+        if chain:
+            values = self._chained(values, fed)
         per_step = []
         for k in range(steps):
             step = dict(values)
@@ -85,10 +96,20 @@ class Step:
             per_step.append(step)
         client = self._client
         seq = client._next_seq()
-        client._queue_packed(packing.graph_run(self._op(proto.ReplaySteps, seq, per_step[0], per_step, steps)), seq)
-        header, data = await client._connection.request(seq)
-        outs = _outputs(header, data, steps)
-        return {name: np.stack([out[name] for out in outs]) for name in outs[0]} if outs else {}
+        op = self._op(proto.ReplaySteps, seq, per_step[0], per_step, steps)._replace(chain=chain)
+        client._queue_packed(packing.graph_run(op), seq)
+        self._fed_like = {name: _like(values[name]) for name in fed if name in values}
+        return _stacked(client._connection.submit(seq), steps)
+
+    def _chained(self, values: dict[str, Any], fed: set[str]) -> dict[str, Any]:
+        """A chained replay's values: its fed inputs' placeholders (the daemon does not read them)."""
+        if given := sorted(fed & values.keys()):
+            raise InvalidArgument(f"graph {self.name!r}: with chain=True the fed inputs {given} come from the device")
+        if not fed or self._fed_like is None:
+            raise InvalidArgument(
+                f"graph {self.name!r}: chain=True continues an earlier replay_steps of a graph with feeds"
+            )
+        return {**values, **self._fed_like}
 
     def launch(self, **values: Any) -> None:
         """Queued like a dispatch: no round trip, no readback (results stay in bound tensors)."""
@@ -164,6 +185,12 @@ def packed_inputs(steps: list[list[np.ndarray[Any, Any]]]) -> bytes:
 
 
 _ZEROS = bytes(ALIGN)
+
+
+async def _stacked(reply: Coroutine[Any, Any, Any], steps: int) -> dict[str, np.ndarray[Any, Any]]:
+    header, data = await reply
+    outs = _outputs(header, data, steps)
+    return {name: np.stack([out[name] for out in outs]) for name in outs[0]} if outs else {}
 
 
 def _outputs(header: dict[str, Any], data: Any, steps: int) -> list[dict[str, np.ndarray[Any, Any]]]:

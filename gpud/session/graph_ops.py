@@ -74,9 +74,11 @@ def _slot(session: Session, family: Family, instance: Instance) -> tuple[int, Wa
 
 
 def leave(session: Session, family: Family) -> None:
-    """The session holds no handle of `family` any more: its slot, if any, is free."""
-    if family.pool is not None and all(f is not family for f in session.graphs.values()):
-        family.pool.release(session.id)
+    """The session holds no handle of `family` any more: its slot, if any, is free, and so are its carries."""
+    if all(f is not family for f in session.graphs.values()):
+        family.carries.leave(session, family.runtime)
+        if family.pool is not None:
+            family.pool.release(session.id)
 
 
 def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) -> Wait | None:
@@ -94,11 +96,23 @@ def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) ->
         raise OutOfMemory(
             f"{op.steps} steps need {scratch} bytes of device memory: the session quota has {quota - used}"
         )
+    merged = family.pool is not None or (family.rows and session._settings.merge_replays)
+    if op.chain and merged:
+        raise InvalidArgument(
+            f"graph {family.name!r} merges its replays with other sessions' (rows or slots): chain=True "
+            "is for graphs that run alone"
+        )
+    carry = None if merged else family.carries.take(session, rt, instance, op.chain, family.name)
     slot, zeroed = _slot(session, family, instance)
     _reserve(session, op.steps * instance.output_bytes)
     session.touched.add(rt.index)
-    if family.pool is None and not (family.rows and session._settings.merge_replays):
-        return execute_steps(session, op, family, instance, values, data, plan)
+    if not merged:
+        try:
+            return execute_steps(session, op, family, instance, values, data, plan, carry)
+        except BaseException:  # its scratch was refused: no reply will come to end the reservation
+            session.requests_in_flight -= 1
+            session.reply_bytes_reserved -= op.steps * instance.output_bytes
+            raise
     return _queue(session, family, Pending(session, op, instance, values, data, _future(), slot), zeroed)
 
 

@@ -4,15 +4,18 @@ replay's rows scattered back to it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import gpud_protocol as proto
 from gpud.backends.base import Buffer
 from gpud.runtime.graph import Replayable
 from gpud.runtime.runtime import DeviceRuntime, Wait
-from gpud.runtime.waits import guarded, then
+from gpud.runtime.waits import then
+from gpud.session import carries
 from gpud.session.graphs import ALIGN
+from gpud.session.scratch import Scratch
+from gpud_protocol.errors import NotFound
 
 if TYPE_CHECKING:
     from gpud.session.graphs import Family, Instance
@@ -110,7 +113,7 @@ def execute_rows(
     # each session charged the share its own replay was checked for; the padding rows' by nobody
     shares = [(r.session, steps * (r.instance.input_bytes + r.instance.output_bytes)) for r, _ in readers]
     sizes = [max(ALIGN, steps * instance.input_bytes), max(ALIGN, steps * size_out)]
-    scratch = _Scratch(owner, rt, sizes, shares, merged=True)
+    scratch = Scratch(owner, rt, sizes, shares, merged=True)
     inputs, outputs = scratch.buffers
 
     def run_steps() -> Wait | None:
@@ -129,6 +132,7 @@ def execute_steps(
     values: tuple[int | float, ...],
     data: memoryview | None,
     plan: Replayable,
+    carry: Buffer | None,
 ) -> Wait | None:
     """Encode `op.steps` replays of `plan` back to back (`_encode_steps`), every step's inputs uploaded
     at once into scratch memory, every step's outputs read back at once. The scratch is charged to the
@@ -136,11 +140,13 @@ def execute_steps(
     while the replay waits for staging)."""
     rt, steps = family.runtime, op.steps
     size_in, size_out = instance.input_bytes, instance.output_bytes
-    scratch = _Scratch(session, rt, [max(ALIGN, steps * size_in), max(ALIGN, steps * size_out)])
+    scratch = Scratch(session, rt, [max(ALIGN, steps * size_in), max(ALIGN, steps * size_out)])
     inputs, outputs = scratch.buffers
 
     def run() -> Wait | None:
-        _encode_steps(family, instance, plan, values, steps, inputs, outputs, session)
+        if carry is not None and not family.carries.holds(carry):  # the graph was freed while this waited
+            raise NotFound(f"graph {family.name!r} was freed before its replay ran")
+        _encode_steps(family, instance, plan, values, steps, inputs, outputs, session, carry=carry, chain=op.chain)
         reply = session._readback_reply(op.seq, steps * size_out, rt, {"outputs": layout(instance), "steps": steps})
         if not size_out:
             reply.deliver(0, b"", None)
@@ -163,15 +169,20 @@ def _encode_steps(
     outputs: Buffer,
     owner: Session,
     rows: Sequence[tuple[int, int]] = (),
+    carry: Buffer | None = None,
+    chain: bool = False,
 ) -> None:
     """`steps` replays of `plan`: each step's inputs copied in from `inputs` before it runs, the fed
     inputs (`instance.feeds`) then copied from the step before's outputs on the device (for the row
-    runs `rows` only, when given); each step's outputs copied into `outputs`."""
+    runs `rows` only, when given; the first step's from `carry` with `chain`); each step's outputs
+    copied into `outputs`, and the last step's fed outputs into `carry`."""
     rt, slots = family.runtime, family.slots
     size_in, size_out = instance.input_bytes, instance.output_bytes
     for k in range(steps):
         if size_in:
             rt.copy(rt.view(inputs, k * size_in, size_in), rt.view(slots["in"], 0, size_in), owner)
+        if chain and not k and carry is not None:
+            carries.load(rt, carry, instance, slots["in"], owner)
         for out_index, in_index in instance.feeds if k else ():
             src, dst = instance.outputs[out_index], instance.inputs[in_index]
             row = src.nbytes // instance.rows if rows else src.nbytes  # no runs: the whole part
@@ -184,54 +195,9 @@ def _encode_steps(
         rt.replay(plan, values, owner)
         if size_out:
             rt.copy(rt.view(slots["out"], 0, size_out), rt.view(outputs, k * size_out, size_out), owner)
+    if carry is not None:
+        carries.save(rt, slots["out"], instance, carry, owner)
     family.last_use = rt.ledger.pending_index
-
-
-class _Scratch:
-    """A multi-step replay's scratch buffers: charged to the sessions they serve (`charges`: each its
-    share; None: all to `session`), given back (and uncharged once the work that uses them completed)
-    when the replay is encoded or fails, or when its session ends while it waits; a merged launch's
-    scratch (`merged`) outlives any one session, since the launch goes on for the others."""
-
-    def __init__(
-        self,
-        session: Session,
-        rt: DeviceRuntime,
-        sizes: list[int],
-        charges: Sequence[tuple[Session, int]] | None = None,
-        merged: bool = False,
-    ) -> None:
-        self.session, self.rt, self.merged = session, rt, merged
-        self.buffers: list[Buffer] = []
-        self.charges: list[tuple[Session, int]] = []
-        try:
-            for size in sizes:
-                self.buffers.append(rt.alloc(size))
-        except BaseException:
-            self.give_back()
-            raise
-        self.charges = list(charges) if charges is not None else [(session, sum(b.nbytes for b in self.buffers))]
-        for owner, nbytes in self.charges:
-            owner.private_bytes[rt.index] += nbytes
-
-    def give_back(self) -> None:
-        buffers, self.buffers = self.buffers, []
-        if not buffers:
-            return
-        rt, charges = self.rt, self.charges
-        for buffer in buffers:
-            rt.release(buffer)
-
-        def uncharge(_error: BaseException | None) -> None:
-            for owner, nbytes in charges:
-                if not owner.closed:
-                    owner.private_bytes[rt.index] -= nbytes
-
-        rt.ledger.after(max(b.last_use for b in buffers), uncharge)
-
-    def guard(self, step: Callable[[], Wait | None]) -> Wait | None:
-        gone = (lambda: False) if self.merged else (lambda: self.session.closed)
-        return guarded(step, self.give_back, gone, self.give_back)
 
 
 def layout(instance: Instance) -> list[list[Any]]:

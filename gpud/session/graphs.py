@@ -28,6 +28,7 @@ from gpud.runtime.cache import LruCache
 from gpud.runtime.graph import Replayable
 from gpud.runtime.runtime import DeviceRuntime
 from gpud.session.binding import Binding
+from gpud.session.carries import Carries
 from gpud.session.graph_checks import check_copy, check_dispatch
 from gpud.session.slots import Pool
 from gpud.session.tensors import Tensor
@@ -147,6 +148,7 @@ class Family:
     waking: bool = False  # a completion of that submission will run the replays that wait for it
     expected: frozenset[str] = frozenset()  # the sessions of that launch, whose next replays may join
     idle_since: float = 0.0  # when that launch completed (time.monotonic)
+    carries: Carries = dataclasses.field(default_factory=Carries)  # what chained replays start from
 
     @property
     def device(self) -> int:
@@ -189,6 +191,7 @@ class Family:
 
     def release_all(self) -> list[Buffer]:
         buffers = self._used([*[b for i in self.instances.values() for b in i.constants], *self.slots.values()])
+        buffers += self.carries.release_all()
         self.slots.clear()
         self.instances.clear()
         return buffers

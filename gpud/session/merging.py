@@ -243,7 +243,7 @@ def _launch(family: Family, chunk: list[Pending], instance: Instance) -> None:
             pending, op = chunk[0], chunk[0].op
             if isinstance(op, proto.ReplaySteps):
                 plan = family.plan(instance, ())
-                wait = execute_steps(pending.session, op, family, instance, pending.values, pending.data, plan)
+                wait = execute_steps(pending.session, op, family, instance, pending.values, pending.data, plan, None)
             else:
                 wait = execute(pending.session, op, family, instance, pending.values, pending.data)
         else:

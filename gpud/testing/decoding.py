@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 import gpud_client
+from gpud.testing.generation import generate
 from gpud.testing.processes import gather
 from gpud.testing.reference import greedy_mismatch, reference_logits
 from gpud.testing.shared_decoder import POOL, decoder_for
-from gpud.testing.transformer import Decoder, generate
+from gpud.testing.transformer import Decoder
 from gpud.testing.transformer_weights import CONFIGS, Config, Weights, weights
 
 PROMPT = 4  # prompt tokens fed before the greedy ones

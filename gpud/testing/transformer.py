@@ -15,8 +15,9 @@ One decode step is the same op sequence in five modes:
 - `graph`: the step is recorded once into a replay graph (published, so other sessions open the
   same instances) and replayed with this step's token ids and positions, the session's caches bound;
 - `window`: the same graph, `WINDOW` steps per message (`Step.replay_steps`): each step's argmax is
-  copied into the next step's ids on the device, so the token never leaves the GPU between steps and
-  a round trip is paid per window, not per token;
+  copied into the next step's ids on the device, so the token never leaves the GPU between steps; and
+  the next window is sent before this one has answered (`chain=True`: it starts from this window's
+  last token on the device), so the GPU goes from window to window without waiting for a round trip;
 - `merged`: one step graph shared by every session, its KV caches a pool with a slot per session, so
   that the daemon launches the steps of concurrent sessions together (`shared_decoder`);
 - `merged-window`: both: `WINDOW` steps of the shared graph per message, the windows that concurrent
@@ -25,8 +26,8 @@ One decode step is the same op sequence in five modes:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Awaitable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -118,9 +119,22 @@ class Decoder:
         if n == 1:
             got = await step.replay(ids=ids32, pos=pos32, **binds)
             return [Output(got["next"], got.get("logits"))]
-        positions = np.stack([pos32 + k for k in range(n)]).astype(np.int32)
-        got = await step.replay_steps(n, ids=ids32, pos=positions, **binds)
-        return [Output(got["next"][k], got["logits"][k] if "logits" in got else None) for k in range(n)]
+        return await self.send_steps(ids32, pos32, n)
+
+    def send_steps(
+        self, ids: np.ndarray[Any, Any] | None, pos: np.ndarray[Any, Any], n: int
+    ) -> Awaitable[list[Output]]:
+        """`n` graph steps from `ids` at `pos`, sent now (the step graph opened already, by `step`);
+        `ids` None: from the last token of the window sent before, on the device (`chain=True`)."""
+        assert self._step is not None, "send_steps after a step has opened the graph"
+        if int(pos.max()) + n - 1 >= self.c.max_len:
+            raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
+        binds: dict[str, Any] = {f"k{i}": cache for i, cache in enumerate(self.k_caches)}
+        binds.update({f"v{i}": cache for i, cache in enumerate(self.v_caches)})
+        binds["pos"] = np.stack([pos + k for k in range(n)]).astype(np.int32)
+        if ids is not None:
+            binds["ids"] = np.asarray(ids, np.int32)
+        return _window(self._step.replay_steps(n, chain=ids is None, **binds), n)
 
     async def _graph(self) -> gpud_client.Step:
         """Open the published step graph, or record, build and publish it."""
@@ -221,47 +235,6 @@ class Output(NamedTuple):
     logits: np.ndarray[Any, Any] | None  # (B, vocab) float32, when asked for
 
 
-class Stepper(Protocol):
-    """What `generate` drives: a `Decoder`, or `shared_decoder.SharedDecoder`."""
-
-    async def step(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], mode: str) -> Output: ...
-
-    async def steps(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], n: int) -> list[Output]: ...
-
-
-async def generate(
-    decoder: Stepper,
-    prompt: np.ndarray[Any, Any],
-    tokens: int,
-    mode: str,
-    start: int = 0,
-    on_step: Callable[[], None] | None = None,
-) -> tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]]:
-    """Feed `prompt` (B, P) one token at a time, then `tokens` greedy ones; (B, tokens) ids and the
-    logits of every step (when the decoder reads them). `on_step` is called after each step. In
-    the windowed modes the greedy tokens come `WINDOW` to a message."""
-    batch, length = prompt.shape
-    pos = np.full(batch, start, np.int32)
-    ids = prompt[:, 0].astype(np.int32)
-    out: list[np.ndarray[Any, Any]] = []
-    logits: list[np.ndarray[Any, Any]] = []
-
-    def stepped(got: Output) -> None:
-        if on_step is not None:
-            on_step()
-        if got.logits is not None:
-            logits.append(got.logits)
-
-    for step in range(length - 1):  # the prompt, one token at a time
-        stepped(await decoder.step(ids, pos, mode))
-        pos = pos + 1
-        ids = prompt[:, step + 1].astype(np.int32)
-    while len(out) < tokens:
-        n = min(WINDOW, tokens - len(out)) if mode in WINDOWED else 1
-        gots = await decoder.steps(ids, pos, n) if n > 1 else [await decoder.step(ids, pos, mode)]
-        for got in gots:
-            stepped(got)
-            out.append(got.next.astype(np.int32))
-        pos = pos + n
-        ids = out[-1]
-    return np.stack(out, axis=1), logits
+async def _window(sent: Awaitable[dict[str, np.ndarray[Any, Any]]], n: int) -> list[Output]:
+    got = await sent
+    return [Output(got["next"][k], got["logits"][k] if "logits" in got else None) for k in range(n)]

@@ -27,8 +27,8 @@ BATCH_PREFIX = b"\x86" + pack("t") + pack("batch") + pack("ops")  # a map of 6, 
 _TAIL_KEYS = ("nf", "ack", "b", "rc")  # after "t" and "ops", in the client's order
 _MAX_FIELDS = 16  # more than any op has: a longer op is left to the general decoder
 _DISPATCH_FIELDS = 4  # kernel, grid, args, writes
-# graph, frame, shapes, scalars, binds (and steps): a replay's fields, kept in the memo by its body too
-_REPLAY_FIELDS = {int(Opcode.REPLAY): 5, int(Opcode.LAUNCH): 5, int(Opcode.REPLAY_STEPS): 6}
+# graph, frame, shapes, scalars, binds (and steps, chain): a replay's fields, kept in the memo by its body too
+_REPLAY_FIELDS = {int(Opcode.REPLAY): 5, int(Opcode.LAUNCH): 5, int(Opcode.REPLAY_STEPS): 7}
 
 
 class NotCanonical(Exception):

@@ -38,6 +38,7 @@ class Field(enum.Enum):
     TENSORS = "tensors"
     PREFIX = "prefix"
     STEPS = "steps"
+    FLAG = "flag"
 
 
 class KernelOptions(NamedTuple):
@@ -71,3 +72,4 @@ FrameOrNone = Annotated[int, Field.FRAME_OR_NONE]  # a payload frame index, or -
 Shapes = Annotated[tuple[tuple[int, ...], ...], Field.SHAPES]
 Values = Annotated[tuple[int | float, ...], Field.VALUES]
 Steps = Annotated[int, Field.STEPS]  # 1 .. max_replay_steps
+Flag = Annotated[bool, Field.FLAG]  # true or false, nothing else

@@ -217,3 +217,9 @@ def check_steps(value: Any, limits: Limits, _payloads: Sequence[Any]) -> int:
     if not is_int(value) or not 1 <= value <= limits.max_replay_steps:
         raise bad(f"steps must be an int from 1 to {limits.max_replay_steps}, got {describe(value)}")
     return int(value)
+
+
+def check_flag(value: Any, _limits: Limits, _payloads: Sequence[Any]) -> bool:
+    if value is not True and value is not False:
+        raise bad(f"a flag must be true or false, got {describe(value)}")
+    return value

@@ -10,6 +10,7 @@ from gpud_protocol.field_types import (
     Device,
     DType,
     Entry,
+    Flag,
     FrameIndex,
     FrameOrNone,
     Graph,
@@ -172,7 +173,9 @@ class Launch(NamedTuple):
 class ReplaySteps(NamedTuple):
     """Request: `steps` replays back to back, the inputs of each step packed one after the other in
     `frame` (`shapes`: one step's), the outputs the graph feeds (`GraphDef.feeds`) copied on the device
-    into the next step's inputs; the reply carries every step's outputs, step after step."""
+    into the next step's inputs; the reply carries every step's outputs, step after step. `chain`: the
+    first step's fed inputs too come from the device, from the last step of this session's previous
+    `ReplaySteps` of the same instance (its frame still holds a value for them, not used)."""
 
     seq: int
     graph: Handle
@@ -181,6 +184,7 @@ class ReplaySteps(NamedTuple):
     scalars: Values
     binds: Operands
     steps: Steps
+    chain: Flag = False
 
 
 class Reshape(NamedTuple):

@@ -193,6 +193,7 @@ def test_graph_runs_are_packed_as_the_generic_encoder_packs_them() -> None:
         proto.Replay(2**40, 3, -1, (), (1.5, -2, 7), (9, view)),
         proto.Launch(6, 4, 2, ((3,),), (0.0,), (view,)),
         proto.ReplaySteps(8, 4, 1, ((1, 4),), (-0.0, 3), (11,), 16),
+        proto.ReplaySteps(9, 4, -1, ((1, 4),), (), (), 2, chain=True),
     ):
         assert packing.graph_run(op) == proto.encode_op(op)
 

@@ -135,7 +135,11 @@ OPS: list[tuple[list[Any], Any]] = [
     ),
     ([Opcode.REPLAY, 19, 30, -1, [], [7, 1.5], [7]], proto.Replay(19, 30, -1, (), (7, 1.5), (7,))),
     ([Opcode.LAUNCH, 20, 30, -1, [[4]], [], []], proto.Launch(20, 30, -1, ((4,),), (), ())),
-    ([Opcode.REPLAY_STEPS, 31, 30, -1, [], [7], [], 16], proto.ReplaySteps(31, 30, -1, (), (7,), (), 16)),
+    ([Opcode.REPLAY_STEPS, 31, 30, -1, [], [7], [], 16, False], proto.ReplaySteps(31, 30, -1, (), (7,), (), 16)),
+    (
+        [Opcode.REPLAY_STEPS, 32, 30, -1, [], [], [], 2, True],
+        proto.ReplaySteps(32, 30, -1, (), (), (), 2, chain=True),
+    ),
     ([Opcode.FREE_GRAPH, 21, 30], proto.FreeGraph(21, 30)),
     ([Opcode.PUBLISH_GRAPH, 22, 30, "g"], proto.PublishGraph(22, 30, "g")),
     ([Opcode.OPEN_GRAPH, 23, 31, "g"], proto.OpenGraph(23, 31, "g")),
@@ -182,8 +186,19 @@ def test_op_round_trip(raw: list[Any], expected: Any) -> None:
 
 @pytest.mark.parametrize("steps", [0, -1, LIMITS.max_replay_steps + 1, 2.0, "3", None])
 def test_replay_steps_takes_a_bounded_count(steps: Any) -> None:
-    error = op_error([Opcode.REPLAY_STEPS, 1, 30, -1, [], [], [], steps])
+    error = op_error([Opcode.REPLAY_STEPS, 1, 30, -1, [], [], [], steps, False])
     assert "steps must be an int" in error.message
+
+
+@pytest.mark.parametrize("chain", [0, 1, "true", None, 1.0])
+def test_replay_steps_chain_is_a_flag(chain: Any) -> None:
+    error = op_error([Opcode.REPLAY_STEPS, 1, 30, -1, [], [], [], 2, chain])
+    assert "a flag must be true or false" in error.message
+
+
+def test_replay_steps_without_its_chain_is_refused() -> None:
+    error = op_error([Opcode.REPLAY_STEPS, 1, 30, -1, [], [], [], 2])
+    assert "expected 7 fields" in error.message
 
 
 def test_graph_feeds_name_an_output_and_an_input_once() -> None:
@@ -225,9 +240,11 @@ def test_a_row_independent_graph_says_so_with_a_boolean() -> None:
     assert rows.graph.rows is True
     assert one_op([Opcode.GRAPH, 1, 30, "rows", graph]).graph.rows is False
     encoded = msgpack.unpackb(proto.encode_op(rows), raw=False)
-    assert encoded[4]["rows"] is True and "rows" not in msgpack.unpackb(
-        proto.encode_op(rows._replace(graph=rows.graph._replace(rows=False))), raw=False
-    )[4]
+    assert (
+        encoded[4]["rows"] is True
+        and "rows"
+        not in msgpack.unpackb(proto.encode_op(rows._replace(graph=rows.graph._replace(rows=False))), raw=False)[4]
+    )
     for bad in (1, "yes", None, [True]):
         decoded = batch([[Opcode.GRAPH, 1, 30, "rows", {**graph, "rows": bad}]])
         assert isinstance(decoded.ops[0], OpError) and "rows must be true or false" in decoded.ops[0].message

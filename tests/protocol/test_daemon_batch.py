@@ -143,12 +143,14 @@ def test_a_chain_of_two_new_alternating_bodies_decodes_each_once_then_only_hits(
 REPLAYS = [
     [Opcode.REPLAY, 1, 3, 0, [[16, 32], [32]], [], [4, 5, 6]],
     [Opcode.LAUNCH, 2, 3, 0, [[16, 32], [32]], [], [4, 5, 6]],  # the same body as a launch: frame 0 used twice
-    [Opcode.REPLAY_STEPS, 3, 3, -1, [[2]], [1.5, 2], [4, VIEW], 8],
+    [Opcode.REPLAY_STEPS, 3, 3, -1, [[2]], [1.5, 2], [4, VIEW], 8, False],
     [Opcode.REPLAY, 4, 3, 1, [[2]], [], []],  # frame 1: this message has one
     [Opcode.REPLAY, 5, 0, -1, [[2]], [], []],  # handle 0
     [Opcode.REPLAY, 6, 3, -1, [[2]], ["x"], []],
     [Opcode.REPLAY, 7, 3, -1, [[2]], [], [True]],
-    [Opcode.REPLAY_STEPS, 8, 3, -1, [[2]], [], [], 0],
+    [Opcode.REPLAY_STEPS, 8, 3, -1, [[2]], [], [], 0, False],
+    [Opcode.REPLAY_STEPS, 10, 3, -1, [[2]], [], [], 4, True],
+    [Opcode.REPLAY_STEPS, 11, 3, -1, [[2]], [], [], 4, 1],  # a chain that is not a flag
     [Opcode.REPLAY, 9, 3, -1, [[2]], []],  # a field short
 ]
 
@@ -159,8 +161,8 @@ def test_replays_decode_as_the_general_decoder_decodes_them_first_and_from_the_m
     for _ in range(3):
         got = proto.decode_client_message(frames, LIMITS, memo)
         assert isinstance(got, proto.Batch) and got.ops == general(frames).ops
-    assert len(memo) == 3  # the valid bodies (a replay and a launch of the same bytes are told apart)
-    assert memo.hits == 6
+    assert len(memo) == 4  # the valid bodies (a replay and a launch of the same bytes are told apart)
+    assert memo.hits == 8
 
 
 def test_a_remembered_replay_has_its_frame_checked_against_each_message() -> None:

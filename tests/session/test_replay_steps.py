@@ -15,6 +15,7 @@ from gpud.testing import spawn
 from gpud_client import InvalidArgument, OutOfMemory, u32
 
 N = 64
+CARRY = 256  # the fed output kept for a chained replay: 64 floats, on 256 bytes
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ async def test_steps_feed_their_output_forward_and_equal_single_replays(fake: Da
             singles.append(x)
         np.testing.assert_array_equal(np.stack(singles), recurrence(x0, 1.0, 7))
         await gpu.sync()
-        assert await private_bytes(gpu) == baseline  # the scratch went back
+        assert await private_bytes(gpu) == baseline + CARRY  # the scratch went back; the carry stays
 
 
 async def test_without_feeds_each_step_takes_its_own_inputs(fake: Daemon) -> None:
@@ -117,3 +118,75 @@ async def test_a_published_graph_runs_steps_for_another_session(fake: Daemon) ->
             np.testing.assert_array_equal((await opened.replay_steps(3, x=x0, b=0.0))["y"], recurrence(x0, 0.0, 3))
         builder.unpublish_graph("shared-chain")
 
+
+async def test_chained_windows_continue_on_the_device(fake: Daemon) -> None:
+    """A window sent with chain=True starts from the last step of the window before, on the device:
+    awaited one after the other, or both sent before either answered."""
+    async with gpud_client.connect(fake.address) as gpu:
+        step = await chain(gpu, "chained")
+        x0 = np.arange(N, dtype=np.float32)
+        want = recurrence(x0, 1.0, 15)
+        first = await step.replay_steps(5, x=x0, b=1.0)
+        second = await step.replay_steps(3, chain=True, b=1.0)
+        np.testing.assert_array_equal(np.concatenate([first["y"], second["y"]]), want[:8])
+        sent = [step.replay_steps(4, x=x0, b=1.0), step.replay_steps(6, chain=True, b=1.0)]
+        third = step.replay_steps(5, chain=True, b=1.0)
+        outs = [await s for s in (*sent, third)]
+        np.testing.assert_array_equal(np.concatenate([o["y"] for o in outs]), want)
+
+
+async def test_each_session_chains_from_its_own_last_window(fake: Daemon) -> None:
+    """Two sessions replaying one published graph, their windows interleaved: each chain continues the
+    session's own sequence; a session's carry is charged to it until it frees the graph."""
+    async with gpud_client.connect(fake.address) as builder:
+        builder.publish_graph(await chain(builder, "chain-two"), "chain-two")
+        await builder.sync()
+        async with gpud_client.connect(fake.address) as a, gpud_client.connect(fake.address) as b:
+            steps = [await a.open_graph("chain-two"), await b.open_graph("chain-two")]
+            before = [await private_bytes(a), await private_bytes(b)]
+            starts = [np.zeros(N, np.float32), np.full(N, 100.0, np.float32)]
+            outs: list[list[np.ndarray]] = [[], []]
+            for i, s in enumerate(steps):
+                outs[i].append((await s.replay_steps(2, x=starts[i], b=float(i)))["y"])
+            for _ in range(2):
+                for i, s in enumerate(steps):
+                    outs[i].append((await s.replay_steps(3, chain=True, b=float(i)))["y"])
+            for i in range(2):
+                np.testing.assert_array_equal(np.concatenate(outs[i]), recurrence(starts[i], float(i), 8))
+            assert [await private_bytes(a), await private_bytes(b)] == [v + CARRY for v in before]
+            steps[0].free()
+            await a.sync()
+            assert await private_bytes(a) == before[0]
+            reopened = await a.open_graph("chain-two")
+            reopened._fed_like = {"x": np.zeros(N, np.float32)}  # past the client's own check: the daemon's
+            with pytest.raises(InvalidArgument, match="there is none"):
+                await reopened.replay_steps(2, chain=True, b=0.0)
+        builder.unpublish_graph("chain-two")
+
+
+async def test_chains_that_cannot_be_are_refused(fake: Daemon) -> None:
+    async with gpud_client.connect(fake.address) as gpu:
+        step = await chain(gpu, "chain-refusals")
+        x0 = np.zeros(N, np.float32)
+        with pytest.raises(InvalidArgument, match="continues an earlier replay_steps"):
+            await step.replay_steps(2, chain=True, b=1.0)
+        await step.replay_steps(2, x=x0, b=1.0)
+        with pytest.raises(InvalidArgument, match="come from the device"):
+            await step.replay_steps(2, chain=True, x=x0, b=1.0)
+        unfed = await chain(gpu, "chain-unfed", feed=False)
+        with pytest.raises(InvalidArgument, match="continues an earlier replay_steps"):
+            await unfed.replay_steps(2, chain=True, b=1.0)
+        unfed.feeds, unfed._fed_like = {"y": "x"}, {"x": x0}  # past the client's own check: the daemon's
+        with pytest.raises(InvalidArgument, match="feeds no input"):
+            await unfed.replay_steps(2, chain=True, b=1.0)
+        k = await gpu.kernel("fake:axpb", "axpb")
+        g = gpu.graph("chain-rows", rows=True)  # merged with other sessions' rows: nothing to chain from
+        x = g.input("x", (1, N), "float32")
+        y = g.empty((1, N), "float32")
+        g.dispatch(k, 1, [x, y, 0.5, 1.0, u32(N)])
+        g.output("y", y)
+        g.feed("y", into="x")
+        rows = await g.build()
+        await rows.replay_steps(2, x=x0[None])
+        with pytest.raises(InvalidArgument, match="merges its replays"):
+            await rows.replay_steps(2, chain=True)

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import gpud_client
+from gpud.testing.generation import generate
 from gpud.testing.reference import LOGIT_TOL, greedy_mismatch, reference_logits
 from gpud.testing.shared_decoder import SharedDecoder
-from gpud.testing.transformer import MODES, SHARED, Decoder, generate
+from gpud.testing.transformer import MODES, SHARED, Decoder
 from gpud.testing.transformer_weights import CONFIGS, Weights, weights
 
 CONFIG = CONFIGS["tiny"]
@@ -51,6 +52,29 @@ async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client
         if mode in ("graph", "window"):
             other.unpublish_graph(decoder.graph_name)
     check(PROMPT, tokens, logits)
+    for name in Weights.names(CONFIG, prefix):
+        gpu.unpublish(name)
+    for tensor in published.t.values():
+        tensor.free()
+    await gpu.sync()
+
+
+async def test_window_mode_sends_each_window_before_the_last_answered(gpu: gpud_client.Client) -> None:
+    """29 tokens in window mode: a window of 16, then one of 13 sent before the first is read, chained
+    on the device from its last token; the same bits as stepping the graph a message per token."""
+    prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
+    published = await Weights.publish(gpu, CONFIG, SEED, prefix)
+    runs = {}
+    for mode in ("graph", "window"):
+        decoder = Decoder(gpu, CONFIG, published, batch=len(PROMPT), logits=True, graph_name=f"{prefix}{mode}")
+        runs[mode] = await generate(decoder, PROMPT, CONFIG.max_len - PROMPT.shape[1], mode)
+        decoder.free()
+        gpu.unpublish_graph(decoder.graph_name)
+    (tokens, logits), (window_tokens, window_logits) = runs["graph"], runs["window"]
+    np.testing.assert_array_equal(window_tokens, tokens)
+    for got, want in zip(window_logits, logits, strict=True):
+        np.testing.assert_array_equal(got, want)
+    check(PROMPT, window_tokens, window_logits)
     for name in Weights.names(CONFIG, prefix):
         gpu.unpublish(name)
     for tensor in published.t.values():
