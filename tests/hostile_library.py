@@ -49,6 +49,7 @@ class Lib:
     norm: int | None = None  # layernorm_warp_f32_f32 (CUDA only)
     added_norm: int | None = None  # add_layernorm_warp_f32_f32 (CUDA only)
     matvec_tc: int | None = None  # matvec_tc8_f32_f16 (CUDA only): lying dispatches, never run
+    matvec_norm: int | None = None  # matvec_norm_f32_f32_f32 (CUDA only): lying dispatches, never run
     x: int = 0
     y: int = 0
     out: int = 0
@@ -93,6 +94,7 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
             ("layernorm_warp_f32_f32", "norm"),
             ("add_layernorm_warp_f32_f32", "added_norm"),
             ("matvec_tc8_f32_f16", "matvec_tc"),
+            ("matvec_norm_f32_f32_f32", "matvec_norm"),
         )
     for name, field in kernels:
         b.op(Opcode.KERNEL, [t.new_handle(), f"gpud:{name}", name, {}], e.ok("kernel", name), then=registered(field))
@@ -321,11 +323,15 @@ ROWS = 16  # the matvec's x, w and out: 16 x 16 views of the flat tensors (x, y,
 def _matvec(t: Any, b: Any, e: Expectations) -> None:
     """matvec on 16 x 16 views: its rows as two groups of 8 along z (matvec_groups), valid and checked,
     or sizes whose groups lie (past x's rows, overlapping, more than 8 rows a group), refused; on CUDA
-    now and then matvec_tc8's rule broken (w as (K, N), more rows than it takes, a float32 w), refused."""
+    now and then matvec_tc8's rule broken (w as (K, N), more rows than it takes, a float32 w), and
+    matvec_norm's (more rows than it takes, a sum or a residual unlike x), refused."""
     lib: Lib = t.lib
     if lib.matvec is None:
         return
     x, w, out = ([h, 0, [ROWS, ROWS], [ROWS, 1]] for h in (lib.x, lib.y, lib.out))
+    if lib.matvec_norm is not None and t.rng.random() < 0.2:
+        _matvec_norm_lies(t, b, e, w)
+        return
     if lib.matvec_tc is not None and t.rng.random() < 0.25:  # the tensor-core matvec's rule, on float32 w
         lies = {  # (m, wt, what the refusal says): its rule refuses the first of them it meets
             "wt 0 (w as (K, N))": (8, 0, "wt 1"),
@@ -361,6 +367,32 @@ def _matvec(t: Any, b: Any, e: Expectations) -> None:
     b.op(Opcode.DISPATCH, [lib.matvec, [2, 1, 2], args, None], e.ok("dispatch", f"matvec: {what}"))
     xs, ws = (v.reshape(ROWS, ROWS).astype(np.float64) for v in (lib.x_values, lib.y_values))
     t.tensors[lib.out].data = (xs @ ws.T).astype(np.float32).tobytes()  # integers below 2^24: exact
+
+
+def _matvec_norm_lies(t: Any, b: Any, e: Expectations, w: list[Any]) -> None:
+    """matvec_norm_f32_f32_f32 with one part of its rule broken, refused (nothing runs)."""
+    lib: Lib = t.lib
+    lies = {  # (rows of x, the residual's tensor, the sum's rows, what the refusal says)
+        "3 rows for 2": (3, lib.y, 3, "1 to 2 rows"),
+        "an int32 residual": (1, lib.ints, 1, "res is int32"),
+        "a sum of another shape": (1, lib.y, 2, "sum is float32 [2, 16]"),
+    }
+    what = t.rng.choice(list(lies))
+    m, res, sum_rows, names = lies[what]
+    xv = [lib.x, 0, [m, ROWS], [ROWS, 1]]
+    args = [
+        [TENSOR, xv],
+        [TENSOR, [res, 0, [m, ROWS], [ROWS, 1]]],
+        [TENSOR, [lib.x, 0, [ROWS], [1]]],
+        [TENSOR, w],
+        [TENSOR, xv],
+        [TENSOR, [lib.out, 0, [sum_rows, ROWS], [ROWS, 1]]],
+        [TENSOR, [lib.out, 8 * ROWS, [m, ROWS], [ROWS, 1]]],
+        *([U32, v] for v in [m, ROWS, ROWS]),
+        [F32, 1e-6],
+        [U32, 0],
+    ]
+    b.op(Opcode.DISPATCH, [lib.matvec_norm, [1, 1, 1], args, None], e.fails("dispatch", what, INVALID, names=names))
 
 
 # ---------------------------------------------------------------------------- views on the wire

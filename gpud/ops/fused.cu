@@ -2,29 +2,14 @@
 // and rotary_kv_append, the same arithmetic as reduce.cu's rmsnorm, elementwise.cu's silu_mul and
 // attention.cu's rotary and kv_append, in one launch each. A thread of silu_and_mul and
 // rotary_kv_append takes the elements of whole 4-byte words, as fused.wgsl's do (one grid serves
-// both). Float16 and bfloat16: halves.cu and load_store.cu; the rotary angle: rotary.cu (gpud.ops.source
-// adds them first).
+// both). Float16 and bfloat16: halves.cu and load_store.cu; the rotary angle: rotary.cu; the block
+// sum: block_sum.cu (gpud.ops.source adds them first).
 
 template <typename T> struct Words { static constexpr unsigned int per = 2; };  // elements per 4-byte word
 template <> struct Words<float> { static constexpr unsigned int per = 1; };
 
 __device__ __forceinline__ unsigned int linear_index() {
     return blockIdx.x * blockDim.x + threadIdx.x + blockIdx.y * gridDim.x * blockDim.x;
-}
-
-constexpr unsigned int FULL_MASK = 0xffffffffu;
-
-// The sum over the block (reduce.cu's block_reduce for Sum); every thread gets it.
-__device__ float block_sum(float v) {
-    __shared__ float partial[32];
-    unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    v = lane < warps ? partial[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    __syncthreads();
-    return v;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -124,10 +124,86 @@ __device__ __forceinline__ unsigned int threads_per_row(unsigned int k) {
 
 // ---------------------------------------------------------------- matvec, w as (N, K)
 
+// How matvec_nk reads x: rows of XT as they are. `prologue` runs once on every thread of the block (a
+// norm's scales: NormX below), with the first weights already in flight where `early`; `vec` says
+// whether x may be read 8 elements (16 bytes) at a time.
+template <typename XT>
+struct PlainX {
+    static constexpr bool early = false;  // no prologue: the weights are loaded in the loop only
+    typedef const XT* Row;
+    const XT* x;
+    unsigned int k;
+    __device__ __forceinline__ bool vec() const { return aligned16(x); }
+    __device__ __forceinline__ void prologue(unsigned int) const {}
+    __device__ __forceinline__ Row row(unsigned int r) const { return x + (u64)r * k; }
+    __device__ __forceinline__ void load8(Row p, unsigned int v, float* f) const { unpack8(ld8_cached(p + (u64)v * 8), p, f); }
+    __device__ __forceinline__ float load1(Row p, unsigned int i) const { return ldg1(p, i); }
+};
+
+// matvec_norm's x: rmsnorm(x + res) * nw, made as it is read. The prologue computes each row's scale as
+// add_rmsnorm_row (fused.cu) does, the block's 256 threads summing the same elements in the same order
+// (block_sum.cu), and each element is (s * scale) * nw as it stores it: the product has the bits of the
+// two ops. Block 0 stores x + res into sum.
+template <typename NT>
+struct NormX {
+    static constexpr bool early = true;  // the first weights in flight during the prologue
+    typedef unsigned int Row;  // the row's index
+    const float* x;
+    const float* res;
+    const NT* nw;
+    float* sum;
+    unsigned int k;
+    float eps;
+    float* scales;  // shared memory, a row each
+    bool wide;  // x, res and nw 16-byte aligned: read 16 bytes at a time
+    // matvec's choice of order depends on w alone here: its x (the norm, stored apart) is always aligned
+    __device__ __forceinline__ bool vec() const { return true; }
+    __device__ __forceinline__ float at(unsigned int r, unsigned int j) const {
+        const u64 i = (u64)r * k + j;
+        return x[i] + res[i];
+    }
+    __device__ __forceinline__ void prologue(unsigned int m) const {
+        for (unsigned int r = 0; r < m; r++) {
+            float acc = 0.0f;
+            for (unsigned int j = threadIdx.x; j < k; j += BLOCK) {
+                const float s = at(r, j);
+                if (blockIdx.x == 0 && blockIdx.y == 0) sum[(u64)r * k + j] = s;
+                acc += s * s;
+            }
+            const float total = block_sum(acc);
+            if (threadIdx.x == 0) scales[r] = 1.0f / sqrtf(total / (float)k + eps);
+        }
+        __syncthreads();
+    }
+    __device__ __forceinline__ Row row(unsigned int r) const { return r; }
+    __device__ __forceinline__ void load8(Row r, unsigned int v, float* f) const {
+        const u64 i = (u64)r * k + (u64)v * 8;
+        float s[8], a[8], n8[8];
+        if (wide) {
+            unpack8(ld8_cached(x + i), x, s);
+            unpack8(ld8_cached(res + i), res, a);
+            unpack8(ld8_cached(nw + (u64)v * 8), nw, n8);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                s[e] = x[i + e];
+                a[e] = res[i + e];
+                n8[e] = ld1(nw, (u64)v * 8 + e);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) s[e] = s[e] + a[e];
+        const float scale = scales[r];
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = s[e] * scale * n8[e];
+    }
+    __device__ __forceinline__ float load1(Row r, unsigned int i) const { return at(r, i) * scales[r] * ld1(nw, i); }
+};
+
 // WR rows of w per thread, each multiplied by the same elements of x (read once for all of them); a
 // row's products are summed in the same order whatever WR is (its bits do not depend on it)
-template <typename XT, typename WT, typename OT, int R, int U, int WR>
-__device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __restrict__ w, const void* __restrict__ bias,
+template <typename WT, typename OT, int R, int U, int WR, typename XL>
+__device__ __forceinline__ void matvec_nk(const XL& xl, const WT* __restrict__ w, const void* __restrict__ bias,
                                           OT* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
                                           unsigned int epilogue, float* red) {
     const unsigned int t = threads_per_row(k);
@@ -139,24 +215,39 @@ __device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __
     for (int q = 0; q < WR; q++)
 #pragma unroll
         for (int r = 0; r < R; r++) acc[q][r] = 0.0f;
-    if (j0 < n) {
-        const WT* w0 = w + j0 * k;
-        const unsigned int wlast = (unsigned int)min((u64)WR - 1, n - 1 - j0);  // rows past n repeat the last
+    const bool live = j0 < n;
+    const WT* w0 = w + j0 * k;  // (read only where live)
+    const unsigned int wlast = live ? (unsigned int)min((u64)WR - 1, n - 1 - j0) : 0;  // rows past n repeat the last
 #define WR_ROW(q) (w0 + (u64)min((unsigned int)(q), wlast) * k)
-        const XT* xr[R];
+    typename XL::Row xr[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) xr[r] = x + (u64)min((unsigned int)r, m - 1) * k;
-        if (k % 8 == 0 && aligned16(w) && aligned16(x)) {
-            // 16-byte vectors of w (two of x when it is float32): U of them per row per thread in flight at once
-            const unsigned int nv = k / 8;
+    for (int r = 0; r < R; r++) xr[r] = xl.row(min((unsigned int)r, m - 1));
+    const bool vec = k % 8 == 0 && aligned16(w) && xl.vec();
+    const unsigned int nv = k / 8;
+    // 16-byte vectors of w (two of x when it is float32): U of them per row per thread in flight at once,
+    // the first U issued before the prologue where the loader has one
+    Raw8 wv[U][WR];
+    if (XL::early && vec && live) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const unsigned int v = lane + u * t;
+#pragma unroll
+            for (int q = 0; q < WR; q++)
+                if (v < nv) wv[u][q] = ld8_stream(WR_ROW(q) + (u64)v * 8);
+        }
+    }
+    xl.prologue(m);
+    if (live) {
+        if (vec) {
             for (unsigned int v0 = lane; v0 < nv; v0 += U * t) {
-                Raw8 wv[U][WR];
+                if (!XL::early || v0 != lane) {
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const unsigned int v = v0 + u * t;
+                    for (int u = 0; u < U; u++) {
+                        const unsigned int v = v0 + u * t;
 #pragma unroll
-                    for (int q = 0; q < WR; q++)
-                        if (v < nv) wv[u][q] = ld8_stream(WR_ROW(q) + (u64)v * 8);
+                        for (int q = 0; q < WR; q++)
+                            if (v < nv) wv[u][q] = ld8_stream(WR_ROW(q) + (u64)v * 8);
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; u++) {
@@ -165,7 +256,7 @@ __device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         float xf[8];
-                        unpack8(ld8_cached(xr[r] + (u64)v * 8), xr[r], xf);
+                        xl.load8(xr[r], v, xf);
 #pragma unroll
                         for (int q = 0; q < WR; q++) {
                             float wf[8];
@@ -182,12 +273,12 @@ __device__ __forceinline__ void matvec_nk(const XT* __restrict__ x, const WT* __
                 for (int q = 0; q < WR; q++) {
                     const float wf = ld1(WR_ROW(q), i);
 #pragma unroll
-                    for (int r = 0; r < R; r++) acc[q][r] = fmaf(ldg1(xr[r], i), wf, acc[q][r]);
+                    for (int r = 0; r < R; r++) acc[q][r] = fmaf(xl.load1(xr[r], i), wf, acc[q][r]);
                 }
             }
         }
-#undef WR_ROW
     }
+#undef WR_ROW
     // a warp belongs to one slot (t >= 32): shuffle-sum its rows, then the slot's warps through shared memory
 #pragma unroll
     for (int q = 0; q < WR; q++)
@@ -280,10 +371,11 @@ __device__ __forceinline__ void matvec(const XT* x, const WT* w, const void* bia
     w += (u64)b * w_stride;
     out += (u64)b * m * n;
     if (wt) {
-        if (m == 1) matvec_nk<XT, WT, OT, 1, 4, 1>(x, w, bias, out, m, n, k, epilogue, red);
-        else if (m <= 2) matvec_nk<XT, WT, OT, 2, 4, 1>(x, w, bias, out, m, n, k, epilogue, red);
-        else if (m <= 4) matvec_nk<XT, WT, OT, 4, 2, 1>(x, w, bias, out, m, n, k, epilogue, red);
-        else matvec_nk<XT, WT, OT, 8, 2, 1>(x, w, bias, out, m, n, k, epilogue, red);
+        const PlainX<XT> xl{x, k};
+        if (m == 1) matvec_nk<WT, OT, 1, 4, 1>(xl, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 2) matvec_nk<WT, OT, 2, 4, 1>(xl, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 4) matvec_nk<WT, OT, 4, 2, 1>(xl, w, bias, out, m, n, k, epilogue, red);
+        else matvec_nk<WT, OT, 8, 2, 1>(xl, w, bias, out, m, n, k, epilogue, red);
     } else {
         if (m == 1) matvec_kn<XT, WT, OT, 1>(x, w, bias, out, m, n, k, epilogue, red);
         else if (m <= 2) matvec_kn<XT, WT, OT, 2>(x, w, bias, out, m, n, k, epilogue, red);
@@ -467,6 +559,37 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_bf16(const bf16_
     matvec(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);
 }
 
+// matvec_norm_f32_<w>_<nw> (gpud_protocol/ops/matvec_norm.py): matvec_f32_<w> (w as (N, K)) of
+// rmsnorm(x + res, nw) for 1 or 2 rows (matvec's 80 registers: 4 rows take 104), x + res stored into sum.
+template <typename WT, typename NT>
+__device__ __forceinline__ void matvec_norm(const float* x, const float* res, const NT* nw, const WT* w, const void* bias,
+                                            float* sum, float* out, unsigned int m, unsigned int n, unsigned int k,
+                                            float eps, unsigned int epilogue) {
+    __shared__ float red[2 * (BLOCK / 32)];
+    __shared__ float scales[2];
+    if (m == 0 || m > 2 || k == 0) return;  // uniform over the block
+    const NormX<NT> xl{x, res, nw, sum, k, eps, scales, aligned16(x) && aligned16(res) && aligned16(nw)};
+    if (m == 1) matvec_nk<WT, float, 1, 4, 1>(xl, w, bias, out, m, n, k, epilogue, red);
+    else matvec_nk<WT, float, 2, 4, 1>(xl, w, bias, out, m, n, k, epilogue, red);
+}
+
+#define MATVEC_NORM(NAME, WT, NT)                                                                                \
+    extern "C" __global__ void __launch_bounds__(BLOCK) NAME(const float* x, const float* res, const NT* nw,      \
+        const WT* w, const void* bias, float* sum, float* out, unsigned int m, unsigned int n, unsigned int k,   \
+        float eps, unsigned int epilogue) {                                                                      \
+        gpud_wait_prior();                                                                                       \
+        matvec_norm(x, res, nw, w, bias, sum, out, m, n, k, eps, epilogue);                                      \
+    }
+MATVEC_NORM(matvec_norm_f32_f32_f32, float, float)
+MATVEC_NORM(matvec_norm_f32_f32_f16, float, half_t)
+MATVEC_NORM(matvec_norm_f32_f32_bf16, float, bf16_t)
+MATVEC_NORM(matvec_norm_f32_f16_f32, half_t, float)
+MATVEC_NORM(matvec_norm_f32_f16_f16, half_t, half_t)
+MATVEC_NORM(matvec_norm_f32_f16_bf16, half_t, bf16_t)
+MATVEC_NORM(matvec_norm_f32_bf16_f32, bf16_t, float)
+MATVEC_NORM(matvec_norm_f32_bf16_f16, bf16_t, half_t)
+MATVEC_NORM(matvec_norm_f32_bf16_bf16, bf16_t, bf16_t)
+
 // matvec_sx_<x>_<w>: up to 4 rows of x with 4 rows of w a thread, up to 8 with 2 (sx_rows in
 // gpud_protocol/ops/matvec_sx.py; its grids count on them), w as (N, K) only
 template <typename XT, typename WT>
@@ -479,8 +602,9 @@ __device__ __forceinline__ void matvec_sx(const XT* x, const WT* w, const void* 
     x += (u64)b * x_stride;
     w += (u64)b * w_stride;
     out += (u64)b * m * n;
-    if (m <= 4) matvec_nk<XT, WT, float, 4, 2, 4>(x, w, bias, out, m, n, k, epilogue, red);
-    else matvec_nk<XT, WT, float, 8, 1, 2>(x, w, bias, out, m, n, k, epilogue, red);
+    const PlainX<XT> xl{x, k};
+    if (m <= 4) matvec_nk<WT, float, 4, 2, 4>(xl, w, bias, out, m, n, k, epilogue, red);
+    else matvec_nk<WT, float, 8, 1, 2>(xl, w, bias, out, m, n, k, epilogue, red);
 }
 
 #define MATVEC_SX(NAME, XT, WT)                                                                                 \

@@ -18,7 +18,8 @@ _CUDA: dict[str, tuple[str, ...]] = {
     "matvec_tc": ("products",),
     "attention": ("rotary",),
     "elementwise": ("activation", "nan"),
-    "fused": ("halves", "load_store", "rotary"),
+    "fused": ("halves", "load_store", "rotary", "block_sum"),
+    "matmul": ("block_sum",),
     "reduce": ("halves", "load_store", "nan"),
     "reduce_axis": ("halves", "nan"),
 }

@@ -39,7 +39,7 @@ MODES = ("dispatch", "coalesced", "graph", "window", "merged", "merged-window")
 SHARED = ("merged", "merged-window")  # the modes of the shared step graph (`shared_decoder`)
 WINDOWED = ("window", "merged-window")  # WINDOW steps per message
 WINDOW = 16  # tokens per round trip in `window` mode
-OPS_PER_LAYER = 9
+OPS_PER_LAYER = 7  # the calls of `step_ops` per layer
 
 
 class Decoder:
@@ -84,7 +84,7 @@ class Decoder:
         return step_ops(self.gpu.ops, self.w, self.c, ids, pos, ks, vs, t, g)
 
     def ops_per_step(self) -> int:
-        return 2 + OPS_PER_LAYER * self.c.layers + 2
+        return 1 + OPS_PER_LAYER * self.c.layers + 2
 
     async def step(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any], mode: str) -> Output:
         """Decode one token per sequence: `ids` (B,) at positions `pos` (B,); the next ids (argmax)."""
@@ -169,7 +169,6 @@ def workspace(c: Config, b: int, make: Any) -> dict[str, Any]:
     shapes = {
         "x": (b, c.hidden),
         "x2": (b, c.hidden),
-        "normed": (b, c.hidden),
         "qkv": (b, c.qkv_width),
         "q": (b, c.heads * c.head_dim),
         "attn": (b, c.heads, c.head_dim),
@@ -192,19 +191,35 @@ def step_ops(
 ) -> Iterator[None]:
     """Queue (or record, into graph `g`) one decode step, yielding after each op. The fused ops of the
     op library: q, k and v in one matmul, split, rotated and cached by `rotary_kv_append`; gate and up
-    in one matmul, `silu_and_mul`; each residual add fused with the norm after it (`add_rmsnorm`)."""
-    x, x2, normed, attn, q3 = t["x"], t["x2"], t["normed"], t["attn"], t["q3"]
+    in one matmul, `silu_and_mul`; each residual add and the norm after it taken into the product that
+    follows them (`rmsnorm_matmul`: one launch on CUDA at one or two rows)."""
+    x, x2, attn, q3 = t["x"], t["x2"], t["attn"], t["q3"]
 
-    def linear(src: Any, name: str, out: Any, bias: str | None = None) -> None:
-        ops.matmul(src, w[name], transpose_w=True, bias=None if bias is None else w[bias], out=out, graph=g)
+    def linear(src: Any, name: str, out: Any) -> None:
+        ops.matmul(src, w[name], transpose_w=True, out=out, graph=g)
+
+    def norm_linear(src: Any, residual: Any, total: Any, norm: str, name: str, out: Any, bias: Any = None) -> None:
+        ops.rmsnorm_matmul(
+            src,
+            w[norm],
+            w[name],
+            c.eps,
+            residual=residual,
+            sum_out=total,
+            transpose_w=True,
+            bias=bias,
+            out=out,
+            graph=g,
+        )
 
     ops.embedding(ids, w["embed"], out=x, graph=g)
     yield
-    ops.rmsnorm(x, w["layer0.norm1"], c.eps, out=normed, graph=g)
-    yield
     for i in range(c.layers):
         p = f"layer{i}."
-        linear(normed, p + "qkv", t["qkv"], p + "qkv_bias")
+        if i == 0:  # the embeddings: nothing added before the norm
+            norm_linear(x, None, None, p + "norm1", p + "qkv", t["qkv"], w[p + "qkv_bias"])
+        else:  # the last layer's output added to its input: the residual stream x
+            norm_linear(x2, t["down"], x, p + "norm1", p + "qkv", t["qkv"], w[p + "qkv_bias"])
         yield
         heads = {"heads": c.heads, "kv_heads": c.kv_heads, "base": c.rope_base}
         ops.rotary_kv_append(t["qkv"], ks[i], vs[i], pos, **heads, out=q3, graph=g)
@@ -213,18 +228,13 @@ def step_ops(
         yield
         linear(t["attn2"], p + "o", t["o"])
         yield
-        ops.add_rmsnorm(x, t["o"], w[p + "norm2"], c.eps, sum_out=x2, out=normed, graph=g)
-        yield
-        linear(normed, p + "gate_up", t["gate_up"])
+        norm_linear(x, t["o"], x2, p + "norm2", p + "gate_up", t["gate_up"])
         yield
         ops.silu_and_mul(t["gate_up"], out=t["act"], graph=g)
         yield
         linear(t["act"], p + "down", t["down"])
         yield
-        following = f"layer{i + 1}.norm1" if i + 1 < c.layers else "norm"  # the next norm, fused with the add
-        ops.add_rmsnorm(x2, t["down"], w[following], c.eps, sum_out=x, out=normed, graph=g)
-        yield
-    linear(normed, "embed", t["logits"])
+    norm_linear(x2, t["down"], x, "norm", "embed", t["logits"])
     yield
     ops.argmax(t["logits"], out=t["next"], graph=g)
     yield

@@ -16,6 +16,7 @@ from gpud_client.ops.fused import FusedOps
 from gpud_client.ops.joining import JoinOps
 from gpud_client.ops.layout import LayoutOps
 from gpud_client.ops.matmul import MatmulOps
+from gpud_client.ops.norm_matmul import NormMatmulOps
 from gpud_client.ops.norms import NormOps
 from gpud_client.ops.reduce import ReduceOps
 from gpud_client.ops.stats import StatsOps
@@ -30,6 +31,7 @@ class Ops(
     StatsOps,
     TokenOps,
     FusedOps,
+    NormMatmulOps,
     AttentionOps,
     LayoutOps,
     JoinOps,
