@@ -50,6 +50,7 @@ class Lib:
     added_norm: int | None = None  # add_layernorm_warp_f32_f32 (CUDA only)
     matvec_tc: int | None = None  # matvec_tc8_f32_f16 (CUDA only): lying dispatches, never run
     matvec_norm: int | None = None  # matvec_norm_f32_f32_f32 (CUDA only): lying dispatches, never run
+    attention_s2: int | None = None  # attention_s2_f32_f32 (CUDA only): a row's 2 splits in a cluster
     x: int = 0
     y: int = 0
     out: int = 0
@@ -95,6 +96,7 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
             ("add_layernorm_warp_f32_f32", "added_norm"),
             ("matvec_tc8_f32_f16", "matvec_tc"),
             ("matvec_norm_f32_f32_f32", "matvec_norm"),
+            ("attention_s2_f32_f32", "attention_s2"),
         )
     for name, field in kernels:
         b.op(Opcode.KERNEL, [t.new_handle(), f"gpud:{name}", name, {}], e.ok("kernel", name), then=registered(field))
@@ -283,7 +285,12 @@ def _cuda_only(t: Any, b: Any, e: Expectations) -> None:
     if lib.y_values is None:
         return
     x, y, out, ints = ([TENSOR, h] for h in (lib.x, lib.y, lib.out, lib.ints))
-    what = t.rng.choice(["add", "broadcast", "odd n", "norm", "norm rows", "a row past x", "added", "added ints"])
+    what = t.rng.choice(
+        ["add", "broadcast", "odd n", "norm", "norm rows", "a row past x", "added", "added ints", "cluster"]
+    )
+    if what == "cluster":
+        _attention_cluster(t, b, e)
+        return
     if what == "add":
         b.op(Opcode.DISPATCH, [lib.binary16, [1, 1, 1], [x, y, out, *binary_scalars()], None], e.ok("dispatch", what))
         t.tensors[lib.out].data = (lib.x_values + lib.y_values).astype(np.float32).tobytes()
@@ -315,6 +322,24 @@ def _cuda_only(t: Any, b: Any, e: Expectations) -> None:
         t.tensors[lib.out].data = None  # float arithmetic: its bits are not predicted here
         return
     b.op(Opcode.DISPATCH, [kernel, [1, 1, 1], [*tensors, *sizes], None], e.fails("dispatch", what, INVALID, names=name))
+
+
+def _attention_cluster(t: Any, b: Any, e: Expectations) -> None:
+    """attention_s2_f32_f32 (two splits of a row merged in a cluster) on views of the flat tensors: 2 query
+    heads of 8 against 8 keys, valid (its bits not predicted here), or with 4 splits for its 2, refused."""
+    lib: Lib = t.lib
+    if lib.attention_s2 is None:
+        return
+    q, out = ([TENSOR, [h, 0, [1, 2, 8], [16, 8, 1]]] for h in (lib.x, lib.out))
+    kv = [TENSOR, [lib.y, 0, [1, 8, 1, 8], [64, 8, 8, 1]]]
+    splits = t.rng.choice([2, 4])
+    scalars = [*([U32, v] for v in (1, 1, 8, 2, 1, 8, splits, 0, 0, 0)), [F32, 0.125]]
+    op = [lib.attention_s2, [4, 1, 1], [q, kv, kv, q, q, out, *scalars], None]
+    if splits == 2:
+        b.op(Opcode.DISPATCH, op, e.ok("dispatch", "attention in a cluster"))
+        t.tensors[lib.out].data = None  # float arithmetic: its bits are not predicted here
+    else:
+        b.op(Opcode.DISPATCH, op, e.fails("dispatch", "4 splits for 2", INVALID, names="splits is 2"))
 
 
 ROWS = 16  # the matvec's x, w and out: 16 x 16 views of the flat tensors (x, y, out)

@@ -98,14 +98,49 @@ __device__ __forceinline__ unsigned int linear_index() {
     return blockIdx.x * blockDim.x + threadIdx.x + blockIdx.y * gridDim.x * blockDim.x;
 }
 
+// The S splits of a row, each block's (max, sum, weighted sums) in `own`, merged by the block of rank 0
+// as combine() below merges them from part, into row `row` of out (S 1: no cluster, the block's own).
+template <int S>
+__device__ __forceinline__ float split_value(const float* own, unsigned int s, unsigned int i) {
+    if (S == 1) return own[i];
+    return ld_cluster(cluster_map(smem_u32(own + i), s));
+}
+
+template <int S, typename O>
+__device__ __forceinline__ void merge_splits(const float* own, O* out, unsigned int row, unsigned int d) {
+    const unsigned int tid = threadIdx.x;
+    if (S == 1) __syncthreads();  // the block's results written
+    else cluster_sync();  // every split's
+    if ((S == 1 || cluster_rank() == 0u) && tid < d) {
+        float top = NONE;
+#pragma unroll
+        for (unsigned int s = 0; s < S; ++s) top = fmaxf(top, split_value<S>(own, s, 0u));
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (unsigned int s = 0; s < S; ++s) {
+            const float w = expf(split_value<S>(own, s, 0u) - top);
+            den += w * split_value<S>(own, s, 1u);
+            num += w * split_value<S>(own, s, 2u + tid);
+        }
+        store(out, row * d + tid, den > 0.0f ? num / den : 0.0f);
+    }
+    if (S > 1) cluster_sync();  // no block's shared memory goes before rank 0 has read it
+}
+
 // ------------------------------------------------------------------------------------------------
 // attention_<q>_<kv>: one block of 256 threads per (query row, split of the keys); see attention.wgsl.
+// attention_s<S>_<q>_<kv> (gpud_protocol/ops/attention_cluster.py): the same with splits = S and a row's S
+// blocks one cluster (S 1: none), each split's (max, sum, weighted sums) kept in its shared memory and
+// merged by the cluster's block of rank 0 as attention_combine merges them (the same sums in the same
+// order) into out, q's dtype: the bits of attention then attention_combine in one launch. S 0: the split
+// kernel, its partial results into part.
 
-template <typename Q, typename KV>
-__device__ void attend(const Q* q, const KV* k, const KV* v, const int* pos, const float* mask, float* part,
+template <int S, typename Q, typename KV>
+__device__ void attend(const Q* q, const KV* k, const KV* v, const int* pos, const float* mask, float* part, Q* out,
                        unsigned int nb, unsigned int nt, unsigned int ns, unsigned int hq, unsigned int hkv,
                        unsigned int d, unsigned int splits, unsigned int causal, unsigned int mask_mode,
                        unsigned int use_pos, float scale) {
+    __shared__ float own[S ? 256 + 2 : 1];  // this split's max, sum and weighted sums (S > 0)
     __shared__ float sq[256];
     __shared__ float sp[256];
     __shared__ float sr[256];
@@ -189,18 +224,19 @@ __device__ void attend(const Q* q, const KV* k, const KV* v, const int* pos, con
         sm[tid] = total;
     }
     __syncthreads();
-    const unsigned int out = work * (d + 2u);
+    float* const into = S ? own : part + work * (d + 2u);
     if (tid == 0u) {
         float total = 0.0f;
         for (unsigned int i = 0; i < 16u; ++i) total += sm[i];
-        part[out] = m;
-        part[out + 1u] = total;
+        into[0] = m;
+        into[1] = total;
     }
     if (tid < d) {
         float total = 0.0f;
         for (unsigned int gi = 0; gi < ngroups; ++gi) total += sr[gi * d + tid];
-        part[out + 2u + tid] = total;
+        into[2u + tid] = total;
     }
+    if (S) merge_splits<S>(own, out, row, d);
 }
 
 #define ATTENTION(NAME, Q, KV)                                                                                    \
@@ -209,8 +245,31 @@ __device__ void attend(const Q* q, const KV* k, const KV* v, const int* pos, con
                                     unsigned int hq, unsigned int hkv, unsigned int d, unsigned int splits,        \
                                     unsigned int causal, unsigned int mask_mode, unsigned int use_pos, float scale) { \
         gpud_wait_prior();                                                                                            \
-        attend(q, k, v, pos, mask, part, nb, nt, ns, hq, hkv, d, splits, causal, mask_mode, use_pos, scale);      \
+        attend<0>(q, k, v, pos, mask, part, (Q*)nullptr, nb, nt, ns, hq, hkv, d, splits, causal, mask_mode, use_pos, \
+                  scale);                                                                                             \
     }
+
+#define ATTENTION_S(NAME, S, DIMS, Q, KV)                                                                        \
+    extern "C" __global__ void DIMS NAME(const Q* q, const KV* k, const KV* v, const int* pos, const float* mask,   \
+                                         Q* out, unsigned int nb, unsigned int nt, unsigned int ns, unsigned int hq, \
+                                         unsigned int hkv, unsigned int d, unsigned int splits, unsigned int causal, \
+                                         unsigned int mask_mode, unsigned int use_pos, float scale) {              \
+        gpud_wait_prior();                                                                                          \
+        attend<S>(q, k, v, pos, mask, nullptr, out, nb, nt, ns, hq, hkv, d, splits, causal, mask_mode, use_pos, scale); \
+    }
+#define ATTENTION_ALL_S(SUFFIX, Q, KV)                                                                            \
+    ATTENTION_S(attention_s1_##SUFFIX, 1, , Q, KV)                                                                \
+    ATTENTION_S(attention_s2_##SUFFIX, 2, __cluster_dims__(2, 1, 1), Q, KV)                                       \
+    ATTENTION_S(attention_s4_##SUFFIX, 4, __cluster_dims__(4, 1, 1), Q, KV)                                       \
+    ATTENTION_S(attention_s8_##SUFFIX, 8, __cluster_dims__(8, 1, 1), Q, KV)
+
+ATTENTION_ALL_S(f32_f32, float, float)
+ATTENTION_ALL_S(f32_f16, float, unsigned short)
+ATTENTION_ALL_S(f16_f32, unsigned short, float)
+ATTENTION_ALL_S(f16_f16, unsigned short, unsigned short)
+ATTENTION_ALL_S(f32_bf16, float, bf16)
+ATTENTION_ALL_S(bf16_f32, bf16, float)
+ATTENTION_ALL_S(bf16_bf16, bf16, bf16)
 
 ATTENTION(attention_f32_f32, float, float)
 ATTENTION(attention_f32_f16, float, unsigned short)
@@ -267,19 +326,6 @@ COMBINE(attention_combine_bf16, bf16)
 #define FLASH_BM 64u
 #define FLASH_THREADS 128u
 #define FLASH_MASK_WORDS 512u  // key-mask bits kept in shared memory: 16,384 keys
-
-__device__ __forceinline__ unsigned int smem_addr(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void cp_async16(unsigned int dst, const void* src, unsigned int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(unsigned int (&r)[4], unsigned int addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -394,7 +440,7 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
     const int shift = (int)ns - (int)nt;  // causal: query t sees the keys s <= t + shift
     int kbeg = 0, kend = (int)ns;         // the keys any row of this block sees are in [kbeg, kend)
     if (causal) kend = min(kend, (int)(q0 + qrows) + shift);
-    const unsigned int base = smem_addr(smem);
+    const unsigned int base = smem_u32(smem);
     flash_load<D, FLASH_BM>(base + STAGE_BYTES, q + ((unsigned long long)b * nt * hq + h) * D, hq * D, q0, nt, nullptr,
                             tid);  // Q first: it needs no key mask
     cp_async_commit();
@@ -423,7 +469,7 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
         kend = range[1];
     }
     if (kbeg >= kend) {  // no row of this block sees a key: zeros
-        cp_async_wait_all();  // Q's copies land before the block's shared memory goes to another block
+        cp_async_wait<0>();  // Q's copies land before the block's shared memory goes to another block
         for (unsigned int i = tid; i < qrows * (D / 2u); i += FLASH_THREADS) {
             const unsigned int r = i / (D / 2u), c = i % (D / 2u);
             store_pair(out, (((unsigned long long)b * nt + q0 + r) * hq + h) * D + 2u * c, 0.0f, 0.0f);
@@ -440,7 +486,7 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
     flash_load<D, BN>(base, ksrc, kstride, first * BN, (unsigned int)kend, kbits, tid);
     flash_load<D, BN>(base + TILE_BYTES, vsrc, kstride, first * BN, (unsigned int)kend, kbits, tid);
     cp_async_commit();
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();
     unsigned int qf[D / 16][4];
 #pragma unroll
@@ -459,7 +505,7 @@ __device__ __forceinline__ void flash(const unsigned short* q, const unsigned sh
 
     for (unsigned int tile = first; tile < last; ++tile) {
         const unsigned int stage = (tile - first) & 1u;
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();  // this tile is in; every warp is done with the other stage (and Q)
         if (tile + 1u < last) {
             const unsigned int next = base + (stage ^ 1u) * STAGE_BYTES;

@@ -160,28 +160,6 @@ __device__ __forceinline__ void matmul_tma_pp(const TmaMap* tx, const TmaMap* tw
 // each block's shared memory until its peers have read it. The cluster's blocks run at once (the
 // hardware schedules a cluster whole): no block waits for one that is not running.
 
-__device__ __forceinline__ void cluster_sync() {  // every thread of the cluster's blocks; release, acquire
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned int cluster_rank() {
-    unsigned int r;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-// the shared address `addr` of this block in the block of rank `rank` of the cluster
-__device__ __forceinline__ unsigned int cluster_map(unsigned int addr, unsigned int rank) {
-    unsigned int r;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ float4 ld_cluster4(unsigned int addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(addr));
-    return v;
-}
-
 // the consumers (t of 256): rows of the tile from every block's sums, into out (m x n, the tile at m0, n0)
 template <int BN, bool BF, int SPLITS>
 __device__ __forceinline__ void tmak_reduce(unsigned int sums, unsigned int rank, const void* __restrict__ bias,

@@ -12,11 +12,12 @@ CUDA_FAMILIES = (
 _CUDA: dict[str, tuple[str, ...]] = {
     "matmul_tc": ("cp_async", "products"),
     # wgmma.cu uses products.cu's u64; matmul_tma takes cp_async.cu's smem_u32 only (TMA fills its stages),
-    # and tma.cu's mbarriers, copies and loops (its unsplit and split-K kernels share them)
-    "matmul_tma": ("activation", "cp_async", "products", "wgmma", "tma"),
+    # tma.cu's mbarriers, copies and loops (its unsplit and split-K kernels share them), and cluster.cu's
+    # barrier and distributed shared memory (attention's splits of a row in one cluster too)
+    "matmul_tma": ("activation", "cp_async", "products", "wgmma", "tma", "cluster"),
     "matmul_wg": ("activation", "cp_async", "products", "wgmma"),
     "matvec_tc": ("products",),
-    "attention": ("rotary",),
+    "attention": ("rotary", "cp_async", "cluster"),
     "elementwise": ("activation", "nan"),
     "fused": ("halves", "load_store", "rotary", "block_sum"),
     "matmul": ("block_sum",),

@@ -24,6 +24,7 @@ from gpud_protocol.ops.attention import (
     mask_mode,
     mixes_halves,
 )
+from gpud_protocol.ops.attention_cluster import cluster_grid, cluster_kernel
 
 if TYPE_CHECKING:
     from gpud_client.client_base import ClientBase
@@ -37,13 +38,14 @@ ScratchKey = tuple[tuple[int, ...], str, int]
 
 
 class SplitPlan(NamedTuple):
-    """A split attention's call, checked: its output's and its scratch's shapes, and its two dispatches."""
+    """A split attention's call, checked: its output's and its scratch's shapes, and its two dispatches;
+    combine None: one dispatch into the output, the splits merged in a cluster (`attention_cluster`)."""
 
     shape: tuple[int, ...]
     dtype: str  # the output's
     part: tuple[int, ...]
     first: Launch
-    combine: Launch
+    combine: Launch | None
 
 
 class SplitAttentionOps(OpsBase):
@@ -110,6 +112,10 @@ class SplitAttentionOps(OpsBase):
         """Run a split attention's plan: its first dispatch into the scratch, then the combine into the
         output. `mask`: the additive mask or the key mask, whichever was given."""
         tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask]  # q stands in: not read
+        if plan.combine is None:  # one launch: no scratch
+            result = self._out(out, plan.shape, plan.dtype, q, graph)
+            self._launch(plan.first, [*tensors, result], graph, fresh=out is None)
+            return result
         if graph is not None:
             part = graph.empty(plan.part, "float32")
         else:
@@ -185,11 +191,26 @@ class SplitAttentionOps(OpsBase):
         _check_out(op, out, dtype, shape)
         result = TensorInfo(dtype, shape) if out is None else out
         sizes = [batch, steps, keys, heads, kv_heads, dim, splits, int(causal), mode, int(pos is not None)]
-        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask, part]
+        tensors = [q, k, v, q if pos is None else pos, q if mask is None else mask]
+        clustered = cluster_kernel(splits, rows, qd, kd, dtype) if self._clusters(q, splits) else None
+        if clustered is not None:  # the splits merged in a cluster: the same bits, one launch
+            first = self._check(clustered, cluster_grid(rows, splits), [*tensors, result], [*sizes, scale])
+            return SplitPlan(shape, dtype, part.shape, first, None)
+        tensors.append(part)
         first = self._check(f"attention_{SHORT[qd]}_{SHORT[kd]}", grid_1d(rows * splits, 1), tensors, [*sizes, scale])
         n = math.prod(shape)
         combine = self._check(f"attention_combine_{SHORT[dtype]}", grid_1d(n), [part, result], [n, dim, splits])
         return SplitPlan(shape, dtype, part.shape, first, combine)
+
+    def _clusters(self, like: Any, splits: int) -> bool:
+        """Whether the device of `like` runs attention_cluster's kernels at `splits`: a CUDA device, and
+        for clusters of more than one block compute capability 9.0 or later."""
+        if self._client.backend != "cuda":
+            return False
+        if splits == 1:
+            return True
+        capability = str(self._device_info(like).get("compute_capability", "0"))
+        return tuple(int(p) for p in capability.split(".") if p.isdigit()) >= (9, 0)
 
     def _result(self, op: str, q: Any, shape: tuple[int, ...], out: Any, graph: Any) -> Any:
         """attention's output: `out` (checked), else a new tensor of q's dtype."""

@@ -156,6 +156,7 @@ def _backends() -> dict[str, tuple[str, ...]]:
 
 from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers above)
     attention,
+    attention_cluster,
     attention_cpu,
     attention_flash,
     attention_tiled,
@@ -192,6 +193,7 @@ FAMILIES = [
     matvec_tc,
     reduce,
     attention,
+    attention_cluster,
     attention_flash,
     attention_tiled,
     attention_cpu,
