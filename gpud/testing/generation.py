@@ -30,7 +30,9 @@ async def generate(
 ) -> tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]]:
     """Feed `prompt` (B, P) one token at a time, then `tokens` greedy ones; (B, tokens) ids and the
     logits of every step (when the decoder reads them). `on_step` is called after each step. In
-    the windowed modes the greedy tokens come `WINDOW` to a message."""
+    the windowed modes the greedy tokens come `WINDOW` to a message; in `window` mode a decoder that
+    reads no logits launches the prompt's steps without reading them back (they go with the first
+    window), and sends each window before the one before it is read (`_pipelined`)."""
     batch, length = prompt.shape
     pos = np.full(batch, start, np.int32)
     ids = prompt[:, 0].astype(np.int32)
@@ -43,12 +45,21 @@ async def generate(
         if got.logits is not None:
             logits.append(got.logits)
 
+    own = decoder if mode == "window" and isinstance(decoder, Decoder) and tokens > 0 else None  # pipelined
+    quiet = own if own is not None and not own.with_logits else None  # its prompt launched, not read
+    if quiet is not None and quiet._step is None:
+        await quiet._graph()
     for step in range(length - 1):  # the prompt, one token at a time
-        stepped(await decoder.step(ids, pos, mode))
+        if quiet is not None:
+            quiet.launch(ids, pos)
+            if on_step is not None:
+                on_step()
+        else:
+            stepped(await decoder.step(ids, pos, mode))
         pos = pos + 1
         ids = prompt[:, step + 1].astype(np.int32)
-    if mode == "window" and isinstance(decoder, Decoder) and tokens:
-        return await _pipelined(decoder, ids, pos, tokens, stepped, out), logits
+    if own is not None:
+        return await _pipelined(own, ids, pos, tokens, stepped, out), logits
     while len(out) < tokens:
         n = min(WINDOW, tokens - len(out)) if mode in WINDOWED else 1
         gots = await decoder.steps(ids, pos, n) if n > 1 else [await decoder.step(ids, pos, mode)]

@@ -114,10 +114,8 @@ class Decoder:
         if int(pos32.max()) + n - 1 >= self.c.max_len:
             raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
         step = self._step or await self._graph()
-        binds = {f"k{i}": cache for i, cache in enumerate(self.k_caches)}
-        binds.update({f"v{i}": cache for i, cache in enumerate(self.v_caches)})
         if n == 1:
-            got = await step.replay(ids=ids32, pos=pos32, **binds)
+            got = await step.replay(ids=ids32, pos=pos32, **self._caches())
             return [Output(got["next"], got.get("logits"))]
         return await self.send_steps(ids32, pos32, n)
 
@@ -129,12 +127,23 @@ class Decoder:
         assert self._step is not None, "send_steps after a step has opened the graph"
         if int(pos.max()) + n - 1 >= self.c.max_len:
             raise ValueError(f"positions run from 0 to {self.c.max_len - 1}")
-        binds: dict[str, Any] = {f"k{i}": cache for i, cache in enumerate(self.k_caches)}
-        binds.update({f"v{i}": cache for i, cache in enumerate(self.v_caches)})
+        binds = self._caches()
         binds["pos"] = np.stack([pos + k for k in range(n)]).astype(np.int32)
         if ids is not None:
             binds["ids"] = np.asarray(ids, np.int32)
         return _window(self._step.replay_steps(n, chain=ids is None, **binds), n)
+
+    def launch(self, ids: np.ndarray[Any, Any], pos: np.ndarray[Any, Any]) -> None:
+        """One graph step queued without a readback (a prompt token, whose next id nobody reads): it goes
+        with the next message (the step graph opened already)."""
+        assert self._step is not None, "launch after a step has opened the graph"
+        self._step.launch(ids=np.asarray(ids, np.int32), pos=np.asarray(pos, np.int32), **self._caches())
+
+    def _caches(self) -> dict[str, Any]:
+        """The step graph's bound tensors: this session's KV caches."""
+        binds: dict[str, Any] = {f"k{i}": cache for i, cache in enumerate(self.k_caches)}
+        binds.update({f"v{i}": cache for i, cache in enumerate(self.v_caches)})
+        return binds
 
     async def _graph(self) -> gpud_client.Step:
         """Open the published step graph, or record, build and publish it."""

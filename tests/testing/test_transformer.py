@@ -61,7 +61,8 @@ async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client
 
 async def test_window_mode_sends_each_window_before_the_last_answered(gpu: gpud_client.Client) -> None:
     """29 tokens in window mode: a window of 16, then one of 13 sent before the first is read, chained
-    on the device from its last token; the same bits as stepping the graph a message per token."""
+    on the device from its last token; the same bits as stepping the graph a message per token. A
+    decoder that reads no logits launches the prompt's steps unread: the same tokens."""
     prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
     published = await Weights.publish(gpu, CONFIG, SEED, prefix)
     runs = {}
@@ -75,6 +76,11 @@ async def test_window_mode_sends_each_window_before_the_last_answered(gpu: gpud_
     for got, want in zip(window_logits, logits, strict=True):
         np.testing.assert_array_equal(got, want)
     check(PROMPT, window_tokens, window_logits)
+    quiet = Decoder(gpu, CONFIG, published, batch=len(PROMPT), graph_name=f"{prefix}quiet")  # reads no logits:
+    quiet_tokens, _ = await generate(quiet, PROMPT, CONFIG.max_len - PROMPT.shape[1], "window")  # prompt launched
+    np.testing.assert_array_equal(quiet_tokens, tokens)
+    quiet.free()
+    gpu.unpublish_graph(quiet.graph_name)
     for name in Weights.names(CONFIG, prefix):
         gpu.unpublish(name)
     for tensor in published.t.values():
