@@ -20,10 +20,10 @@ from gpud_client.errors import (
 from gpud_client.graph_tensors import GraphScalar, GraphTensor
 from gpud_client.graphs import Graph
 from gpud_client.residents import Resident
-from gpud_client.rpc import Trace
 from gpud_client.scope import Scope
 from gpud_client.steps import Step
 from gpud_client.tensor import Tensor
+from gpud_client.traces import Trace
 from gpud_client.transport import default_address
 from gpud_client.values import Kernel, Scalar, f32, i32, u32
 

@@ -18,9 +18,9 @@ from gpud_client.geometries import dense_geometry
 from gpud_client.liveness import Connection
 from gpud_client.memo import Memo
 from gpud_client.pool import Key, Origin, Pool, default_bytes
-from gpud_client.rpc import Trace
 from gpud_client.scope import Scope
 from gpud_client.tensor import Tensor, output
+from gpud_client.traces import Trace
 from gpud_client.values import F32, I32, TENSOR, U32, Scalar
 from gpud_protocol.ops import TensorInfo
 from gpud_protocol.wire import pack
