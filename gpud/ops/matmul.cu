@@ -227,14 +227,15 @@ __device__ __forceinline__ void matvec_nk(const XL& xl, const WT* __restrict__ w
     // 16-byte vectors of w (two of x when it is float32): U of them per row per thread in flight at once,
     // the first U issued before the prologue where the loader has one
     Raw8 wv[U][WR];
+#define LOAD_W(V0)                                                           \
+    for (int u = 0; u < U; u++) {                                            \
+        const unsigned int v = (V0) + u * t;                                 \
+        for (int q = 0; q < WR; q++)                                         \
+            if (v < nv) wv[u][q] = ld8_stream(WR_ROW(q) + (u64)v * 8);       \
+    }
     if (XL::early && vec && live) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const unsigned int v = lane + u * t;
-#pragma unroll
-            for (int q = 0; q < WR; q++)
-                if (v < nv) wv[u][q] = ld8_stream(WR_ROW(q) + (u64)v * 8);
-        }
+        LOAD_W(lane)
     }
     xl.prologue(m);
     if (live) {
@@ -242,12 +243,7 @@ __device__ __forceinline__ void matvec_nk(const XL& xl, const WT* __restrict__ w
             for (unsigned int v0 = lane; v0 < nv; v0 += U * t) {
                 if (!XL::early || v0 != lane) {
 #pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const unsigned int v = v0 + u * t;
-#pragma unroll
-                        for (int q = 0; q < WR; q++)
-                            if (v < nv) wv[u][q] = ld8_stream(WR_ROW(q) + (u64)v * 8);
-                    }
+                    LOAD_W(v0)
                 }
 #pragma unroll
                 for (int u = 0; u < U; u++) {
@@ -278,6 +274,7 @@ __device__ __forceinline__ void matvec_nk(const XL& xl, const WT* __restrict__ w
             }
         }
     }
+#undef LOAD_W
 #undef WR_ROW
     // a warp belongs to one slot (t >= 32): shuffle-sum its rows, then the slot's warps through shared memory
 #pragma unroll

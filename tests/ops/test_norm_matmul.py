@@ -12,19 +12,9 @@ import pytest
 
 import gpud_client
 from gpud_client import InvalidArgument, PermissionDenied
-from gpud_client.dtypes import bits_to_float32, float32_to_bits
+from ops.test_fused import stored
 
 EPS = 1e-6
-
-
-def stored(values: np.ndarray, dtype: str) -> np.ndarray:
-    v = np.asarray(values, np.float32)
-    if dtype == "float16":
-        return v.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        rounded: np.ndarray = bits_to_float32(float32_to_bits(v))
-        return rounded
-    return v
 
 
 def operands(rows: int, k: int, n: int, wd: str, nd: str, seed: int = 3) -> dict[str, np.ndarray]:
