@@ -263,21 +263,15 @@ __device__ void attend(const Q* q, const KV* k, const KV* v, const int* pos, con
     ATTENTION_S(attention_s4_##SUFFIX, 4, __cluster_dims__(4, 1, 1), Q, KV)                                       \
     ATTENTION_S(attention_s8_##SUFFIX, 8, __cluster_dims__(8, 1, 1), Q, KV)
 
-ATTENTION_ALL_S(f32_f32, float, float)
-ATTENTION_ALL_S(f32_f16, float, unsigned short)
-ATTENTION_ALL_S(f16_f32, unsigned short, float)
-ATTENTION_ALL_S(f16_f16, unsigned short, unsigned short)
-ATTENTION_ALL_S(f32_bf16, float, bf16)
-ATTENTION_ALL_S(bf16_f32, bf16, float)
-ATTENTION_ALL_S(bf16_bf16, bf16, bf16)
-
-ATTENTION(attention_f32_f32, float, float)
-ATTENTION(attention_f32_f16, float, unsigned short)
-ATTENTION(attention_f16_f32, unsigned short, float)
-ATTENTION(attention_f16_f16, unsigned short, unsigned short)
-ATTENTION(attention_f32_bf16, float, bf16)
-ATTENTION(attention_bf16_f32, bf16, float)
-ATTENTION(attention_bf16_bf16, bf16, bf16)
+// every (q, kv) pair of PAIRS in gpud_protocol/ops/attention.py: the split kernel and the clustered ones
+#define ATTENTION_PAIR(SUFFIX, Q, KV) ATTENTION(attention_##SUFFIX, Q, KV) ATTENTION_ALL_S(SUFFIX, Q, KV)
+ATTENTION_PAIR(f32_f32, float, float)
+ATTENTION_PAIR(f32_f16, float, unsigned short)
+ATTENTION_PAIR(f16_f32, unsigned short, float)
+ATTENTION_PAIR(f16_f16, unsigned short, unsigned short)
+ATTENTION_PAIR(f32_bf16, float, bf16)
+ATTENTION_PAIR(bf16_f32, bf16, float)
+ATTENTION_PAIR(bf16_bf16, bf16, bf16)
 
 // attention_combine_<out>: the splits of each row merged and normalised, stored as O.
 template <typename O>
