@@ -5,15 +5,45 @@ never leaves the GPU between windows and no round trip separates them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpud.backends.base import Buffer
+from gpud.runtime.state import Owner
 from gpud_protocol.errors import InvalidArgument, OutOfMemory
 
 if TYPE_CHECKING:
     from gpud.runtime.runtime import DeviceRuntime
-    from gpud.session.graphs import Instance
-    from gpud.session.state import SessionState as Session
+
+
+class Part(Protocol):  # what a carry reads of an instance's inputs and outputs (`graphs.Part`)
+    @property
+    def offset(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
+
+class Instance(Protocol):  # ... and of the instance (`graphs.Instance`)
+    @property
+    def key(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def inputs(self) -> Sequence[Part]: ...
+    @property
+    def outputs(self) -> Sequence[Part]: ...
+    @property
+    def feeds(self) -> Sequence[tuple[int, int]]: ...
+
+
+class Session(Owner, Protocol):  # ... and of the session it is charged to (`state.SessionState`)
+    @property
+    def id(self) -> str: ...
+    @property
+    def private_bytes(self) -> list[int]: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def _settings(self) -> Any: ...
+
 
 PLACE = 256  # each carried output starts on a multiple of this (any copy takes such an offset)
 Key = tuple[str, tuple[tuple[int, ...], ...]]  # (session id, the instance's input shapes)
