@@ -80,3 +80,24 @@ async def test_causal_attention_and_a_key_mask_in_one_launch(gpu: gpud_client.Cl
     np.testing.assert_array_equal(clustered, split)
     shown = np.broadcast_to(keys[:, None, :] != 0, (b, t, 600))
     close(clustered, attention_ref(q, kv[0], kv[1], shown), TOL["float32"])
+
+
+def test_the_choice_and_the_rule() -> None:
+    """Which kernel merges in a cluster, pure; its rule: attention's, with out for part and its splits."""
+    from gpud_protocol.ops import KERNELS, MAX_GROUPS, OpError, TensorInfo
+    from gpud_protocol.ops.attention_cluster import cluster_grid, cluster_kernel
+
+    assert cluster_kernel(4, 14, "float32", "float16", "float32") == "attention_s4_f32_f16"
+    assert cluster_kernel(3, 14, "float32", "float16", "float32") is None  # no cluster of 3
+    assert cluster_kernel(4, 14, "float32", "float16", "float16") is None  # another dtype out: the combine's
+    assert cluster_kernel(8, MAX_GROUPS // 8 + 1, "float32", "float32", "float32") is None
+    assert cluster_grid(14, 4) == (56, 1, 1)
+    rule = KERNELS["attention_s2_f32_f16"].check
+    q, kv = TensorInfo("float32", (1, 14, 64)), TensorInfo("float16", (1, 512, 2, 64))
+    pos = TensorInfo("int32", (1,))
+    scalars = [1, 1, 512, 14, 2, 64, 2, 0, 0, 1, 0.125]
+    rule([q, kv, kv, pos, q, q], scalars)
+    with pytest.raises(OpError, match="splits is 2"):
+        rule([q, kv, kv, pos, q, q], [*scalars[:6], 4, *scalars[7:]])
+    with pytest.raises(OpError, match="out is float16"):
+        rule([q, kv, kv, pos, q, TensorInfo("float16", (1, 14, 64))], scalars)

@@ -132,3 +132,29 @@ async def test_rmsnorm_matmul_rules(gpu: gpud_client.Client) -> None:
         gpu.ops.rmsnorm_matmul(x, nw, w, EPS, residual=r, sum_out=opened, transpose_w=True)
     gpu.unpublish(name)
     await gpu.sync()
+
+
+def test_the_rule() -> None:
+    """matvec_norm's rule, pure: its rows, its residual and sum like x, its weights' shapes, a bias."""
+    from gpud_protocol.ops import KERNELS, OpError, TensorInfo
+    from gpud_protocol.ops.matvec_norm import norm_grid, norm_kernel
+
+    rule = KERNELS[norm_kernel("float16", "float32")].check
+    x, w, nw = TensorInfo("float32", (2, 64)), TensorInfo("float16", (24, 64)), TensorInfo("float32", (64,))
+    out = TensorInfo("float32", (2, 24))
+    rule([x, x, nw, w, x, x, out], [2, 24, 64, 1e-6, 0])
+    rule([x, x, nw, w, TensorInfo("float16", (24,)), x, out], [2, 24, 64, 1e-6, 2])
+    for tensors, scalars, says in [
+        ([TensorInfo("float32", (3, 64)), x, nw, w, x, x, out], [2, 24, 64, 1e-6, 0], "m and k passed"),
+        ([x, TensorInfo("float16", (2, 64)), nw, w, x, x, out], [2, 24, 64, 1e-6, 0], "res is float16"),
+        ([x, x, nw, w, x, TensorInfo("float32", (1, 64)), out], [2, 24, 64, 1e-6, 0], "sum is float32 [1, 64]"),
+        ([x, x, TensorInfo("float16", (64,)), w, x, x, out], [2, 24, 64, 1e-6, 0], "the norm's weight"),
+        ([x, x, nw, w, x, x, out], [2, 24, 64, -1.0, 0], "eps"),
+        ([x, x, nw, w, x, x, out], [2, 24, 64, 1e-6, 1], "bias is float32 [2, 64]"),
+    ]:
+        with pytest.raises(OpError, match=says.replace("[", r"\[").replace("]", r"\]")):
+            rule(tensors, scalars)
+    with pytest.raises(OpError, match="1 to 2 rows"):
+        big = TensorInfo("float32", (3, 64))
+        rule([big, big, nw, w, big, big, TensorInfo("float32", (3, 24))], [3, 24, 64, 1e-6, 0])
+    assert norm_grid(9728, 896) == (1216, 1, 1)  # matvec's: 8 rows of 32 threads a block
