@@ -582,9 +582,7 @@ MATVEC_NORM(matvec_norm_f32_f32_f16, float, half_t)
 MATVEC_NORM(matvec_norm_f32_f32_bf16, float, bf16_t)
 MATVEC_NORM(matvec_norm_f32_f16_f32, half_t, float)
 MATVEC_NORM(matvec_norm_f32_f16_f16, half_t, half_t)
-MATVEC_NORM(matvec_norm_f32_f16_bf16, half_t, bf16_t)
 MATVEC_NORM(matvec_norm_f32_bf16_f32, bf16_t, float)
-MATVEC_NORM(matvec_norm_f32_bf16_f16, bf16_t, half_t)
 MATVEC_NORM(matvec_norm_f32_bf16_bf16, bf16_t, bf16_t)
 
 // matvec_sx_<x>_<w>: up to 4 rows of x with 4 rows of w a thread, up to 8 with 2 (sx_rows in

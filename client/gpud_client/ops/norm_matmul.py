@@ -14,7 +14,7 @@ from gpud_client.errors import InvalidArgument
 from gpud_client.ops.base import Launch, OpsBase, info_of, signed
 from gpud_client.ops.matmul import of_rows
 from gpud_protocol.ops import TensorInfo
-from gpud_protocol.ops.matmul import BIAS_KINDS, SHORT
+from gpud_protocol.ops.matmul import BIAS_KINDS, SHORT, mixes_halves
 from gpud_protocol.ops.matvec_norm import DTYPES, NORM_ROWS, norm_grid, norm_kernel
 
 
@@ -116,6 +116,7 @@ class NormMatmulOps(OpsBase):
             and xd == dtype_name(residual) == "float32"
             and wd in DTYPES
             and nd in DTYPES
+            and not mixes_halves(wd, nd)
             and len(shapes[0]) == 2
             and shapes[0] == shapes[1]
             and 1 <= shapes[0][0] <= NORM_ROWS

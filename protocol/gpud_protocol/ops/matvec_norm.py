@@ -1,11 +1,12 @@
 """matvec of a row's RMS norm, in one launch (CUDA only; in gpud/ops/matmul.cu).
 
 `matvec_norm_f32_<w>_<nw>(x, res, nw, w, bias, sum, out; m, n, k, eps, epilogue)`, for w and nw each
-f32, f16 or bf16: sum = x + res and out = rmsnorm(sum, nw, eps) @ w.T (+ bias); x, res and sum float32
-(m, k), nw (k,), w (n, k) (a Linear's weight), out float32 (m, n), 1 <= m <= NORM_ROWS. Each block
-computes every row's scale as add_rmsnorm does, in the same order, and each normalised element as it
-stores it, so out has the bits of `add_rmsnorm` then matvec_f32_<w>. Grid and epilogue (the bias kind)
-as matvec's with w as (N, K).
+f32, f16 or bf16, but not one float16 and the other bfloat16 (as no product kernel mixes them):
+sum = x + res and out = rmsnorm(sum, nw, eps) @ w.T (+ bias); x, res and sum float32 (m, k), nw (k,),
+w (n, k) (a Linear's weight), out float32 (m, n), 1 <= m <= NORM_ROWS. Each block computes every
+row's scale as add_rmsnorm does, in the same order, and each normalised element as it stores it, so
+out has the bits of `add_rmsnorm` then matvec_f32_<w>. Grid and epilogue (the bias kind) as matvec's
+with w as (N, K).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpud_protocol.ops import KernelSpec, TensorInfo, need
-from gpud_protocol.ops.matmul import BIAS_KINDS, LIMIT, SHORT, matvec_grid
+from gpud_protocol.ops.matmul import BIAS_KINDS, LIMIT, SHORT, matvec_grid, mixes_halves
 
 NORM_ROWS = 2  # rows of x: matvec's 80 registers (4 rows take 104, 8 spill)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -56,4 +57,4 @@ def _spec(w_dtype: str, nw_dtype: str) -> KernelSpec:
 
 BACKENDS = ("cuda",)  # the backends whose sources have these kernels
 
-SPECS = [_spec(w, nw) for w in DTYPES for nw in DTYPES]
+SPECS = [_spec(w, nw) for w in DTYPES for nw in DTYPES if not mixes_halves(w, nw)]  # no float16 with bfloat16
