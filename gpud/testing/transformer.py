@@ -8,7 +8,7 @@ a software rasteriser runs in seconds.
 
 Weights are uploaded once and published read-only: every other session opens them by name, so K
 clients decode with one copy in device memory. Each session owns its KV caches and activations.
-One decode step is the same op sequence in five modes:
+One decode step is the same op sequence in six modes:
 
 - `dispatch`: each op is its own submission and round trip (what a naive remote GPU costs);
 - `coalesced`: the whole step is queued and flushed by the one readback of the next token;
