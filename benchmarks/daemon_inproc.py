@@ -199,12 +199,19 @@ class Loopback:
         return None
 
     async def request(self, seq: int) -> tuple[dict[str, Any], Any]:
+        return await self.submit(seq)
+
+    def submit(self, seq: int) -> Coroutine[Any, Any, tuple[dict[str, Any], Any]]:
+        """Sent now (as `Rpc.submit`); awaited for the reply."""
         if (unreported := self._unreported) is not None:
             self._unreported = None
             raise unreported
         future: asyncio.Future[tuple[dict[str, Any], Any]] = asyncio.get_running_loop().create_future()
         self._futures[seq] = future
         self.send_batch()
+        return self._reply(seq, future)
+
+    async def _reply(self, seq: int, future: asyncio.Future[tuple[dict[str, Any], Any]]) -> tuple[dict[str, Any], Any]:
         try:
             return await future
         finally:

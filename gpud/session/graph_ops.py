@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gpud_protocol as proto
@@ -49,7 +50,9 @@ def replay(session: Session, op: proto.Replay | proto.Launch, batch: proto.Batch
         _reserve(session, instance.output_bytes)
     session.touched.add(rt.index)
     if family.pool is None and not (family.rows and session._settings.merge_replays):
-        return execute(session, op, family, instance, values, data, plan)
+        return _reserved(
+            session, instance.output_bytes if readback else None, execute, op, family, instance, values, data, plan
+        )
     return _queue(session, family, Pending(session, op, instance, values, data, _future(), slot), zeroed)
 
 
@@ -107,12 +110,9 @@ def replay_steps(session: Session, op: proto.ReplaySteps, batch: proto.Batch) ->
     _reserve(session, op.steps * instance.output_bytes)
     session.touched.add(rt.index)
     if not merged:
-        try:
-            return execute_steps(session, op, family, instance, values, data, plan, carry)
-        except BaseException:  # its scratch was refused: no reply will come to end the reservation
-            session.requests_in_flight -= 1
-            session.reply_bytes_reserved -= op.steps * instance.output_bytes
-            raise
+        return _reserved(
+            session, op.steps * instance.output_bytes, execute_steps, op, family, instance, values, data, plan, carry
+        )
     return _queue(session, family, Pending(session, op, instance, values, data, _future(), slot), zeroed)
 
 
@@ -129,6 +129,18 @@ def _queue(session: Session, family: Family, pending: Pending, zeroed: Wait | No
         return Wait(pending.done, pending.done.result)
 
     return then(zeroed, queued)
+
+
+def _reserved(session: Session, nbytes: int | None, encode: Callable[..., Wait | None], *args: Any) -> Wait | None:
+    """`encode(session, *args)` of a request whose reply `_reserve` counted (nbytes None: none): where it
+    raises (its scratch refused, its plan failed), no reply will end the reservation, so it ends here."""
+    try:
+        return encode(session, *args)
+    except BaseException:
+        if nbytes is not None:
+            session.requests_in_flight -= 1
+            session.reply_bytes_reserved -= nbytes
+        raise
 
 
 def _reserve(session: Session, nbytes: int) -> None:
