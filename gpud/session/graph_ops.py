@@ -138,8 +138,7 @@ def _reserved(session: Session, nbytes: int | None, encode: Callable[..., Wait |
         return encode(session, *args)
     except BaseException:
         if nbytes is not None:
-            session.requests_in_flight -= 1
-            session.reply_bytes_reserved -= nbytes
+            session._unreserve(nbytes)
         raise
 
 

@@ -30,8 +30,12 @@ class Requests(SessionState):
         self.requests_in_flight += 1
         self.reply_bytes_reserved += nbytes
         self.touched.add(rt.index)
-        reply = self._readback_reply(op.seq, nbytes, rt)
-        return rt.download(buffer, reply.deliver, self)
+        try:
+            reply = self._readback_reply(op.seq, nbytes, rt)
+            return rt.download(buffer, reply.deliver, self)
+        except BaseException:  # no reply will come to end the count (`graph_ops._reserved`)
+            self._unreserve(nbytes)
+            raise
 
     def _readback_reply(self, seq: int, nbytes: int, rt: DeviceRuntime, extra: dict[str, Any] | None = None) -> Any:
         return ReadbackReply(self, seq, nbytes, rt.parts(nbytes), rt, extra or {})

@@ -152,6 +152,11 @@ class SessionState:
         if self.requests_in_flight >= self._settings.session_max_requests:
             raise Busy(f"more than {self._settings.session_max_requests} requests in flight")
 
+    def _unreserve(self, nbytes: int) -> None:
+        """A counted request that will get no reply (its encoding raised): its count given back."""
+        self.requests_in_flight -= 1
+        self.reply_bytes_reserved -= nbytes
+
     def _reply(self, seq: int, **fields: Any) -> None:
         self._send([proto.encode_reply(seq, **fields)])
 

@@ -1,6 +1,7 @@
-"""A replay whose encoding fails after its reply was counted (its scratch refused, its plan failed)
-gives the count back: the session's requests in flight and reply bytes return to zero, and its next
-requests run. In process (benchmarks/daemon_inproc.py), with the failures injected."""
+"""A replay or readback whose encoding fails after its reply was counted (its scratch refused, its plan
+failed, its download refused) gives the count back: the session's requests in flight and reply bytes
+return to zero, and its next requests run. In process (benchmarks/daemon_inproc.py), the failures
+injected."""
 
 from __future__ import annotations
 
@@ -67,3 +68,10 @@ async def test_a_failed_encoding_gives_back_its_reply_reservation(monkeypatch: p
         assert (session.requests_in_flight, session.reply_bytes_reserved) == (0, 0)
         assert (await call())["y"].shape[-1] == 64  # the next request runs
     assert (session.requests_in_flight, session.reply_bytes_reserved) == (0, 0)
+    t = gpu.tensor(np.arange(64, dtype=np.float32))
+    with monkeypatch.context() as patched:  # a readback whose download is refused
+        patched.setattr(daemon.runtimes[0], "download", refusing(OutOfMemory("injected: no staging")))
+        with pytest.raises(OutOfMemory, match="injected"):
+            await t.numpy()
+    assert (session.requests_in_flight, session.reply_bytes_reserved) == (0, 0)
+    np.testing.assert_array_equal(await t.numpy(), np.arange(64, dtype=np.float32))
