@@ -40,6 +40,15 @@ def check(prompt: np.ndarray, tokens: np.ndarray, logits: list[np.ndarray] | Non
     assert len({tuple(t) for t in tokens.tolist()}) > 1 or len(set(tokens[0].tolist())) > 1, "a degenerate run"
 
 
+async def unpublish(gpu: gpud_client.Client, weights: Weights, prefix: str) -> None:
+    """The weights `Weights.publish` made under `prefix`: unpublished and freed, and the daemon synced."""
+    for name in Weights.names(CONFIG, prefix):
+        gpu.unpublish(name)
+    for tensor in weights.t.values():
+        tensor.free()
+    await gpu.sync()
+
+
 @pytest.mark.parametrize("mode", [mode for mode in MODES if mode not in SHARED])
 async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client.Client, mode: str) -> None:
     prefix = f"tiny-{uuid.uuid4().hex[:8]}/"
@@ -52,11 +61,7 @@ async def test_decode_matches_the_reference_with_shared_weights(gpu: gpud_client
         if mode in ("graph", "window"):
             other.unpublish_graph(decoder.graph_name)
     check(PROMPT, tokens, logits)
-    for name in Weights.names(CONFIG, prefix):
-        gpu.unpublish(name)
-    for tensor in published.t.values():
-        tensor.free()
-    await gpu.sync()
+    await unpublish(gpu, published, prefix)
 
 
 async def test_window_mode_sends_each_window_before_the_last_answered(gpu: gpud_client.Client) -> None:
@@ -81,11 +86,7 @@ async def test_window_mode_sends_each_window_before_the_last_answered(gpu: gpud_
     np.testing.assert_array_equal(quiet_tokens, tokens)
     quiet.free()
     gpu.unpublish_graph(quiet.graph_name)
-    for name in Weights.names(CONFIG, prefix):
-        gpu.unpublish(name)
-    for tensor in published.t.values():
-        tensor.free()
-    await gpu.sync()
+    await unpublish(gpu, published, prefix)
 
 
 async def merged_runs(
@@ -124,11 +125,7 @@ async def test_merged_sessions_each_decode_their_own_sequence_as_the_reference(
     logits = [np.concatenate(step) for step in zip(*(run[1] for run in runs), strict=True)]
     check(PROMPT, tokens, logits)
     assert stats.get("merged_launches", 0) + stats.get("row_launches", 0) > 0
-    for name in Weights.names(CONFIG, prefix):
-        gpu.unpublish(name)
-    for tensor in published.t.values():
-        tensor.free()
-    await gpu.sync()
+    await unpublish(gpu, published, prefix)
 
 
 async def test_merged_rows_get_the_bits_each_sequence_gets_alone(gpu: gpud_client.Client) -> None:
@@ -163,11 +160,7 @@ async def test_merged_rows_get_the_bits_each_sequence_gets_alone(gpu: gpud_clien
     own.free()
     gpu.unpublish_graph(own.graph_name)
     assert stats.get("merged_launches", 0) > 0
-    for name in Weights.names(CONFIG, prefix):
-        gpu.unpublish(name)
-    for tensor in published.t.values():
-        tensor.free()
-    await gpu.sync()
+    await unpublish(gpu, published, prefix)
 
 
 async def test_a_published_step_graph_serves_another_session_with_its_own_caches(gpu: gpud_client.Client) -> None:
@@ -188,11 +181,7 @@ async def test_a_published_step_graph_serves_another_session_with_its_own_caches
     for decoder in (first, third):
         decoder.free()
     gpu.unpublish_graph(first.graph_name)
-    for name in Weights.names(CONFIG, prefix):
-        gpu.unpublish(name)
-    for tensor in params.t.values():
-        tensor.free()
-    await gpu.sync()
+    await unpublish(gpu, params, prefix)
 
 
 @pytest.mark.parametrize("mode", ["coalesced", "dispatch"])
@@ -212,8 +201,4 @@ async def test_decode_steps_mint_no_handles(gpu: gpud_client.Client, mode: str) 
     assert len(set(handles)) == 1, handles
     assert [b - a for a, b in itertools.pairwise(minted)] == [1] * 5  # only these next() calls
     decoder.free()
-    for name in Weights.names(CONFIG, prefix):
-        gpu.unpublish(name)
-    for tensor in params.t.values():
-        tensor.free()
-    await gpu.sync()
+    await unpublish(gpu, params, prefix)
