@@ -209,8 +209,7 @@ class SplitAttentionOps(OpsBase):
             return False
         if splits == 1:
             return True
-        capability = str(self._device_info(like).get("compute_capability", "0"))
-        return tuple(int(p) for p in capability.split(".") if p.isdigit()) >= (9, 0)
+        return tuple(int(p) for p in self._capability(like).split(".") if p.isdigit()) >= (9, 0)
 
     def _result(self, op: str, q: Any, shape: tuple[int, ...], out: Any, graph: Any) -> Any:
         """attention's output: `out` (checked), else a new tensor of q's dtype."""

@@ -74,6 +74,10 @@ class OpsBase:
         where = self._client.device if index is None else int(index)
         return devices[where] if 0 <= where < len(devices) else {}
 
+    def _capability(self, like: Any) -> str:
+        """The compute capability of the device `like` lives on ("9.0"), "" where the daemon does not say."""
+        return str(self._device_info(like).get("compute_capability", ""))
+
     def _kernel(self, name: str) -> Kernel:
         """The built-in kernel `name`, registered on first use without a round trip."""
         kernel = self._kernels.get(name)

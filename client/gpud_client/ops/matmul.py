@@ -227,10 +227,6 @@ class MatmulOps(ElementwiseOps):  # its activations, where a kernel applies none
         launch = self._check(name, grid, tensors, [*p.sizes, int(wt), epilogue])
         return Planned(p.out_shape, out_dtype(xd, wd), launch)
 
-    def _capability(self, like: Any) -> str:
-        """The compute capability of the device `like` lives on ("9.0"), "" where the daemon does not say."""
-        return str(self._device_info(like).get("compute_capability", ""))
-
 
 def _swapped_back(w: Any) -> Any:
     """w with its last two axes swapped back: where w is its base's `.T` or `transpose(-1, -2)` (q @ k.T),
