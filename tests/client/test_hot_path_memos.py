@@ -150,19 +150,20 @@ async def test_split_attention_queues_both_dispatches_from_its_kept_plan(gpu: gp
     scratches = []
     for _ in range(2):  # planned, then kept
         async with gpu.scope():
-            got = gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=2)  # splits: the split kernels everywhere
+            # 16 splits: the split kernels on every backend (no cluster takes 16 blocks: attention_cluster)
+            got = gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=16)
             names = list(gpu._connection._op_names.values())[-2:]
             assert names == ["attention", "attention"]
             scratches.append(next(iter(gpu.ops._scratches._items.values())))
             into = gpu.empty((2, 3, 2, 8))
-            assert gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=2, out=into) is into
+            assert gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=16, out=into) is into
             for result in (got, into):
                 np.testing.assert_allclose(await result.numpy(), want, rtol=1e-5, atol=1e-5)
         assert got.freed and not scratches[-1].freed  # the client's scratch outlives the scope
     assert scratches[0] is scratches[1]
     assert sum(type(plan).__name__ == "SplitPlan" for plan in gpu.ops._plans.values()) == 2  # one per out=
     with pytest.raises(gpud_client.InvalidArgument, match="attention"):
-        gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=2, out=gpu.empty((2, 3, 2, 4)))
+        gpu.ops.attention(tq, tk, tv, key_mask=tm, splits=16, out=gpu.empty((2, 3, 2, 4)))
     for t in (tq, tk, tv, tm):
         t.free()
 
