@@ -141,6 +141,23 @@ async def test_argmax_is_the_first_index_of_the_maximum(gpu: gpud_client.Client,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+async def test_argmax_of_vocabulary_rows(gpu: gpud_client.Client, dtype: str) -> None:
+    """An LM head's rows (151,936 logits, every decoded token): on CUDA each thread's groups of loads in
+    flight, then its last elements one at a time (past 147,456); ties keep the first index across both."""
+    a = np.random.default_rng().integers(-50, 50, (6, 151_936)).astype(dtype)
+    a[1, -1] = 100  # the last element
+    a[2, [16_383, 16_384, 140_000]] = 100  # ties inside the grouped loads
+    a[3, 0] = 100
+    a[4, 151_000] = 100  # among the last elements
+    a[5, [147_000, 150_000]] = 100  # a tie between a group and the last elements
+    out = poisoned(gpu, (6,), "int32")
+    gpu.ops.argmax(gpu.tensor(a), out=out)
+    got = await out.numpy()
+    np.testing.assert_array_equal(got, a.argmax(axis=-1))
+    assert list(got[1:]) == [151_935, 16_383, 0, 151_000, 147_000]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 async def test_softmax(gpu: gpud_client.Client, dtype: str) -> None:
     for shape in SHAPES:
         a = random(shape, dtype, 4.0, 30.0)  # far from 0: the max must be subtracted
