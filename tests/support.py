@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import anyio
@@ -20,6 +24,14 @@ import numpy as np
 import gpud_client
 from gpud.testing import workloads as kernels
 from gpud_client import u32
+
+
+def benchmark(name: str) -> ModuleType:
+    """A module of the checkout's benchmarks/ (not installed: `gpud bench` puts the checkout on the path too)."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @dataclasses.dataclass

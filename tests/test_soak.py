@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTIVITIES = {"decode", "ops", "replay", "publish", "open"}
-
-
-def benchmark(name: str) -> ModuleType:
-    """A module of the checkout's benchmarks/ (not installed: `gpud bench` puts the checkout on the path too)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_a_short_soak_kills_clients_checks_everything_and_leaves_nothing_held(tmp_path: Path) -> None:

@@ -4,26 +4,15 @@ rest on: the steady decode step's dispatches all come from the session's memo, p
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-from types import ModuleType
+from support import benchmark
 
 from gpud.testing import bert, transformer, transformer_weights
-
-
-def daemon_ops() -> ModuleType:
-    """benchmarks/ is the checkout's, not installed (as tests/test_soak.py finds it)."""
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return importlib.import_module("benchmarks.daemon_ops")
 
 
 async def test_a_steady_decode_step_misses_nothing_and_the_other_workloads_run() -> None:
     decode = transformer_weights.Config(2, 32, 2, 1, 16, 64, 64, 32)
     minilm = bert.BertConfig(1, 64, 2, 128, 100, max_positions=16)
-    results = await daemon_ops().run(
+    results = await benchmark("daemon_ops").run(
         steps=2, reps=1, profile=False, decode=decode, minilm=minilm, batch=(2, 8), chain=300
     )
     chain, hits, misses, eager = (result for result, _top in results)

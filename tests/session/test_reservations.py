@@ -6,27 +6,16 @@ injected."""
 from __future__ import annotations
 
 import asyncio
-import importlib
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+from support import benchmark
 
 import gpud_client
 from gpud.session import graph_ops
 from gpud_client import InvalidArgument, OutOfMemory, u32
-
-
-def daemon_inproc() -> ModuleType:
-    """benchmarks/ is the checkout's, not installed (as test_daemon_ops.py finds it)."""
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return importlib.import_module("benchmarks.daemon_inproc")
 
 
 def refusing(error: Exception) -> Any:
@@ -37,7 +26,7 @@ def refusing(error: Exception) -> Any:
 
 
 async def test_a_failed_encoding_gives_back_its_reply_reservation(monkeypatch: pytest.MonkeyPatch) -> None:
-    inproc = daemon_inproc()
+    inproc = benchmark("daemon_inproc")
     daemon = inproc.InProcessDaemon(asyncio.get_running_loop(), inproc.Clock())
     gpu = gpud_client.Client(inproc.Loopback(daemon))
     k = await gpu.kernel("fake:axpb", "axpb")
