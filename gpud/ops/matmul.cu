@@ -201,8 +201,10 @@ struct NormX {
 };
 
 // WR rows of w per thread, each multiplied by the same elements of x (read once for all of them); a
-// row's products are summed in the same order whatever WR is (its bits do not depend on it)
-template <typename WT, typename OT, int R, int U, int WR, typename XL>
+// row's products are summed in the same order whatever WR is (its bits do not depend on it). EARLY (the
+// _ro kernels, w read-only): the first weights are loaded before waiting for the kernel before
+// (gpud_wait_prior, which this then calls), so they stream while that kernel finishes.
+template <typename WT, typename OT, int R, int U, int WR, bool EARLY = false, typename XL>
 __device__ __forceinline__ void matvec_nk(const XL& xl, const WT* __restrict__ w, const void* __restrict__ bias,
                                           OT* __restrict__ out, unsigned int m, unsigned int n, unsigned int k,
                                           unsigned int epilogue, float* red) {
@@ -233,15 +235,17 @@ __device__ __forceinline__ void matvec_nk(const XL& xl, const WT* __restrict__ w
         for (int q = 0; q < WR; q++)                                         \
             if (v < nv) wv[u][q] = ld8_stream(WR_ROW(q) + (u64)v * 8);       \
     }
-    if (XL::early && vec && live) {
+    constexpr bool first = XL::early || EARLY;  // the first weights issued before the loop
+    if (first && vec && live) {
 #pragma unroll
         LOAD_W(lane)
     }
+    if (EARLY) gpud_wait_prior();
     xl.prologue(m);
     if (live) {
         if (vec) {
             for (unsigned int v0 = lane; v0 < nv; v0 += U * t) {
-                if (!XL::early || v0 != lane) {
+                if (!first || v0 != lane) {
 #pragma unroll
                     LOAD_W(v0)
                 }
@@ -357,7 +361,7 @@ __device__ __forceinline__ void matvec_kn(const XT* __restrict__ x, const WT* __
     }
 }
 
-template <typename XT, typename WT, typename OT>
+template <bool EARLY = false, typename XT, typename WT, typename OT>
 __device__ __forceinline__ void matvec(const XT* x, const WT* w, const void* bias, OT* out, unsigned int batch,
                                        unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,
                                        unsigned int w_stride, unsigned int wt, unsigned int epilogue) {
@@ -369,11 +373,12 @@ __device__ __forceinline__ void matvec(const XT* x, const WT* w, const void* bia
     out += (u64)b * m * n;
     if (wt) {
         const PlainX<XT> xl{x, k};
-        if (m == 1) matvec_nk<WT, OT, 1, 4, 1>(xl, w, bias, out, m, n, k, epilogue, red);
-        else if (m <= 2) matvec_nk<WT, OT, 2, 4, 1>(xl, w, bias, out, m, n, k, epilogue, red);
-        else if (m <= 4) matvec_nk<WT, OT, 4, 2, 1>(xl, w, bias, out, m, n, k, epilogue, red);
-        else matvec_nk<WT, OT, 8, 2, 1>(xl, w, bias, out, m, n, k, epilogue, red);
+        if (m == 1) matvec_nk<WT, OT, 1, 4, 1, EARLY>(xl, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 2) matvec_nk<WT, OT, 2, 4, 1, EARLY>(xl, w, bias, out, m, n, k, epilogue, red);
+        else if (m <= 4) matvec_nk<WT, OT, 4, 2, 1, EARLY>(xl, w, bias, out, m, n, k, epilogue, red);
+        else matvec_nk<WT, OT, 8, 2, 1, EARLY>(xl, w, bias, out, m, n, k, epilogue, red);
     } else {
+        if (EARLY) gpud_wait_prior();
         if (m == 1) matvec_kn<XT, WT, OT, 1>(x, w, bias, out, m, n, k, epilogue, red);
         else if (m <= 2) matvec_kn<XT, WT, OT, 2>(x, w, bias, out, m, n, k, epilogue, red);
         else if (m <= 4) matvec_kn<XT, WT, OT, 4>(x, w, bias, out, m, n, k, epilogue, red);
@@ -558,7 +563,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) matvec_bf16_bf16(const bf16_
 
 // matvec_norm_f32_<w>_<nw> (gpud_protocol/ops/matvec_norm.py): matvec_f32_<w> (w as (N, K)) of
 // rmsnorm(x + res, nw) for 1 or 2 rows (matvec's 80 registers: 4 rows take 104), x + res stored into sum.
-template <typename WT, typename NT>
+template <bool EARLY, typename WT, typename NT>
 __device__ __forceinline__ void matvec_norm(const float* x, const float* res, const NT* nw, const WT* w, const void* bias,
                                             float* sum, float* out, unsigned int m, unsigned int n, unsigned int k,
                                             float eps, unsigned int epilogue) {
@@ -566,24 +571,40 @@ __device__ __forceinline__ void matvec_norm(const float* x, const float* res, co
     __shared__ float scales[2];
     if (m == 0 || m > 2 || k == 0) return;  // uniform over the block
     const NormX<NT> xl{x, res, nw, sum, k, eps, scales, aligned16(x) && aligned16(res) && aligned16(nw)};
-    if (m == 1) matvec_nk<WT, float, 1, 4, 1>(xl, w, bias, out, m, n, k, epilogue, red);
-    else matvec_nk<WT, float, 2, 4, 1>(xl, w, bias, out, m, n, k, epilogue, red);
+    if (m == 1) matvec_nk<WT, float, 1, 4, 1, EARLY>(xl, w, bias, out, m, n, k, epilogue, red);
+    else matvec_nk<WT, float, 2, 4, 1, EARLY>(xl, w, bias, out, m, n, k, epilogue, red);
 }
 
-#define MATVEC_NORM(NAME, WT, NT)                                                                                \
+// EARLY: the _ro kernel (gpud_protocol/ops/matvec_ro.py), which waits after loading its first weights
+#define MATVEC_NORM(NAME, EARLY, WT, NT)                                                                         \
     extern "C" __global__ void __launch_bounds__(BLOCK) NAME(const float* x, const float* res, const NT* nw,      \
         const WT* w, const void* bias, float* sum, float* out, unsigned int m, unsigned int n, unsigned int k,   \
         float eps, unsigned int epilogue) {                                                                      \
-        gpud_wait_prior();                                                                                       \
-        matvec_norm(x, res, nw, w, bias, sum, out, m, n, k, eps, epilogue);                                      \
+        if (!EARLY) gpud_wait_prior();                                                                           \
+        matvec_norm<EARLY>(x, res, nw, w, bias, sum, out, m, n, k, eps, epilogue);                               \
     }
-MATVEC_NORM(matvec_norm_f32_f32_f32, float, float)
-MATVEC_NORM(matvec_norm_f32_f32_f16, float, half_t)
-MATVEC_NORM(matvec_norm_f32_f32_bf16, float, bf16_t)
-MATVEC_NORM(matvec_norm_f32_f16_f32, half_t, float)
-MATVEC_NORM(matvec_norm_f32_f16_f16, half_t, half_t)
-MATVEC_NORM(matvec_norm_f32_bf16_f32, bf16_t, float)
-MATVEC_NORM(matvec_norm_f32_bf16_bf16, bf16_t, bf16_t)
+#define MATVEC_NORMS(W, NW, WT, NT)                                                                              \
+    MATVEC_NORM(matvec_norm_f32_##W##_##NW, false, WT, NT)                                                       \
+    MATVEC_NORM(matvec_norm_ro_f32_##W##_##NW, true, WT, NT)
+MATVEC_NORMS(f32, f32, float, float)
+MATVEC_NORMS(f32, f16, float, half_t)
+MATVEC_NORMS(f32, bf16, float, bf16_t)
+MATVEC_NORMS(f16, f32, half_t, float)
+MATVEC_NORMS(f16, f16, half_t, half_t)
+MATVEC_NORMS(bf16, f32, bf16_t, float)
+MATVEC_NORMS(bf16, bf16, bf16_t, bf16_t)
+
+// matvec_ro_f32_<w> (gpud_protocol/ops/matvec_ro.py): matvec_f32_<w> of a read-only w, whose first weights
+// are loaded before waiting for the kernel before (matvec_nk's EARLY)
+#define MATVEC_RO(NAME, WT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(BLOCK) NAME(const float* x, const WT* w, const void* bias,      \
+        float* out, unsigned int batch, unsigned int m, unsigned int n, unsigned int k, unsigned int x_stride,   \
+        unsigned int w_stride, unsigned int wt, unsigned int epilogue) {                                       \
+        matvec<true>(x, w, bias, out, batch, m, n, k, x_stride, w_stride, wt, epilogue);                       \
+    }
+MATVEC_RO(matvec_ro_f32_f32, float)
+MATVEC_RO(matvec_ro_f32_f16, half_t)
+MATVEC_RO(matvec_ro_f32_bf16, bf16_t)
 
 // matvec_sx_<x>_<w>: up to 4 rows of x with 4 rows of w a thread, up to 8 with 2 (sx_rows in
 // gpud_protocol/ops/matvec_sx.py; its grids count on them), w as (N, K) only

@@ -127,6 +127,8 @@ class Dispatching(SessionState):
         kernel = self.kernels.get(op.kernel)
         if kernel is None:
             raise NotFound(self.kernels.unknown(op.kernel))
+        if kernel.early:  # its early reads are safe in a recorded graph only (graph_record)
+            raise InvalidArgument(kernel.early_problem(kernel.early[0], "a dispatch outside a replay graph"))
         handles = self.handles
         args: list[Any] = []
         tensor_handles: list[int] = []

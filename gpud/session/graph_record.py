@@ -18,6 +18,7 @@ from gpud.backends.base import Buffer, Program
 from gpud.runtime.runtime import DeviceRuntime
 from gpud.session.graph_checks import build_key, check_copy, check_dispatch
 from gpud.session.graphs import Instance, Part, nbytes_of, pack_inputs
+from gpud.session.kernels import KernelRef
 from gpud.session.tensors import Tensor
 from gpud_protocol import ArgKind
 from gpud_protocol.errors import InvalidArgument, PermissionDenied
@@ -87,8 +88,17 @@ def record(
         kind, value = base(ref)
         if kind == ArgKind.TENSOR and not session.handles[int(value)].writable:
             raise PermissionDenied(f"{what} writes read-only resident {fixed[int(value)].name!r}")
+        if kind == ArgKind.TENSOR:
+            written.add(id(fixed[int(value)]))
         if kind == ArgKind.BIND:
             bind_writes.add(int(value))
+
+    def read_early(ref: proto.Arg, kernel: KernelRef, position: int, what: str) -> None:
+        """A tensor read before the kernel before it finishes: read-only, and written by no step (below)."""
+        kind, value = base(ref)
+        if kind != ArgKind.TENSOR or session.handles[int(value)].writable:
+            raise InvalidArgument(f"{what}: {kernel.early_problem(position, name(ref))}")
+        early.append((fixed[int(value)], position, kernel, what))
 
     for number, (view_of, shape) in enumerate(graph.views):
         dtype, of_shape = describe(view_of)
@@ -98,6 +108,8 @@ def record(
             raise InvalidArgument(f"graph view {number}: cannot view {dtype}{list(of_shape)} as {list(shape)}")
 
     bind_writes: set[int] = set()
+    written: set[int] = set()  # ids of the fixed tensors that steps write
+    early: list[tuple[Tensor, int, KernelRef, str]] = []  # what `read_early` took
     steps: list[tuple[Any, ...]] = []
     uploads: list[memoryview] = []
     order = list(fixed)
@@ -126,10 +138,12 @@ def record(
             else:
                 kernel.check_op([TensorInfo(*describe(ref)) for ref in tensors], fixed_scalars)
             check_dispatch(number, program, [key(ref) for ref in tensors], [name(ref) for ref in tensors])
-            written = kernel.writes(program)
+            writes = kernel.writes(program)
             for position, ref in enumerate(tensors):
-                if written is None or position in written or position in (step.writes or ()):
+                if writes is None or position in writes or position in (step.writes or ()):
                     writable(ref, f"{what} ({program.entry}, tensor argument {position})")
+            for position in kernel.early:
+                read_early(tensors[position], kernel, position, what)
             args = tuple(_local(base(arg), position_of) for arg in step.args)
             steps.append(("dispatch", program, step.grid, args, number))
         elif isinstance(step, proto.GraphCopy):
@@ -149,6 +163,9 @@ def record(
             writable(step.dst, what)
             steps.append(("upload", len(uploads), _local(base(step.dst), position_of), data.nbytes, number))
             uploads.append(data.cast("B") if data.format != "B" else data)
+    for tensor, position, kernel, what in early:
+        if id(tensor) in written:  # through another handle of the same memory
+            raise InvalidArgument(f"{what}: {kernel.early_problem(position, 'a tensor another step writes')}")
     outputs, out_bytes = pack_inputs([(o.name, *describe(o.ref)) for o in graph.outputs])
     instance = Instance(
         key=tuple(t.shape for t in graph.inputs),

@@ -31,13 +31,25 @@ class KernelRef:
     builtin: KernelSpec | None = None  # a kernel of the op library: its interface is known exactly
     _writes: frozenset[int] | None = dataclasses.field(init=False)  # a built-in kernel's
     _scalar_kinds: tuple[str, ...] = dataclasses.field(init=False)  # a built-in kernel's
+    early: tuple[int, ...] = dataclasses.field(init=False)  # tensors it reads before waiting (KernelSpec.early)
     _verified: LruCache[tuple[tuple[TensorInfo, ...], tuple[int | float, ...]], bool] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         builtin = self.builtin
         self._writes = None if builtin is None else frozenset(builtin.writes)
         self._scalar_kinds = () if builtin is None else tuple(kind for _name, kind in builtin.scalars)
+        self.early = () if builtin is None else builtin.early
         self._verified = LruCache(VERIFIED_KEPT)
+
+    def early_problem(self, position: int, what: str) -> str:
+        """Why `what` may not be the tensor argument at early position `position`."""
+        spec = self.builtin
+        assert spec is not None
+        return (
+            f"{spec.op} ({spec.name}) reads its {spec.tensors[position]} argument before the kernel before it has "
+            f"finished, so it takes a read-only resident there (a tensor opened read-only), fixed in a replay "
+            f"graph that writes it nowhere; not {what}"
+        )
 
     def writes(self, program: Program) -> frozenset[int] | None:
         return self._writes if self.builtin is not None else program.writes

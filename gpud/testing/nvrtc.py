@@ -20,7 +20,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from gpud_protocol.ops import FAMILIES
+from gpud_protocol.ops import FAMILIES, KERNELS
 
 SM_90A_ONLY = frozenset({"matmul_tma", "matmul_wg"})  # wgmma
 
@@ -93,16 +93,18 @@ def problems(lib: ctypes.CDLL, family: str, arch: str) -> list[str]:
     return missing + [
         f"{family} ({arch}): {name} reads memory before gpud_wait_prior()"
         for name, body in bodies.items()
-        if not _waits_first(body)
+        if not _waits_first(body, name in KERNELS and bool(KERNELS[name].early))
     ]
 
 
-def _waits_first(body: str) -> bool:
+def _waits_first(body: str, early: bool = False) -> bool:
     """Whether the entry waits for the kernel before it (griddepcontrol.wait) before any load or store
-    other than of its parameters: what makes a programmatic graph edge into it safe."""
+    other than of its parameters: what makes a programmatic graph edge into it safe. A kernel that reads
+    a read-only tensor early (KernelSpec.early: matvec_ro) may stream it first: before its wait it makes
+    streaming loads (ld.global.cs, its weight's) and no other access."""
     wait = body.find("griddepcontrol.wait")
-    access = re.search(r"\b(?:ld|st|cp\.async|atom|red)\.(?!param)", body)
-    return wait >= 0 and (access is None or wait < access.start())
+    before = re.findall(r"\b(?:ld|st|cp\.async|atom|red)\.(?!param)[\w.:]*", body[: max(wait, 0)])
+    return wait >= 0 and all(early and access.startswith("ld.global.cs") for access in before)
 
 
 def main(names: list[str]) -> int:

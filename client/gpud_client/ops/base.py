@@ -23,6 +23,7 @@ from gpud_client.operands import foreign, not_a_tensor
 from gpud_client.ops.constants import Constants
 from gpud_client.values import F32, Kernel, Scalar
 from gpud_protocol.ops import KERNELS, KernelSpec, OpError, TensorInfo
+from gpud_protocol.ops.matvec_ro import EARLY
 from gpud_protocol.views import is_contiguous
 from gpud_protocol.wire import pack
 
@@ -155,9 +156,17 @@ class OpsBase:
         if not fresh:
             check_writes(KERNELS[launch.name], launch.op, tensors)
         if graph is not None:
-            graph.dispatch(self._kernel(launch.name), launch.grid, [*tensors, *launch.scalars])
+            graph.dispatch(self._kernel(self._recorded(launch.name, tensors)), launch.grid, [*tensors, *launch.scalars])
             return
         self._queue_dispatch(launch, tensors)
+
+    def _recorded(self, name: str, tensors: Sequence[Any]) -> str:
+        """The kernel a graph records: on CUDA, with a weight that is a read-only resident, the one that
+        starts reading it while the kernel before finishes (gpud_protocol.ops.matvec_ro), else `name`."""
+        early = EARLY.get(name)
+        if early is None or self._client.backend != "cuda":
+            return name
+        return early if getattr(tensors[KERNELS[early].early[0]], "mode", "rw") == "ro" else name
 
     def _queue_dispatch(self, launch: Launch, tensors: Sequence[Any], made: bytes = b"") -> None:
         """Queue `launch`'s dispatch of `tensors` (checked), then `made` (packed: an output just made)."""

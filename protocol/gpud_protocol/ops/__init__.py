@@ -65,6 +65,9 @@ class KernelSpec:
     # view; its tensor is bound whole). Every other tensor must be dense: see `layout_problem`.
     strided: tuple[int, ...] = ()
     shared: int = 0  # CUDA dynamic shared memory per block, bytes
+    # positions (among tensors) the kernel reads before it waits for the kernel before it in a graph
+    # (gpud/ops/pdl.cu): the daemon takes read-only tensors only there, which no kernel writes meanwhile
+    early: tuple[int, ...] = ()
 
     def verify(self, infos: Sequence[TensorInfo], scalars: Sequence[int | float]) -> None:
         """The layout rule (a dense tensor wherever the kernel takes no strides), then the op's own."""
@@ -171,6 +174,7 @@ from gpud_protocol.ops import (  # noqa: E402  (the families use the helpers abo
     matmul_tmak,
     matmul_wg,
     matvec_norm,
+    matvec_ro,
     matvec_sx,
     matvec_tc,
     reduce,
@@ -189,6 +193,7 @@ FAMILIES = [
     matmul_tmak,
     matmul_wg,
     matvec_norm,
+    matvec_ro,
     matvec_sx,
     matvec_tc,
     reduce,
