@@ -5,8 +5,9 @@ gpud/ops/matmul.cu).
 matvec_norm's. Where a CUDA graph launches them while the kernel before is still running (a programmatic
 edge, gpud/ops/pdl.cu), each block loads its first weights before it waits for that kernel, so they
 stream in while it finishes; the bits are those of matvec and matvec_norm. The weight (`w`, in `early`)
-must be read-only, a resident published "ro": no kernel can write it while it is read before the wait,
-and the daemon refuses any other tensor there.
+must be one that no kernel can write while it is read before the wait: the daemon takes these kernels in
+a recorded graph only, with a weight the recording session holds read-only (a resident it opened
+read-only) that no step of the graph writes, and refuses anything else (gpud/session/graph_record.py).
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from __future__ import annotations
 import dataclasses
 
 from gpud_protocol.ops import KernelSpec
+from gpud_protocol.ops.matmul import DTYPES, SHORT
 from gpud_protocol.ops.matmul import SPECS as MATMUL_SPECS
 from gpud_protocol.ops.matvec_norm import SPECS as NORM_SPECS
-
-W_DTYPES = ("float32", "float16", "bfloat16")  # of matvec_ro_f32_<w>: float32 rows, as decode's
-SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 def _early(spec: KernelSpec, kind: str) -> KernelSpec:
@@ -29,7 +28,7 @@ def _early(spec: KernelSpec, kind: str) -> KernelSpec:
 
 BACKENDS = ("cuda",)  # the backends whose sources have these kernels
 
-_MATVEC = {f"matvec_f32_{SHORT[w]}" for w in W_DTYPES}
+_MATVEC = {f"matvec_f32_{SHORT[w]}" for w in DTYPES}  # float32 rows (decode's) by any weight
 SPECS = [_early(spec, "matvec") for spec in MATMUL_SPECS if spec.name in _MATVEC] + [
     _early(spec, "matvec_norm") for spec in NORM_SPECS
 ]
