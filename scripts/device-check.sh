@@ -176,6 +176,13 @@ main() {
                     --json "$OUT/decode-ab-$run-$i.json") || status=1
             done
             ;;
+        weights-early) # matvec_ro as landed in session 13 (not yet run on a GPU): its tests and those of the
+            # kernels it shares code with; then time it with `AB_RUNS="base new base new" DECODE_CLIENTS=1
+            # DECODE_MODES=window bash scripts/device-check.sh weights-early decode-ab` (.ab/base: e0fd876)
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops/test_matvec_ro.py \
+                tests/ops/test_norm_matmul.py tests/ops/test_matmul.py tests/testing/test_transformer.py \
+                tests/test_hostile.py || status=1
+            ;;
         pdl) # the graph runner's tests, programmatic edges and full ones
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/backends/cuda/test_device.py -k graph || status=1
             ;;
