@@ -50,6 +50,7 @@ class Lib:
     added_norm: int | None = None  # add_layernorm_warp_f32_f32 (CUDA only)
     matvec_tc: int | None = None  # matvec_tc8_f32_f16 (CUDA only): lying dispatches, never run
     matvec_norm: int | None = None  # matvec_norm_f32_f32_f32 (CUDA only): lying dispatches, never run
+    matvec_ro: int | None = None  # matvec_ro_f32_f32 (CUDA only): reads w early, so refused outside a graph
     attention_s2: int | None = None  # attention_s2_f32_f32 (CUDA only): a row's 2 splits in a cluster
     x: int = 0
     y: int = 0
@@ -96,6 +97,7 @@ def setup(t: Any, b: Any, e: Expectations) -> Lib:
             ("add_layernorm_warp_f32_f32", "added_norm"),
             ("matvec_tc8_f32_f16", "matvec_tc"),
             ("matvec_norm_f32_f32_f32", "matvec_norm"),
+            ("matvec_ro_f32_f32", "matvec_ro"),
             ("attention_s2_f32_f32", "attention_s2"),
         )
     for name, field in kernels:
@@ -348,14 +350,31 @@ ROWS = 16  # the matvec's x, w and out: 16 x 16 views of the flat tensors (x, y,
 def _matvec(t: Any, b: Any, e: Expectations) -> None:
     """matvec on 16 x 16 views: its rows as two groups of 8 along z (matvec_groups), valid and checked,
     or sizes whose groups lie (past x's rows, overlapping, more than 8 rows a group), refused; on CUDA
-    now and then matvec_tc8's rule broken (w as (K, N), more rows than it takes, a float32 w), and
-    matvec_norm's (more rows than it takes, a sum or a residual unlike x), refused."""
+    now and then matvec_tc8's rule broken (w as (K, N), more rows than it takes, a float32 w),
+    matvec_norm's (more rows than it takes, a sum or a residual unlike x), and matvec_ro dispatched
+    outside a replay graph, refused."""
     lib: Lib = t.lib
     if lib.matvec is None:
         return
     x, w, out = ([h, 0, [ROWS, ROWS], [ROWS, 1]] for h in (lib.x, lib.y, lib.out))
     if lib.matvec_norm is not None and t.rng.random() < 0.2:
         _matvec_norm_lies(t, b, e, w)
+        return
+    if lib.matvec_ro is not None and t.rng.random() < 0.1:  # arguments its rule takes, but a dispatch of its own
+        xv, ov = ([h, 0, [8, ROWS], [ROWS, 1]] for h in (lib.x, lib.out))
+        args = [
+            [TENSOR, xv],
+            [TENSOR, w],
+            [TENSOR, xv],
+            [TENSOR, ov],
+            *([U32, v] for v in [1, 8, ROWS, ROWS, 0, 0, 1, 0]),
+        ]
+        what = "matvec_ro outside a replay graph"
+        b.op(
+            Opcode.DISPATCH,
+            [lib.matvec_ro, [1, 1, 1], args, None],
+            e.fails("dispatch", what, INVALID, names="replay graph"),
+        )
         return
     if lib.matvec_tc is not None and t.rng.random() < 0.25:  # the tensor-core matvec's rule, on float32 w
         lies = {  # (m, wt, what the refusal says): its rule refuses the first of them it meets
