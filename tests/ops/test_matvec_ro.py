@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import gpud_client
+from gpud_protocol.ops.matmul import SHORT
 from ops.test_fused import stored
 
 EPS = 1e-6
-SHORT = {"float16": "f16", "bfloat16": "bf16"}
 
 
 @pytest.mark.parametrize(("rows", "k", "n", "wd"), [(1, 896, 1152, "float16"), (2, 4864, 896, "bfloat16")])
