@@ -32,7 +32,12 @@ SOURCES = {  # each family after its preludes (gpud/ops/preludes.py), and the en
         *(f"matvec_tc{r}{w}_f32_{t}" for t in ("f16", "bf16") for w in ("", "w4", "w16") for r in (8, 16, 32, 64)),
         "matvec_tc8w16u2_f32_f16",  # GPUD_MATVEC_TC_VARIANTS
     ],
-    ("pdl.cu", "matmul.cu"): ["matvec_f32_f16", "matvec_f32_bf16", "matvec_sx_f32_f16", "matvec_sx_f32_bf16"],
+    ("pdl.cu", "block_sum.cu", "matmul.cu"): [
+        "matvec_f32_f16",
+        "matvec_f32_bf16",
+        "matvec_sx_f32_f16",
+        "matvec_sx_f32_bf16",
+    ],
 }
 SHORT = {"float16": "f16", "bfloat16": "bf16"}
 POISON = 0x7FC0DEAD  # a NaN no kernel writes: out's elements before the kernel and the guard after it

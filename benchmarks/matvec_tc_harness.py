@@ -161,9 +161,9 @@ def measure_point(dev: Any, kernels: dict[str, Any], dtype: str, n: int, k: int,
     linear = torch.nn.functional.linear
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k)
     w_bytes = n * k * 2
-    copies = max(1, min(64, -(-2 * dev.l2 // w_bytes)))
+    copies = 1 if args.hot else max(1, min(64, -(-2 * dev.l2 // w_bytes)))
     ws = torch.randn((copies, n, k), device="cuda", generator=gen).div_(math.sqrt(k)).to(getattr(torch, dtype))
-    ws32 = ws[: max(1, min(64, -(-dev.l2 // w_bytes)))].float()  # as many bytes: half as many copies
+    ws32 = ws[: 1 if args.hot else max(1, min(64, -(-dev.l2 // w_bytes)))].float()  # as many bytes: half as many copies
     x = torch.randn((m, k), device="cuda", generator=gen)
     x16 = x.to(ws.dtype)
     x64, w64 = x.double(), ws[0].double()
@@ -225,6 +225,7 @@ def main() -> int:
     parser.add_argument("--shapes", help=f"comma-separated of {','.join(s[0] for s in SHAPES)} (default: all)")
     parser.add_argument("--rows", help=f"comma-separated M values (default: {','.join(map(str, ROWS))})")
     parser.add_argument("--dtype", choices=("f16", "bf16"), default="f16", help="w's dtype in the timings")
+    parser.add_argument("--hot", action="store_true", help="one copy of w: every call reads it from L2")
     parser.add_argument("--all-variants", action="store_true", help="time every matvec_tc variant that takes M")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--compile-only", type=Path, metavar="DIR", help="no GPU: build for sm_90 into DIR")
