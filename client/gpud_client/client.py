@@ -32,7 +32,7 @@ from gpud_client.ops import Ops
 from gpud_client.residents import Resident
 from gpud_client.scope import Scope
 from gpud_client.tensor import Tensor
-from gpud_client.transport import HANDSHAKE_TIMEOUT_S, default_address
+from gpud_client.transport import HANDSHAKE_TIMEOUT_S, default_address, spin_from_environment
 from gpud_client.uploads import part_bytes, upload_in_parts
 from gpud_client.values import F32, Kernel, Scalar, dim3
 from gpud_client.views import dense_range
@@ -272,15 +272,19 @@ async def connect(
 
     `device`: the session's default device (default: the daemon picks the least loaded one).
     `spin_us`: after sending a request, poll the socket this long before yielding to the event
-    loop (lower round-trip latency, at the cost of CPU and of blocking the loop meanwhile).
+    loop (lower round-trip latency, at the cost of CPU and of blocking the loop meanwhile; default:
+    GPUD_SPIN_US in the environment, else 0).
     `ring`: the same-host fast path (default: GPUD_RING=1 in the environment): batches and small
     replies travel through a shared-memory ring beside the socket, and each request polls for its
-    reply for `spin_us` (1,000 by default) before it sleeps. ipc:// on x86-64 only; elsewhere, or
-    with a daemon that offers none, the session goes on over ZeroMQ alone (`gpu.ring` says which).
+    reply for `spin_us` (1,000 where neither it nor GPUD_SPIN_US is given) before it sleeps. ipc:// on
+    x86-64 only; elsewhere, or with a daemon that offers none, the session goes on over ZeroMQ alone
+    (`gpu.ring` says which).
     For tcp:// with CURVE, pass the daemon's public key (z85); the client makes a key pair of its own.
     """
     if ring is None:
         ring = os.environ.get("GPUD_RING", "") == "1"
+    if not spin_us:
+        spin_us = spin_from_environment()
     async with open_connection(
         address or default_address(),
         timeout=timeout,

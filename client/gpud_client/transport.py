@@ -17,7 +17,7 @@ import zmq
 
 import gpud_protocol as proto
 from gpud_client.batch import OpQueue
-from gpud_client.errors import DaemonLost, GpudError
+from gpud_client.errors import DaemonLost, GpudError, InvalidArgument
 from gpud_client.ring import ClientRing
 from gpud_protocol.reader import SocketReader
 
@@ -36,6 +36,23 @@ def default_address(system: Path = Path("/run/gpud/gpud.sock")) -> str:
         return f"ipc://{system}"
     user = Path(runtime) / "gpud" / "gpud.sock"
     return f"ipc://{system if not user.exists() and system.exists() else user}"
+
+
+MAX_SPIN_US = 1e6
+
+
+def spin_from_environment() -> float:
+    """`GPUD_SPIN_US` (microseconds a request polls for its reply before it sleeps), else 0."""
+    text = os.environ.get("GPUD_SPIN_US", "")
+    if not text:
+        return 0.0
+    try:
+        spin = float(text)
+    except ValueError:
+        spin = -1.0
+    if not 0 <= spin <= MAX_SPIN_US:
+        raise InvalidArgument(f"GPUD_SPIN_US must be microseconds from 0 to {MAX_SPIN_US:.0f}, not {text!r}")
+    return spin
 
 
 def check_listening(address: str) -> None:

@@ -194,3 +194,18 @@ async def test_the_ring_socket_gives_a_ring_to_the_session_alone(fake: Daemon) -
         for fd in fds:
             os.close(fd)
     fake.assert_alive()
+
+
+@pytest.mark.parametrize(("environment", "spin_s"), [(None, 1e-3), ("100", 1e-4), ("0", 1e-3)])
+async def test_a_ring_session_spins_as_gpud_spin_us_says(
+    fake: Daemon, monkeypatch: pytest.MonkeyPatch, environment: str | None, spin_s: float
+) -> None:
+    """1,000 µs by default; GPUD_SPIN_US sets it (0: the default); connect(spin_us=...) wins over both."""
+    if environment is None:
+        monkeypatch.delenv("GPUD_SPIN_US", raising=False)
+    else:
+        monkeypatch.setenv("GPUD_SPIN_US", environment)
+    async with gpud_client.connect(fake.address, ring=True) as gpu:
+        assert gpu.ring and gpu._connection._spin_s == pytest.approx(spin_s)
+    async with gpud_client.connect(fake.address, ring=True, spin_us=20) as gpu:
+        assert gpu._connection._spin_s == pytest.approx(2e-5)
