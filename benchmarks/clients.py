@@ -217,10 +217,20 @@ def _cumemcpypeer_bandwidth(nbytes: int, reps: int) -> float:
     return nbytes / best / 1e9
 
 
+def _speedups(one: list[dict[str, Any]], many: list[dict[str, Any]]) -> list[float]:
+    """Each count's aggregate rate on every device over its rate on one (stored in `many`'s runs too)."""
+    ratios = []
+    for a, b in zip(one, many, strict=True):
+        b["speedup_over_one_device"] = b["aggregate_dispatches_per_s"] / a["aggregate_dispatches_per_s"]
+        ratios.append(b["speedup_over_one_device"])
+    return ratios
+
+
 def main(args: argparse.Namespace) -> int:
     counts = [int(c) for c in args.clients.split(",")]
     seconds = 1.0 if args.quick else args.seconds
     n = int(getattr(args, "size", None) or N)
+    repeat = max(1, int(getattr(args, "repeat", 1) or 1)) if args.devices != "0" else 1
     backend, runs = _sweep(args.backend, "0", counts, seconds, n)
     results: dict[str, Any] = {"benchmark": "clients", "backend": backend, "n": n, "chain": CHAIN, "seconds": seconds}
     results["runs"] = runs
@@ -229,11 +239,22 @@ def main(args: argparse.Namespace) -> int:
         _, spread = _sweep(args.backend, args.devices, counts, seconds, n, per_device)
         results["runs_all_devices"] = spread
         results["process_per_device"] = per_device
-        print(f"\n{'clients':>7} {'speed-up over one device':>26}")
-        for one, many in zip(runs, spread, strict=True):
-            ratio = many["aggregate_dispatches_per_s"] / one["aggregate_dispatches_per_s"]
-            many["speedup_over_one_device"] = ratio
-            print(f"{one['clients']:>7} {ratio:>25.2f}x")
+        ratios = [_speedups(runs, spread)]
+        # the host's own noise moves a run by a fifth: one device, then all, again, and the median of each count
+        for _ in range(repeat - 1):
+            _, again = _sweep(args.backend, "0", counts, seconds, n)
+            _, again_all = _sweep(args.backend, args.devices, counts, seconds, n, per_device)
+            ratios.append(_speedups(again, again_all))
+            results.setdefault("repeats", []).append({"runs": again, "runs_all_devices": again_all})
+        medians = [statistics.median(column) for column in zip(*ratios, strict=True)]
+        header = "".join(f"{f'run {i + 1}':>8}" for i in range(repeat)) if repeat > 1 else ""
+        print(f"\n{'clients':>7} {'speed-up over one device':>26}{header}")
+        for k, median, column in zip(counts, medians, zip(*ratios, strict=True), strict=True):
+            each = "".join(f"{r:>7.2f}x" for r in column) if repeat > 1 else ""
+            print(f"{k:>7} {median:>25.2f}x{each}")
+        if repeat > 1:
+            print(f"(the median of {repeat} runs, each one device then all, alternating)")
+            results["median_speedup_over_one_device"] = dict(zip(map(str, counts), medians, strict=True))
         if len(spread) and spread[0]["devices"] >= 2 and not per_device:  # no copies between processes
             nbytes, reps = (64 << 20, 3) if args.quick else (256 << 20, 10)
             with daemon(args.backend, extra_args=("--devices", args.devices, "--staging-pool-bytes", str(1 << 30))) as (

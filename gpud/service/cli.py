@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--size", type=int, help="clients: floats per tensor (default 4096; large: GPU-bound steps)")
     bench.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="clients: with --devices, measure one device and then all this many times, alternating (the median "
+        "speed-up)",
+    )
+    bench.add_argument(
         "--process-per-device",
         action="store_true",
         help="clients, decode: the --devices daemon serves a worker process per device (process_per_device)",
