@@ -35,17 +35,27 @@ __device__ __forceinline__ bool key_on(const unsigned char* mask, unsigned int m
 }
 
 // q . k over a row of D: 16-byte loads where the row is aligned (a warp's threads read 32 rows: fewer,
-// wider loads), else one element at a time.
+// wider loads), else one element at a time. The vectors go in batches of BATCH, a batch's loads all
+// issued before the first is used (one at a time, each load's latency was paid in turn); the products
+// are summed in the elements' order all the same.
+#define BATCH 8u
 __device__ __forceinline__ float dot_row(const float* sq, const float* k, unsigned int k0, unsigned int d) {
     float dot = 0.0f;
     unsigned int i = 0;
     if ((k0 & 3u) == 0u && (reinterpret_cast<unsigned long long>(k) & 15u) == 0u) {
         const float4* row = reinterpret_cast<const float4*>(k + k0);
-#pragma unroll 4
-        for (; i + 4u <= d; i += 4u) {
-            const float4 w = row[i / 4u];
-            dot += sq[i] * w.x + sq[i + 1u] * w.y + sq[i + 2u] * w.z + sq[i + 3u] * w.w;
+        const unsigned int nv = d / 4u;
+        for (unsigned int v0 = 0; v0 < nv; v0 += BATCH) {
+            float4 w[BATCH];
+#pragma unroll
+            for (unsigned int u = 0; u < BATCH; ++u) w[u] = v0 + u < nv ? row[v0 + u] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (unsigned int u = 0; u < BATCH; ++u) {
+                const unsigned int e = (v0 + u) * 4u;
+                if (v0 + u < nv) dot += sq[e] * w[u].x + sq[e + 1u] * w[u].y + sq[e + 2u] * w[u].z + sq[e + 3u] * w[u].w;
+            }
         }
+        i = nv * 4u;
     }
     for (; i < d; ++i) dot += sq[i] * k[k0 + i];
     return dot;
@@ -60,11 +70,20 @@ __device__ __forceinline__ float dot_row(const float* sq, const unsigned short* 
     unsigned int i = 0;
     if ((k0 & 7u) == 0u && (reinterpret_cast<unsigned long long>(k) & 15u) == 0u) {
         const uint4* row = reinterpret_cast<const uint4*>(k + k0);
-#pragma unroll 4
-        for (; i + 8u <= d; i += 8u) {
-            const uint4 w = row[i / 8u];
-            dot += dot_pair(sq, i, w.x) + dot_pair(sq, i + 2u, w.y) + dot_pair(sq, i + 4u, w.z) + dot_pair(sq, i + 6u, w.w);
+        const unsigned int nv = d / 8u;
+        for (unsigned int v0 = 0; v0 < nv; v0 += BATCH) {
+            uint4 w[BATCH];
+#pragma unroll
+            for (unsigned int u = 0; u < BATCH; ++u) w[u] = v0 + u < nv ? row[v0 + u] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (unsigned int u = 0; u < BATCH; ++u) {
+                const unsigned int e = (v0 + u) * 8u;
+                if (v0 + u < nv)
+                    dot += dot_pair(sq, e, w[u].x) + dot_pair(sq, e + 2u, w[u].y) + dot_pair(sq, e + 4u, w[u].z) +
+                           dot_pair(sq, e + 6u, w[u].w);
+            }
         }
+        i = nv * 8u;
     }
     for (; i < d; ++i) dot += sq[i] * h2f(k[k0 + i]);
     return dot;
@@ -79,18 +98,27 @@ __device__ __forceinline__ float dot_row(const float* sq, const bf16* k, unsigne
     unsigned int i = 0;
     if ((k0 & 7u) == 0u && (reinterpret_cast<unsigned long long>(k) & 15u) == 0u) {
         const uint4* row = reinterpret_cast<const uint4*>(k + k0);
-#pragma unroll 4
-        for (; i + 8u <= d; i += 8u) {
-            const uint4 w = row[i / 8u];
-            dot += dot_pair_bf16(sq, i, w.x) + dot_pair_bf16(sq, i + 2u, w.y) + dot_pair_bf16(sq, i + 4u, w.z) +
-                   dot_pair_bf16(sq, i + 6u, w.w);
+        const unsigned int nv = d / 8u;
+        for (unsigned int v0 = 0; v0 < nv; v0 += BATCH) {
+            uint4 w[BATCH];
+#pragma unroll
+            for (unsigned int u = 0; u < BATCH; ++u) w[u] = v0 + u < nv ? row[v0 + u] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (unsigned int u = 0; u < BATCH; ++u) {
+                const unsigned int e = (v0 + u) * 8u;
+                if (v0 + u < nv)
+                    dot += dot_pair_bf16(sq, e, w[u].x) + dot_pair_bf16(sq, e + 2u, w[u].y) +
+                           dot_pair_bf16(sq, e + 4u, w[u].z) + dot_pair_bf16(sq, e + 6u, w[u].w);
+            }
         }
+        i = nv * 8u;
     }
     for (; i < d; ++i) dot += sq[i] * load(k, k0 + i);
     return dot;
 }
 
 #define BLOCK 256u
+#define PV_BATCH 16u  // values per thread in flight at once
 #define NONE (-3.0e38f)   // the running maximum before any key, and the score of a hidden key
 #define HIDDEN (-1.0e30f) // a mask value at or below this hides its key
 
@@ -205,11 +233,22 @@ __device__ void attend(const Q* q, const KV* k, const KV* v, const int* pos, con
         if (g < ngroups) {
             acc *= correction;
             const unsigned int n = min(BLOCK, keys - key0);
-#pragma unroll 8
-            for (unsigned int j = g; j < n; j += ngroups) {  // unrolled: loads in flight together
-                const float pj = sp[j];
-                const float x = load(v, kv0 + (key0 + j) * stride + dd);  // key0 + j < keys: inside the cache
-                acc += pj != 0.0f ? pj * x : 0.0f;  // a hidden key's value is never used (it may be NaN)
+            // the keys in batches of PV_BATCH, a batch's values loaded before the first is used
+            for (unsigned int j0 = g; j0 < n; j0 += PV_BATCH * ngroups) {
+                float x[PV_BATCH];
+#pragma unroll
+                for (unsigned int u = 0; u < PV_BATCH; ++u) {
+                    const unsigned int j = j0 + u * ngroups;  // key0 + j < keys: inside the cache
+                    x[u] = j < n ? load(v, kv0 + (key0 + j) * stride + dd) : 0.0f;
+                }
+#pragma unroll
+                for (unsigned int u = 0; u < PV_BATCH; ++u) {
+                    const unsigned int j = j0 + u * ngroups;
+                    if (j < n) {
+                        const float pj = sp[j];
+                        acc += pj != 0.0f ? pj * x[u] : 0.0f;  // a hidden key's value is never used (it may be NaN)
+                    }
+                }
             }
         }
         __syncthreads();  // the next tile overwrites sp
