@@ -39,23 +39,32 @@ __device__ __forceinline__ bool key_on(const unsigned char* mask, unsigned int m
 // issued before the first is used (one at a time, each load's latency was paid in turn); the products
 // are summed in the elements' order all the same.
 #define BATCH 8u
+
+// The row's nv 16-byte vectors of PER elements each: `part(w, e)` is the products of vector w, whose
+// first element is e, summed.
+template <unsigned int PER, typename V, typename Part>
+__device__ __forceinline__ float dot_vectors(const V* row, unsigned int nv, V zero, Part part) {
+    float dot = 0.0f;
+    for (unsigned int v0 = 0; v0 < nv; v0 += BATCH) {
+        V w[BATCH];
+#pragma unroll
+        for (unsigned int u = 0; u < BATCH; ++u) w[u] = v0 + u < nv ? row[v0 + u] : zero;
+#pragma unroll
+        for (unsigned int u = 0; u < BATCH; ++u)
+            if (v0 + u < nv) dot += part(w[u], (v0 + u) * PER);
+    }
+    return dot;
+}
+
 __device__ __forceinline__ float dot_row(const float* sq, const float* k, unsigned int k0, unsigned int d) {
     float dot = 0.0f;
     unsigned int i = 0;
     if ((k0 & 3u) == 0u && (reinterpret_cast<unsigned long long>(k) & 15u) == 0u) {
-        const float4* row = reinterpret_cast<const float4*>(k + k0);
-        const unsigned int nv = d / 4u;
-        for (unsigned int v0 = 0; v0 < nv; v0 += BATCH) {
-            float4 w[BATCH];
-#pragma unroll
-            for (unsigned int u = 0; u < BATCH; ++u) w[u] = v0 + u < nv ? row[v0 + u] : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (unsigned int u = 0; u < BATCH; ++u) {
-                const unsigned int e = (v0 + u) * 4u;
-                if (v0 + u < nv) dot += sq[e] * w[u].x + sq[e + 1u] * w[u].y + sq[e + 2u] * w[u].z + sq[e + 3u] * w[u].w;
-            }
-        }
-        i = nv * 4u;
+        dot = dot_vectors<4u>(reinterpret_cast<const float4*>(k + k0), d / 4u, make_float4(0.f, 0.f, 0.f, 0.f),
+                              [&](float4 w, unsigned int e) {
+                                  return sq[e] * w.x + sq[e + 1u] * w.y + sq[e + 2u] * w.z + sq[e + 3u] * w.w;
+                              });
+        i = d / 4u * 4u;
     }
     for (; i < d; ++i) dot += sq[i] * k[k0 + i];
     return dot;
@@ -69,21 +78,12 @@ __device__ __forceinline__ float dot_row(const float* sq, const unsigned short* 
     float dot = 0.0f;
     unsigned int i = 0;
     if ((k0 & 7u) == 0u && (reinterpret_cast<unsigned long long>(k) & 15u) == 0u) {
-        const uint4* row = reinterpret_cast<const uint4*>(k + k0);
-        const unsigned int nv = d / 8u;
-        for (unsigned int v0 = 0; v0 < nv; v0 += BATCH) {
-            uint4 w[BATCH];
-#pragma unroll
-            for (unsigned int u = 0; u < BATCH; ++u) w[u] = v0 + u < nv ? row[v0 + u] : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-            for (unsigned int u = 0; u < BATCH; ++u) {
-                const unsigned int e = (v0 + u) * 8u;
-                if (v0 + u < nv)
-                    dot += dot_pair(sq, e, w[u].x) + dot_pair(sq, e + 2u, w[u].y) + dot_pair(sq, e + 4u, w[u].z) +
-                           dot_pair(sq, e + 6u, w[u].w);
-            }
-        }
-        i = nv * 8u;
+        dot = dot_vectors<8u>(reinterpret_cast<const uint4*>(k + k0), d / 8u, make_uint4(0u, 0u, 0u, 0u),
+                              [&](uint4 w, unsigned int e) {
+                                  return dot_pair(sq, e, w.x) + dot_pair(sq, e + 2u, w.y) + dot_pair(sq, e + 4u, w.z) +
+                                         dot_pair(sq, e + 6u, w.w);
+                              });
+        i = d / 8u * 8u;
     }
     for (; i < d; ++i) dot += sq[i] * h2f(k[k0 + i]);
     return dot;
@@ -97,21 +97,12 @@ __device__ __forceinline__ float dot_row(const float* sq, const bf16* k, unsigne
     float dot = 0.0f;
     unsigned int i = 0;
     if ((k0 & 7u) == 0u && (reinterpret_cast<unsigned long long>(k) & 15u) == 0u) {
-        const uint4* row = reinterpret_cast<const uint4*>(k + k0);
-        const unsigned int nv = d / 8u;
-        for (unsigned int v0 = 0; v0 < nv; v0 += BATCH) {
-            uint4 w[BATCH];
-#pragma unroll
-            for (unsigned int u = 0; u < BATCH; ++u) w[u] = v0 + u < nv ? row[v0 + u] : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-            for (unsigned int u = 0; u < BATCH; ++u) {
-                const unsigned int e = (v0 + u) * 8u;
-                if (v0 + u < nv)
-                    dot += dot_pair_bf16(sq, e, w[u].x) + dot_pair_bf16(sq, e + 2u, w[u].y) +
-                           dot_pair_bf16(sq, e + 4u, w[u].z) + dot_pair_bf16(sq, e + 6u, w[u].w);
-            }
-        }
-        i = nv * 8u;
+        dot = dot_vectors<8u>(reinterpret_cast<const uint4*>(k + k0), d / 8u, make_uint4(0u, 0u, 0u, 0u),
+                              [&](uint4 w, unsigned int e) {
+                                  return dot_pair_bf16(sq, e, w.x) + dot_pair_bf16(sq, e + 2u, w.y) +
+                                         dot_pair_bf16(sq, e + 4u, w.z) + dot_pair_bf16(sq, e + 6u, w.w);
+                              });
+        i = d / 8u * 8u;
     }
     for (; i < d; ++i) dot += sq[i] * load(k, k0 + i);
     return dot;
