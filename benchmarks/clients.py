@@ -230,7 +230,7 @@ def main(args: argparse.Namespace) -> int:
     counts = [int(c) for c in args.clients.split(",")]
     seconds = 1.0 if args.quick else args.seconds
     n = int(getattr(args, "size", None) or N)
-    repeat = max(1, int(getattr(args, "repeat", 1) or 1)) if args.devices != "0" else 1
+    repeat = int(getattr(args, "repeat", 1)) if args.devices != "0" else 1
     backend, runs = _sweep(args.backend, "0", counts, seconds, n)
     results: dict[str, Any] = {"benchmark": "clients", "backend": backend, "n": n, "chain": CHAIN, "seconds": seconds}
     results["runs"] = runs

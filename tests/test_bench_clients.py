@@ -7,7 +7,10 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
 from support import benchmark
+
+from gpud.service import cli
 
 
 def test_speedups_are_each_counts_rate_on_every_device_over_one() -> None:
@@ -28,3 +31,10 @@ def test_repeated_runs_alternate_and_give_the_median(tmp_path: Path) -> None:
     ratios = [results["runs_all_devices"][0]["speedup_over_one_device"]]
     ratios += [repeat["runs_all_devices"][0]["speedup_over_one_device"] for repeat in results["repeats"]]
     assert len(ratios) == 3 and results["median_speedup_over_one_device"] == {"1": sorted(ratios)[1]}
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two"])
+def test_repeat_must_be_a_whole_number_from_one(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "clients", "--repeat", text])
+    assert f"--repeat: a whole number from 1, not '{text}'" in capsys.readouterr().err

@@ -122,6 +122,16 @@ def _bench(args: argparse.Namespace) -> int:
     return code
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number from 1, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gpud.service.config_flags import add_arguments
 
@@ -205,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--size", type=int, help="clients: floats per tensor (default 4096; large: GPU-bound steps)")
     bench.add_argument(
         "--repeat",
-        type=int,
+        type=_at_least_one,
         default=1,
         help="clients: with --devices, measure one device and then all this many times, alternating (the median "
         "speed-up)",
