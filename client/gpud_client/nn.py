@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from gpud_client.dtypes import dtype_name, name_of
 from gpud_client.errors import InvalidArgument
 from gpud_client.memo import Memo
-from gpud_client.ops.base import Planned, info_of
-from gpud_client.ops.matmul import fused, of_rows
+from gpud_client.ops.base import Planned, info_of, of_rows
+from gpud_client.ops.matmul import fused
 from gpud_client.ops.norms import AddNorm
 from gpud_protocol.ops import TensorInfo
 from gpud_protocol.ops.matmul import ACTIVATIONS, mixes_halves

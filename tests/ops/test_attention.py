@@ -12,6 +12,7 @@ implementations do), times |x_i| + |x_pair|.
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 import numpy as np
@@ -424,3 +425,38 @@ async def test_a_decode_step_recorded_into_a_replay_graph_with_pos_as_an_input(g
         np.testing.assert_allclose(dev_k.astype(np.float64), host_k, rtol=2e-3, atol=1e-6)
         np.testing.assert_array_equal(dev_v, host_v)
         close(got, attention_ref(rq, dev_k, dev_v, decode_visible(p, length)), 1e-4)
+
+
+async def test_attention_decode_in_a_graph_of_rows_gives_a_row_the_same_bits_in_every_instance(
+    gpu: gpud_client.Client,
+) -> None:
+    """A graph of rows is built for several row counts, and a merged launch runs the instance that holds
+    every session's rows: a row must get the bits it gets alone. The keys' split count (how many blocks
+    share a row's keys, which sets the order of the sums) is therefore chosen by a row's own shape, not by
+    the instance's rows: here 64 rows of 8 heads would take 2 splits, one row 4 (fill the GPU)."""
+    rng = np.random.default_rng(7)
+    length, hq, hkv, dim, sizes = 1024, 8, 2, 16, (1, 64)
+    name = f"rows-attention-{uuid.uuid4().hex[:8]}"
+    step = None
+    for rows in sizes:
+        g = gpu.graph(name, rows=True)
+        q = g.input("q", (rows, hq, dim), "float32")
+        k = g.input("k", (rows, length, hkv, dim), "float16")
+        v = g.input("v", (rows, length, hkv, dim), "float16")
+        pos = g.input("pos", (rows,), "int32")
+        g.output("out", gpu.ops.attention_decode(q, k, v, pos, graph=g))
+        step = await g.build()
+    assert step is not None
+    rows = sizes[-1]
+    values = {
+        "q": rng.standard_normal((rows, hq, dim)).astype(np.float32),
+        "k": rng.standard_normal((rows, length, hkv, dim)).astype(np.float16),
+        "v": rng.standard_normal((rows, length, hkv, dim)).astype(np.float16),
+        "pos": rng.integers(300, length, rows).astype(np.int32),  # past the first 256 keys: several splits' share
+    }
+    together = (await step.replay(**values))["out"]
+    for row in (0, 17, rows - 1):
+        alone = (await step.replay(**{key: value[row : row + 1] for key, value in values.items()}))["out"]
+        np.testing.assert_array_equal(alone[0], together[row], err_msg=f"row {row}")
+    ref = attention_ref(values["q"][:, None], values["k"], values["v"], decode_visible(values["pos"], length))[:, 0]
+    close(together, ref, TOL["float32"])

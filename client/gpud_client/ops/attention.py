@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
 from gpud_client.ops.attention_split import SplitAttentionOps, SplitPlan, out_dtype, tensor_info
-from gpud_client.ops.base import signed
+from gpud_client.ops.base import of_rows, signed
 from gpud_protocol.ops import OpError
 from gpud_protocol.ops.attention import SHORT, key_mask_mode, mask_mode
 from gpud_protocol.ops.attention_cpu import cpu_applies, cpu_grid
@@ -52,7 +52,8 @@ class AttentionOps(SplitAttentionOps):
         float16 with bfloat16), D <= 256; scale defaults to 1/sqrt(D). Returns (B, Hq, D) in q's dtype,
         or writes `out` (float32, float16 or bfloat16).
         q may also be (B, T, Hq, D): a chunk of T new tokens, query t seeing positions 0 .. pos[b] + t.
-        `splits`: how many workgroups share a row's keys (default: enough to fill a GPU)."""
+        `splits`: how many workgroups share a row's keys (default: enough to fill a GPU; in a graph of
+        rows, enough for one row's heads, so that a row's sums run in one order in every instance)."""
         return self._attention("attention_decode", q, k_cache, v_cache, pos, None, False, scale, splits, out, graph)
 
     def attention(
@@ -100,6 +101,7 @@ class AttentionOps(SplitAttentionOps):
                     None if out is None else out.info,
                     bool(causal),
                     scale if scale is None else signed(scale),
+                    of_rows(graph),
                     splits,
                 )
                 last = self._last_attention

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import Launch, OpsBase, info_of, signed
+from gpud_client.ops.base import Launch, OpsBase, info_of, of_rows, signed
 from gpud_client.scope import disown
 from gpud_protocol import LruCache
 from gpud_protocol.ops import OpError, TensorInfo, grid_1d
@@ -99,13 +99,16 @@ class SplitAttentionOps(OpsBase):
             )
         except AttributeError:
             infos = tuple([None if t is None else info_of(t) for t in (q, k, v, pos, mask, key_mask, out)])
-        key = (op, *infos, bool(causal), signed(scale), splits)
+        per_row = of_rows(graph)
+        key = (op, *infos, bool(causal), signed(scale), per_row, splits)
         try:  # `_plan`'s lookup, inlined
             plan: SplitPlan | None = self._plans.get(key)
         except TypeError:
             plan = None
         if plan is None:
-            plan = self._plan(key, self._plan_attention, op, q, k, v, pos, mask, causal, scale, splits, out, key_mask)
+            plan = self._plan(
+                key, self._plan_attention, op, q, k, v, pos, mask, causal, scale, splits, out, key_mask, per_row
+            )
         return self._split(plan, q, k, v, pos, mask if key_mask is None else key_mask, out, graph)
 
     def _split(self, plan: SplitPlan, q: Any, k: Any, v: Any, pos: Any, mask: Any, out: Any, graph: Any) -> Any:
@@ -151,6 +154,7 @@ class SplitAttentionOps(OpsBase):
         splits: int | None,
         out: Any,
         key_mask: Any,
+        per_row: bool = False,
     ) -> SplitPlan:
         qd, kd = dtype_name(q), dtype_name(k)
         if qd not in DTYPES or kd not in DTYPES:
@@ -179,9 +183,9 @@ class SplitAttentionOps(OpsBase):
         if min(*shape, *k.shape) < 1:
             raise InvalidArgument(f"{op}: an empty dimension in q {list(shape)} or k {list(k.shape)}")
         rows = batch * steps * heads
-        if splits is None:
-            tiles = -(-keys // TILE)
-            splits = max(1, min(tiles, MAX_AUTO_SPLITS, -(-SPLIT_TARGET // rows)), -(-tiles // MAX_LOOP))
+        if splits is None:  # in a graph of rows, by a row's own shape: the sums' order is the row's alone
+            tiles, filled = -(-keys // TILE), steps * heads if per_row else rows
+            splits = max(1, min(tiles, MAX_AUTO_SPLITS, -(-SPLIT_TARGET // filled)), -(-tiles // MAX_LOOP))
         elif not 1 <= splits <= MAX_SPLITS:
             raise InvalidArgument(f"{op}: splits {splits} is not in 1 .. {MAX_SPLITS}")
         if scale is None:

@@ -270,3 +270,9 @@ def scalar_of(kind: str, value: Any) -> Any:
 def same_memory(a: Any, b: Any) -> bool:
     """One tensor, or views of one (a session's tensors and a recording's alike)."""
     return getattr(a, "base", a) is getattr(b, "base", b)
+
+
+def of_rows(graph: Any) -> bool:
+    """Whether `graph` is a row-independent recording (`gpu.graph(name, rows=True)` or `slots=`): its ops
+    must compute a row as they would alone, whatever the instance's rows."""
+    return graph is not None and bool(getattr(graph, "rows", False))

@@ -19,7 +19,7 @@ from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
 from gpud_client.memo import Memo
 from gpud_client.operands import not_a_tensor
-from gpud_client.ops.base import PLANS_KEPT, Planned, info_of
+from gpud_client.ops.base import PLANS_KEPT, Planned, info_of, of_rows
 from gpud_client.ops.elementwise import ElementwiseOps
 from gpud_client.ops.matmul_forms import numpy_forms
 from gpud_client.tensor import Tensor
@@ -293,8 +293,3 @@ def _operand_dtypes(x: Any, w: Any) -> tuple[str, str]:
             op="matmul",
         )
     return xd, wd
-
-
-def of_rows(graph: Any) -> bool:
-    """Whether `graph` is a row-independent recording (`gpu.graph(name, rows=True)` or `slots=`)."""
-    return graph is not None and bool(getattr(graph, "rows", False))

@@ -11,8 +11,7 @@ from typing import Any, NamedTuple
 
 from gpud_client.dtypes import dtype_name
 from gpud_client.errors import InvalidArgument
-from gpud_client.ops.base import Launch, OpsBase, info_of, signed
-from gpud_client.ops.matmul import of_rows
+from gpud_client.ops.base import Launch, OpsBase, info_of, of_rows, signed
 from gpud_protocol.ops import TensorInfo
 from gpud_protocol.ops.matmul import BIAS_KINDS, SHORT, mixes_halves
 from gpud_protocol.ops.matvec_norm import DTYPES, NORM_ROWS, norm_grid, norm_kernel
