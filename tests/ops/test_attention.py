@@ -448,7 +448,7 @@ async def test_attention_decode_in_a_graph_of_rows_gives_a_row_the_same_bits_in_
         step = await g.build()
     assert step is not None
     rows = sizes[-1]
-    values = {
+    values: dict[str, np.ndarray[Any, Any]] = {
         "q": rng.standard_normal((rows, hq, dim)).astype(np.float32),
         "k": rng.standard_normal((rows, length, hkv, dim)).astype(np.float16),
         "v": rng.standard_normal((rows, length, hkv, dim)).astype(np.float16),
