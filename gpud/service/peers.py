@@ -123,6 +123,8 @@ class Outboxes:
             "bytes_waiting": sum(box.nbytes for box in self._boxes.values()),
             "waiting_sends": self.waiting_sends,
             "sessionless_bytes_waiting": self.sessionless_waiting,
+            # the most waiting for one such peer: at most `sessionless_bytes` (all of them, SESSIONLESS_BOXES times)
+            "sessionless_most_bytes_waiting": max((b.nbytes for b in self._boxes.values() if b.sessionless), default=0),
             "sessionless_replies_dropped": self.sessionless_dropped,
         }
 

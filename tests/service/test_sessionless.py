@@ -87,6 +87,7 @@ def test_replies_to_a_peer_without_a_session_are_bounded_and_dropped(
         outboxes.send(b"peer", reply, sessionless=True)
     stats = outboxes.stats()
     assert 0 < stats["sessionless_bytes_waiting"] <= 64 * KiB
+    assert stats["sessionless_most_bytes_waiting"] == stats["sessionless_bytes_waiting"]  # one peer
     assert stats["bytes_waiting"] == stats["sessionless_bytes_waiting"]
     assert stats["sessionless_replies_dropped"] >= 50 - 2 - 6  # two in ZeroMQ's queues, six in the outbox
     assert not stuck  # dropping replies ends nothing
