@@ -183,8 +183,9 @@ main() {
                 tests/ops/test_norm_matmul.py tests/ops/test_matmul.py tests/testing/test_transformer.py \
                 tests/test_hostile.py || status=1
             ;;
-        attention-loads) # session 14's batched loads in CUDA attention (run once, one alternation): every
-            # cuda test of the ops and the decode workload, then `AB_RUNS="base new base new"` decode-ab (.ab/base: b703402)
+        attention-loads) # session 14's batched loads in CUDA attention (run once, one alternation) and its split count
+            # in graphs of rows (not yet timed): every cuda test of the ops and the decode workload, then
+            # `AB_RUNS="base new base new" DECODE_CLIENTS=1,32 DECODE_MODES=window,merged-window` decode-ab (.ab/base: b703402)
             section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/ops tests/testing || status=1
             ;;
         pdl) # the graph runner's tests, programmatic edges and full ones
