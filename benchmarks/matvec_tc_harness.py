@@ -161,14 +161,10 @@ def measure_point(dev: Any, kernels: dict[str, Any], dtype: str, n: int, k: int,
     linear = torch.nn.functional.linear
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k)
     w_bytes = n * k * 2
-
-    def spanning(l2s: int) -> int:
-        """Copies of w spanning `l2s` times the L2 (at most 64); one with --hot."""
-        return 1 if args.hot else max(1, min(64, -(-l2s * dev.l2 // w_bytes)))
-
-    copies = spanning(2)
+    # copies of w spanning twice the L2 (float32: once, as many bytes), at most 64; one with --hot
+    copies, copies32 = (1 if args.hot else max(1, min(64, -(-span * dev.l2 // w_bytes))) for span in (2, 1))
     ws = torch.randn((copies, n, k), device="cuda", generator=gen).div_(math.sqrt(k)).to(getattr(torch, dtype))
-    ws32 = ws[: spanning(1)].float()  # float32: as many bytes in half as many copies
+    ws32 = ws[:copies32].float()
     x = torch.randn((m, k), device="cuda", generator=gen)
     x16 = x.to(ws.dtype)
     x64, w64 = x.double(), ws[0].double()
