@@ -8,7 +8,9 @@ session in that order whatever way each came, holding at most `window` that arri
 The daemon polls the request rings at every slice of its receive loop, and busily for `spin_s` after
 the last message before it sleeps; it publishes in each ring until when it polls, so a client that
 finds that deadline passed rings a doorbell (`{"t": "ring"}`) over ZeroMQ. Replies go into a ring
-only while its client says it polls it; otherwise over ZeroMQ, which wakes it.
+while its client says it polls it. A client that sleeps gets a small reply over ZeroMQ, which wakes it,
+but a large one (`BELL_BYTES` or more: a replay's outputs after a long GPU step) still goes into the ring,
+with the same doorbell sent to it over ZeroMQ: a few bytes through the socket instead of the whole reply.
 
 What a ring holds is checked like a socket frame; a broken ring ends its session alone.
 """
@@ -18,10 +20,21 @@ from __future__ import annotations
 import mmap
 import time
 from collections.abc import Callable, Iterator
+from enum import Enum
 from typing import Any
 
 from gpud_protocol import Batch
 from gpud_protocol.ring import CLIENT_POLLS_UNTIL, DAEMON_POLLS_UNTIL, MARGIN_NS, Ring, RingCorrupt, RingFrame
+
+BELL_BYTES = 64 << 10
+
+
+class Put(Enum):
+    """Where `SessionRing.offer` put a reply."""
+
+    NOWHERE = 0  # send it by ZeroMQ
+    POLLED = 1  # in the ring, which its client polls
+    BELL = 2  # in the ring, and its client sleeps: ring the doorbell by ZeroMQ
 
 
 class OutOfOrder(Exception):
@@ -41,6 +54,7 @@ class SessionRing:
         self._early: dict[int, Batch] = {}
         self.messages_in = 0
         self.replies_out = 0
+        self.bells_out = 0
 
     def order(self, batch: Batch) -> Iterator[Batch]:
         """The batches that may run now, in number order, once `batch` arrived."""
@@ -58,13 +72,19 @@ class SessionRing:
             yield early
             self._next += 1
 
-    def offer(self, frames: list[Any], now_ns: int) -> bool:
-        """Put a reply in the ring if the client polls it and it fits; False: send it by ZeroMQ."""
+    def offer(self, frames: list[Any], now_ns: int) -> Put:
+        """Put a reply in the ring if it fits and the client polls it or it is large."""
         replies = self.replies
-        if replies.get_slot(CLIENT_POLLS_UNTIL) < now_ns + MARGIN_NS or not replies.produce(frames):
-            return False
+        polled = replies.get_slot(CLIENT_POLLS_UNTIL) >= now_ns + MARGIN_NS
+        if not polled and sum(memoryview(frame).nbytes for frame in frames) < BELL_BYTES:
+            return Put.NOWHERE
+        if not replies.produce(frames):
+            return Put.NOWHERE
         self.replies_out += 1
-        return True
+        if polled:
+            return Put.POLLED
+        self.bells_out += 1
+        return Put.BELL
 
     def close(self) -> None:
         self.requests.release()
@@ -130,15 +150,15 @@ class Rings:
         for ring in self._rings.values():
             ring.requests.set_slot(DAEMON_POLLS_UNTIL, deadline_ns)
 
-    def send(self, identity: bytes, frames: list[Any]) -> bool:
+    def send(self, identity: bytes, frames: list[Any]) -> Put:
         ring = self._rings.get(identity)
         if ring is None:
-            return False
+            return Put.NOWHERE
         try:
             return ring.offer(frames, time.monotonic_ns())
         except RingCorrupt as exc:
             self.fail(identity, f"its ring is broken: {exc}")
-            return False
+            return Put.NOWHERE
 
     def fail(self, identity: bytes, reason: str) -> None:
         self.drop(identity)
@@ -150,4 +170,5 @@ class Rings:
             "rings_attached": self.attached,
             "ring_messages_in": sum(r.messages_in for r in self._rings.values()),
             "ring_replies_out": sum(r.replies_out for r in self._rings.values()),
+            "ring_bells_out": sum(r.bells_out for r in self._rings.values()),
         }

@@ -25,8 +25,9 @@ from gpud.service.config import Config
 from gpud.service.intake import Intake
 from gpud.service.peers import Outboxes
 from gpud.service.ring_server import Authenticate, RingServer
-from gpud.service.rings import Rings
+from gpud.service.rings import Put, Rings
 from gpud_protocol.reader import SocketReader
+from gpud_protocol.ring import DOORBELL
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +120,13 @@ class Transport:
     def send(self, identity: bytes, frames: list[Any], sessionless: bool, ring: bool = True) -> None:
         """Send now, or queue in the peer's outbox; a peer without a session has the smaller outbox.
         `ring`: the session's ring may carry it (not for messages that must stay in order with others)."""
-        if ring and self.rings and not sessionless and self.rings.send(identity, frames):
-            return
         assert self._outboxes is not None
+        if ring and self.rings and not sessionless:
+            put = self.rings.send(identity, frames)
+            if put is not Put.NOWHERE:
+                if put is Put.BELL:
+                    self._outboxes.send(identity, [DOORBELL], False)
+                return
         self._outboxes.send(identity, frames, sessionless)
 
     def drop(self, identity: bytes) -> None:

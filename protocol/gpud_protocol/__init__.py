@@ -17,7 +17,6 @@ from gpud_protocol.arg_kinds import (
 )
 from gpud_protocol.client_encode import (
     BYE,
-    DOORBELL,
     PING,
     DispatchEncoder,
     encode_batch,
@@ -81,6 +80,7 @@ from gpud_protocol.replies import (
     encode_receipt,
     encode_reply,
 )
+from gpud_protocol.ring import DOORBELL
 from gpud_protocol.schema import PROTOCOL_VERSION, Batch, Beat, Bye, ClientMessage, Doorbell, Hello, OpError, Ping
 from gpud_protocol.views import TensorRef, TensorView, contiguous_strides, extent, is_contiguous, view_of_shape
 from gpud_protocol.wire import describe, f32_fits, pack

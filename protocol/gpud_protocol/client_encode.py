@@ -101,4 +101,3 @@ def encode_beat(session: str, key: str) -> bytes:
 
 PING = pack({"t": "ping"})
 BYE = pack({"t": "bye"})
-DOORBELL = pack({"t": "ring"})

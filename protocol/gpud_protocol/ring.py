@@ -18,7 +18,8 @@ other architectures keep to ZeroMQ).
 Besides the indices the header holds two deadlines (CLOCK_MONOTONIC nanoseconds, comparable across
 processes): until when the daemon polls the request ring, and until when the client polls the reply
 ring. A producer that finds its consumer's deadline passed (or near) rings a doorbell over ZeroMQ
-instead (the daemon), or sends the message there (replies).
+instead (the daemon), or sends the message there (replies); a large reply goes into the ring all the
+same, with that doorbell sent to the client.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
+
+from gpud_protocol.wire import pack
 
 MAGIC = 0x31474E5244555047  # b"GPUDRNG1", little-endian
 HEADER_BYTES = 4096
@@ -43,6 +46,8 @@ MARGIN_NS = 200_000
 CHECK_S = 0.005
 
 _HEAD = struct.Struct("<II")
+
+DOORBELL = pack({"t": "ring"})  # either way over ZeroMQ: look at this session's ring
 
 
 class RingCorrupt(Exception):

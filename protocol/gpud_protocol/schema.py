@@ -30,6 +30,7 @@ Daemon -> client headers:
     {"t": "reply", "seq": s, "ok": False, "err": [code, message, failed_seq, op name]}
     {"t": "receipt", "b": n}                       batches up to n are executed (when "rc" asked)
     {"t": "pong"}
+    {"t": "ring"}                                  a doorbell: a reply waits in this session's ring
     {"t": "error", "code": c, "msg": m}            unattributable: every pending request fails
     {"t": "status", "version": str, "backend": str, "state": "serving" | "stopping", "uptime_s": float,
      "health": {"healthy": bool, "problems": [str], "stall_s": float}, "devices": [map], "sessions": [map],

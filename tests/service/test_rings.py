@@ -23,6 +23,7 @@ from support import Daemon
 import gpud_client
 import gpud_protocol as proto
 from gpud.service import admin
+from gpud.service.rings import BELL_BYTES
 from gpud.testing import spawn
 from gpud_client.errors import DaemonLost, SessionLost
 from gpud_protocol import ring as R
@@ -97,6 +98,25 @@ async def test_what_a_ring_session_queued_before_closing_is_done(fake: Daemon) -
         opened.free()
         other.unpublish("ring-published")
         await other.sync()
+
+
+async def test_a_large_reply_to_a_client_that_stopped_spinning_goes_by_the_ring_with_a_doorbell(fake: Daemon) -> None:
+    """A readback of BELL_BYTES or more waits in the ring and only a doorbell crosses the socket; a small
+    one still goes whole by ZeroMQ. Either way the client gets every reply, in order with its requests."""
+    async with gpud_client.connect(fake.address, ring=True, spin_us=1) as gpu:  # asleep when replies come
+        assert gpu.ring
+        rng = np.random.default_rng(1)
+        before = (await _status(fake.address))["rings"]["ring_bells_out"]
+        for i in range(10):
+            big = rng.random(BELL_BYTES // 4 + 1000 * i, dtype=np.float32)
+            t, small = gpu.tensor(big), gpu.tensor(np.full(4, i, np.float32))
+            np.testing.assert_array_equal(await t.numpy(), big)
+            np.testing.assert_array_equal(await small.numpy(), np.full(4, i, np.float32))
+            t.free()
+            small.free()
+        rings = (await _status(fake.address))["rings"]
+        assert rings["ring_bells_out"] - before == 10  # the large readbacks alone
+    fake.assert_alive()
 
 
 async def test_a_daemon_without_rings_serves_a_client_that_asks_for_one() -> None:
