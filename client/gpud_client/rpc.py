@@ -22,6 +22,7 @@ import zmq
 
 import gpud_protocol as proto
 from gpud_client.errors import DaemonLost, GpudError, ProtocolError, SessionLost, from_code
+from gpud_client.naps import Expected, nap_s
 from gpud_client.traces import Trace
 from gpud_client.transport import Transport
 from gpud_protocol.ring import CHECK_S, RingCorrupt
@@ -70,11 +71,12 @@ class Rpc(Transport):
         # Told of each failed op (its seq, the daemon's name for it, the error) before anyone sees the error.
         self.on_failure: Callable[[int, str, GpudError], None] | None = None
 
-    async def request(self, seq: int) -> Reply:
-        """Send what is queued (the request `seq` is its last op) and wait for the reply."""
-        return await self.submit(seq)
+    async def request(self, seq: int, expected: Expected | None = None) -> Reply:
+        """Send what is queued (the request `seq` is its last op) and wait for the reply (`expected`: how
+        long this request's replies took before, and so when to spin for this one; `naps`)."""
+        return await self.submit(seq, expected)
 
-    def submit(self, seq: int) -> Coroutine[Any, Any, Reply]:
+    def submit(self, seq: int, expected: Expected | None = None) -> Coroutine[Any, Any, Reply]:
         """Send what is queued (the request `seq` is its last op) now; await what this returns for the
         reply. Requests submitted before the first is awaited are in flight together."""
         if (unreported := self._unreported) is not None:
@@ -84,17 +86,24 @@ class Rpc(Transport):
         self._futures[seq] = future
         sent_at = time.perf_counter()
         self.send_batch()
-        return self._reply(seq, future, sent_at)
+        return self._reply(seq, future, sent_at, expected)
 
-    async def _reply(self, seq: int, future: asyncio.Future[Reply], sent_at: float) -> Reply:
+    async def _reply(self, seq: int, future: asyncio.Future[Reply], sent_at: float, expected: Expected | None) -> Reply:
         try:
             if self.queue.held:
                 await self.send_held()
-            if self._spin_s:
-                self._spin_until(future)
+            if spin_s := self._spin_s:
+                deadline = time.perf_counter() + spin_s
+                if expected is not None and (due := expected.seconds()) > spin_s:
+                    if nap := nap_s(due, spin_s, time.perf_counter() - sent_at):
+                        await asyncio.wait((future,), timeout=nap)
+                    deadline = max(sent_at + due, time.perf_counter()) + spin_s / 2
+                self._spin_until(future, deadline)
             header, data = await future
         finally:
             self._futures.pop(seq, None)  # a cancelled await leaves no entry behind
+        if expected is not None:
+            expected.add(self._received_at - sent_at)
         if "tr" in header:
             received, executed, flushed, completed = header["tr"]
             self.last_trace = Trace(
@@ -124,13 +133,12 @@ class Rpc(Transport):
         if len(names) > NAMED_OPS:
             names.popitem(last=False)
 
-    def _spin_until(self, future: asyncio.Future[Any]) -> None:
-        """Poll the socket (and the ring, telling the daemon so) for up to `spin_us` before yielding
-        to the loop (lower latency, more CPU)."""
-        deadline = time.perf_counter() + self._spin_s
+    def _spin_until(self, future: asyncio.Future[Any], deadline: float) -> None:
+        """Poll the socket (and the ring, telling the daemon so) until `deadline` (perf_counter) before
+        yielding to the loop (lower latency, more CPU)."""
         ring = self.ring
         if ring is not None:
-            ring.listen(time.monotonic_ns() + int(self._spin_s * 1e9))
+            ring.listen(time.monotonic_ns() + int((deadline - time.perf_counter()) * 1e9))
         try:
             while not future.done() and time.perf_counter() < deadline:
                 if ring is not None and self._drain_ring():

@@ -14,6 +14,7 @@ from gpud_client import packing
 from gpud_client.dtypes import exact_bits, from_storage, host_dtype, is_bfloat16, storage_dtype
 from gpud_client.errors import InvalidArgument
 from gpud_client.graph_tensors import whole_view
+from gpud_client.naps import Expected
 
 if TYPE_CHECKING:
     from gpud_client.client_base import ClientBase
@@ -49,13 +50,14 @@ class Step:
         self.freed = False
         self._fed_like: dict[str, Any] | None = None  # zeros like the fed inputs of the last replay_steps
         self._names = frozenset(name for name, _ in (*inputs, *scalars, *binds))  # what a replay is given
+        self._expected = Expected()  # how long replays took: when a spinning session spins for the next
 
     async def replay(self, **values: Any) -> dict[str, np.ndarray[Any, Any]]:
         """One message; resolves with the outputs by name."""
         client = self._client
         seq = client._next_seq()
         client._queue_packed(packing.graph_run(self._op(proto.Replay, seq, values)), request=seq)
-        header, data = await client._connection.request(seq)
+        header, data = await client._connection.request(seq, self._expected)
         return _outputs(header, data, 1)[0]
 
     def replay_steps(

@@ -9,7 +9,10 @@ Ring sessions' messages (rings.py) come in the same slices: each slice takes wha
 first, then the socket. While any ring session exists, the daemon polls rings and socket for
 `ring_spin_us` after the last message before it sleeps, and tells the clients until when (so a client
 rings the doorbell only when the daemon sleeps); asleep, it still looks at the rings every
-`gpud_protocol.ring.CHECK_S`, in case a client's doorbell was not needed by a hair.
+`gpud_protocol.ring.CHECK_S`, in case a client's doorbell was not needed by a hair. A reply to a ring
+session (`rouse()`) starts the polling again: that client's next request tends to follow its reply, and
+after a request longer than the spin (a replay of a large batch) the daemon would otherwise sleep
+through it and be woken by the doorbell.
 
 Leases are judged by `caught_up()`: the last time every peer's waiting messages had been read up
 to that point, so that a heartbeat still unread in the socket proves nothing either way. That is
@@ -39,7 +42,14 @@ class Intake:
         self._busy_poll_s = busy_poll_us / 1e6
         self._rings = rings if rings is not None else Rings(0.0, lambda _identity, _reason: None)
         self._waiting = False  # waiting on an empty socket
+        self._roused = False  # asleep, told to poll again
         self._caught_up_at = time.monotonic()
+
+    def rouse(self) -> None:
+        """A ring session was answered: poll the rings again for `ring_spin_us` if asleep (loop thread)."""
+        if self._waiting and not self._roused:
+            self._roused = True
+            self._reader.wake()
 
     def caught_up(self) -> float:
         """The last time (monotonic) every message that waited in the socket had been read."""
@@ -77,9 +87,18 @@ class Intake:
     async def _next_message(self) -> tuple[list[Message], list[Any] | None]:
         """Wait for a message (ring messages, or a socket message's frames); with `busy_poll_us`, or
         `ring_spin_us` while rings exist, poll for it first (lower latency, one busy core)."""
+        while True:
+            if (got := await self._spin()) is not None:
+                return got
+            self._waiting = True  # the socket is empty for as long as this waits
+            try:
+                if (got := await self._sleep()) is not None:
+                    return got
+            finally:
+                self._waiting = self._roused = False
+
+    async def _spin(self) -> tuple[list[Message], list[Any] | None] | None:
         reader, rings = self._reader, self._rings
-        frames: list[Any] | None = None
-        messages: list[Message] = []
         spin_s = max(self._busy_poll_s, rings.spin_s if rings else 0.0)
         if spin_s > 0:
             deadline = time.perf_counter() + spin_s
@@ -91,18 +110,20 @@ class Intake:
                 if rings and (messages := rings.poll(MAX_DRAIN // 2)):
                     return messages, reader.try_recv()
                 if (frames := reader.try_recv()) is not None:
-                    return messages, frames
-        self._waiting = True  # the socket is empty for as long as this waits
-        try:
-            while True:
-                if rings:
-                    rings.awake_until(0)  # asleep: a client rings the doorbell
-                    if messages := rings.poll(MAX_DRAIN // 2):
-                        return messages, reader.try_recv()
-                    frames = await reader.recv_within(CHECK_S)
-                else:
-                    frames = await reader.recv()
-                if frames is not None:  # a doorbell, perhaps: what it rang for is in a ring by now
-                    return (rings.poll(MAX_DRAIN // 2) if rings else []), frames
-        finally:
-            self._waiting = False
+                    return [], frames
+        return None
+
+    async def _sleep(self) -> tuple[list[Message], list[Any] | None] | None:
+        """Wait for a message; None when roused (spin again)."""
+        reader, rings = self._reader, self._rings
+        while not self._roused:
+            if rings:
+                rings.awake_until(0)  # asleep: a client rings the doorbell
+                if messages := rings.poll(MAX_DRAIN // 2):
+                    return messages, reader.try_recv()
+                frames = await reader.recv_within(CHECK_S)
+            else:
+                frames = await reader.recv()
+            if frames is not None:  # a doorbell, perhaps: what it rang for is in a ring by now
+                return (rings.poll(MAX_DRAIN // 2) if rings else []), frames
+        return None

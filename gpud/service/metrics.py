@@ -66,6 +66,7 @@ _DAEMON_COUNTERS = (
     ("bad_messages", "bad_messages", "messages refused as malformed"),
     ("refused_stopping", "refused_while_stopping", "messages refused while the daemon drained"),
     ("status_requests", "status_requests", "status requests answered"),
+    ("doorbells", "doorbells", "doorbells rung by ring clients that found the daemon asleep"),
     ("sessionless_dropped", "sessionless_dropped", "messages of peers without a session dropped over their budget"),
     ("sessionless_replies_dropped", "sessionless_replies_dropped", "replies to peers without a session dropped"),
 )

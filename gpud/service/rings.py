@@ -107,6 +107,9 @@ class Rings:
     def __len__(self) -> int:
         return len(self._rings)
 
+    def __contains__(self, identity: object) -> bool:
+        return identity in self._rings
+
     def identities(self) -> list[bytes]:
         return list(self._rings)
 

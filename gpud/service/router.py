@@ -90,7 +90,7 @@ class Router:
                 elif type(message) is proto.Beat:
                     registry.beat(identity, message)
                 elif type(message) is proto.Doorbell:
-                    pass  # the rings are read at every slice
+                    counters["doorbells"] += 1  # the rings are read at every slice
                 elif type(message) is Status:  # not an op: a session's status requests have that budget too
                     if session is None or budget.peer(identity, now):
                         counters["status_requests"] += 1

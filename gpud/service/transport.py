@@ -121,8 +121,10 @@ class Transport:
         """Send now, or queue in the peer's outbox; a peer without a session has the smaller outbox.
         `ring`: the session's ring may carry it (not for messages that must stay in order with others)."""
         assert self._outboxes is not None
-        if ring and self.rings and not sessionless:
-            put = self.rings.send(identity, frames)
+        if self.rings and not sessionless and identity in self.rings:
+            assert self._intake is not None
+            self._intake.rouse()  # its next request tends to follow
+            put = self.rings.send(identity, frames) if ring else Put.NOWHERE
             if put is not Put.NOWHERE:
                 if put is Put.BELL:
                     self._outboxes.send(identity, [DOORBELL], False)

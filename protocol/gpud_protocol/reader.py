@@ -63,5 +63,9 @@ class SocketReader:
         if int(self._sock.get(_EVENTS)) & _POLLIN:
             self._ready.set()
 
+    def wake(self) -> None:
+        """Wake a waiting `recv_within` (it returns None unless a message came)."""
+        self._ready.set()
+
     def close(self) -> None:
         self._loop.remove_reader(self._fd)

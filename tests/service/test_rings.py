@@ -26,6 +26,7 @@ from gpud.service import admin
 from gpud.service.rings import BELL_BYTES
 from gpud.testing import spawn
 from gpud_client.errors import DaemonLost, SessionLost
+from gpud_client.naps import KEPT
 from gpud_protocol import ring as R
 
 
@@ -117,6 +118,44 @@ async def test_a_large_reply_to_a_client_that_stopped_spinning_goes_by_the_ring_
         rings = (await _status(fake.address))["rings"]
         assert rings["ring_bells_out"] - before == 10  # the large readbacks alone
     fake.assert_alive()
+
+
+async def test_after_answering_a_long_request_the_daemon_polls_that_ring_again() -> None:
+    """A request longer than the daemon's ring spin lets it fall asleep; its reply starts the polling
+    again, so the client's next request goes by the ring without a doorbell."""
+    with spawn.daemon("fake", extra_args=("--ring-spin-us", "20000")) as (address, _proc):
+        async with gpud_client.connect(address, ring=True) as gpu:
+            assert gpu.ring
+            spin = await gpu.kernel("fake:spin", "spin")
+            busy = gpu.empty(64)
+            await busy.numpy()
+            before = (await _status(address))["counters"].get("doorbells", 0)
+            for _ in range(3):  # each 100 ms: the daemon sleeps after its 20 ms spin
+                gpu.dispatch(spin, 1, [busy, support.u32(100)])
+                await busy.numpy()
+            assert (await _status(address))["counters"].get("doorbells", 0) - before <= 1  # the first's alone
+
+
+async def test_a_replay_longer_than_the_spin_is_awaited_asleep_then_spinning_at_its_end(fake: Daemon) -> None:
+    """A replay that takes 20 ms where the client spins 5: once the graph's last replies showed how long
+    it takes, the client sleeps through most of it and spins when it is due, so the reply comes by the
+    ring it polls (not by ZeroMQ after the spin, which has to wake the client)."""
+    async with gpud_client.connect(fake.address, ring=True, spin_us=5000) as gpu:
+        assert gpu.ring
+        spin = await gpu.kernel("fake:spin", "spin")
+        g = gpu.graph("twenty-ms")
+        x = g.input("x", (64,), "float32")
+        g.dispatch(spin, 1, [x, support.u32(20)])
+        g.output("x", x)
+        step = await g.build()
+        values = np.arange(64, dtype=np.float32)
+        for _ in range(KEPT):  # how long it takes
+            np.testing.assert_array_equal((await step.replay(x=values))["x"], values)
+        before = (await _status(fake.address))["rings"]["ring_replies_out"]
+        for _ in range(5):
+            np.testing.assert_array_equal((await step.replay(x=values))["x"], values)
+        assert (await _status(fake.address))["rings"]["ring_replies_out"] - before >= 4
+        step.free()
 
 
 async def test_a_daemon_without_rings_serves_a_client_that_asks_for_one() -> None:
