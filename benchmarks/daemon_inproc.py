@@ -198,11 +198,11 @@ class Loopback:
     async def send_held(self) -> None:
         return None
 
-    async def request(self, seq: int) -> tuple[dict[str, Any], Any]:
-        return await self.submit(seq)
+    async def request(self, seq: int, expected: Any = None) -> tuple[dict[str, Any], Any]:
+        return await self.submit(seq, expected)
 
-    def submit(self, seq: int) -> Coroutine[Any, Any, tuple[dict[str, Any], Any]]:
-        """Sent now (as `Rpc.submit`); awaited for the reply."""
+    def submit(self, seq: int, expected: Any = None) -> Coroutine[Any, Any, tuple[dict[str, Any], Any]]:
+        """Sent now (as `Rpc.submit`, which spins: `expected` is of no use here); awaited for the reply."""
         if (unreported := self._unreported) is not None:
             self._unreported = None
             raise unreported

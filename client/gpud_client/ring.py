@@ -38,7 +38,8 @@ class ClientRing:
         return self.requests.get_slot(DAEMON_POLLS_UNTIL) >= time.monotonic_ns() + MARGIN_NS
 
     def poll(self) -> list[RingFrame] | None:
-        return self.replies.consume()
+        """The next reply, in writable memory of its own (its arrays need no copy)."""
+        return self.replies.consume(writable=True)
 
     def listen(self, until_ns: int) -> None:
         """Until when this client reads the reply ring (0: not now; replies come by ZeroMQ)."""

@@ -199,14 +199,16 @@ def _outputs(header: dict[str, Any], data: Any, steps: int) -> list[dict[str, np
     """Each step's outputs by name, from a reply's packed data (the steps one after another)."""
     raw = b"" if data is None else data  # a frame's buffer, or an assembled uint8 array
     layout = header.get("outputs", ())
-    size = memoryview(raw).nbytes // steps if steps > 1 else 0  # a step's bytes
+    view = memoryview(raw)
+    size = view.nbytes // steps if steps > 1 else 0  # a step's bytes
+    copy = view.readonly  # a ZeroMQ frame's; a ring's reply and assembled parts are this reply's own
     outs: list[dict[str, np.ndarray[Any, Any]]] = []
     for k in range(steps):
         out: dict[str, np.ndarray[Any, Any]] = {}
         for name, dtype, shape, offset in layout:
             stored = host_dtype(dtype)
             elements = np.frombuffer(raw, storage_dtype(stored), math.prod(shape), k * size + offset)
-            out[name] = from_storage(elements, stored, copy=True).reshape(shape)
+            out[name] = from_storage(elements, stored, copy=copy).reshape(shape)
         outs.append(out)
     return outs
 

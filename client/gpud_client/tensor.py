@@ -175,7 +175,8 @@ class Tensor(TensorViews, Reshapes, Operators):
             return picked(data, self)
         if isinstance(data, np.ndarray):  # assembled from several parts: already a private copy
             return from_storage(data, self.dtype).reshape(self.shape)
-        return from_storage(np.frombuffer(data, np.uint8), self.dtype, copy=True).reshape(self.shape)
+        raw = np.frombuffer(data, np.uint8)  # a ring's reply is this reply's own, writable: no copy
+        return from_storage(raw, self.dtype, copy=not raw.flags.writeable).reshape(self.shape)
 
     def upload(self, array: Any) -> None:
         """Queue a host-to-device copy of `array` (same dtype and shape) into this tensor."""

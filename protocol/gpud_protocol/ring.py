@@ -171,8 +171,9 @@ class Ring:
         """Something was published and not yet consumed (cheap: one shared load)."""
         return int(self._words[self._written_slot]) != self._own
 
-    def consume(self) -> list[RingFrame] | None:
-        """The next message (frames copied out of shared memory), or None when the ring is empty."""
+    def consume(self, writable: bool = False) -> list[RingFrame] | None:
+        """The next message (frames copied out of shared memory, into memory of their own that may be
+        written when `writable`), or None when the ring is empty."""
         written = int(self._words[self._written_slot])
         own, capacity = self._own, self.capacity
         if written == own:
@@ -187,7 +188,7 @@ class Ring:
             raise RingCorrupt(f"a record of {body} bytes in {count} frames does not fit (limit {self.max_message})")
         start = (at + ALIGN) % capacity
         first = min(body, capacity - start)
-        data = bytes(self._data[start : start + first])
+        data = (bytearray if writable else bytes)(self._data[start : start + first])
         if first < body:
             data += self._data[: body - first]
         view = memoryview(data)
