@@ -64,9 +64,9 @@ class Counter:
             self.ops.update(Opcode(op[0]).name.lower() for op in header.get("ops", ()))
             return send(frames, *args, **kwargs)
 
-        async def counted_request(seq: int) -> Any:
+        async def counted_request(seq: int, expected: Any = None) -> Any:
             self.awaited += 1
-            return await request(seq)
+            return await request(seq, expected)
 
         def counted_expect(seq: int) -> None:
             self.unawaited += 1

@@ -25,6 +25,7 @@ import gpud_protocol as proto
 from gpud.service import admin
 from gpud.service.rings import BELL_BYTES
 from gpud.testing import spawn
+from gpud_client import u32
 from gpud_client.errors import DaemonLost, SessionLost
 from gpud_client.naps import KEPT
 from gpud_protocol import ring as R
@@ -131,7 +132,7 @@ async def test_after_answering_a_long_request_the_daemon_polls_that_ring_again()
             await busy.numpy()
             before = (await _status(address))["counters"].get("doorbells", 0)
             for _ in range(3):  # each 100 ms: the daemon sleeps after its 20 ms spin
-                gpu.dispatch(spin, 1, [busy, support.u32(100)])
+                gpu.dispatch(spin, 1, [busy, u32(100)])
                 await busy.numpy()
             assert (await _status(address))["counters"].get("doorbells", 0) - before <= 1  # the first's alone
 
@@ -145,7 +146,7 @@ async def test_a_replay_longer_than_the_spin_is_awaited_asleep_then_spinning_at_
         spin = await gpu.kernel("fake:spin", "spin")
         g = gpu.graph("twenty-ms")
         x = g.input("x", (64,), "float32")
-        g.dispatch(spin, 1, [x, support.u32(20)])
+        g.dispatch(spin, 1, [x, u32(20)])
         g.output("x", x)
         step = await g.build()
         values = np.arange(64, dtype=np.float32)
