@@ -77,6 +77,7 @@ from gpud.service.peers import SESSIONLESS_BOXES
 from gpud.testing import spawn
 from gpud.testing import workloads as kernels
 from gpud_protocol import DTYPE_SIZES, ErrorCode, Opcode
+from gpud_protocol.ops import PREFIX as OPS_PREFIX
 from gpud_protocol.schema import Field
 
 SEED = int(os.environ.get("GPUD_HOSTILE_SEED", "20261122"))
@@ -2535,11 +2536,13 @@ async def test_hostile_input(hostile_daemon: Daemon) -> None:
     source, options = kernels.axpb_source(daemon.backend)
     run = Run(daemon.address, daemon.backend, source, {k: list(v) for k, v in options.items()})  # type: ignore[call-overload]
 
-    # Warm up (kernel compiled, pools made, worker threads started), then take the baseline. A readback
+    # Warm up (kernels compiled, pools made, worker threads started), then take the baseline. A readback
     # of more than 64 KiB starts pyzmq's zero-copy garbage collector in the daemon (a thread and a
     # ZeroMQ context of its own: 3 threads, 7 descriptors), once: before the baseline, not after.
     async with gpud_client.connect(daemon.address) as gpu:
         await check_well_behaved(gpu)
+        for name, _field in hostile_library.kernels(daemon.backend):  # compiled now: NVRTC's memory too
+            await gpu.kernel(f"{OPS_PREFIX}{name}", name)
         big = gpu.empty(1 << 17)
         await big.numpy()
         big.free()
