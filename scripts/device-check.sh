@@ -229,6 +229,12 @@ main() {
         embed-ring) # the MiniLM benchmark with every client on the shared-memory ring
             GPUD_RING=1 section python3 -m gpud bench embed --backend cuda --weights .embed --json "$OUT/bench-embed-cuda-ring.json" || status=1
             ;;
+        replay-stages) # MiniLM-shaped replays' round-trip stages over ZeroMQ and the ring (random weights: no .embed),
+            # then the hostile-input test on CUDA, which session 15 could not rerun after its warm-up fix
+            section python3 -m benchmarks.replay_stages --backend cuda --json "$OUT/replay-stages-cuda.json" || status=1
+            section python3 -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m cuda tests/test_hostile.py \
+                tests/service/test_rings.py || status=1
+            ;;
         embed-trace) # the MiniLM benchmark with the replay's stages (a daemon with --trace), over ZeroMQ and the ring
             GPUD_DAEMON_ARGS=--trace section python3 -m gpud bench embed --backend cuda --weights .embed \
                 --json "$OUT/bench-embed-cuda-trace.json" || status=1
