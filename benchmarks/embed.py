@@ -51,7 +51,8 @@ def _batches(tokenizer: Any, sizes: list[int]) -> dict[int, Batch]:
 
 
 async def _in_process(address: str, prefix: str, batches: list[Batch], quick: bool) -> Any:
-    """(the device, timed repetitions, seconds, embeddings) of a client in this process."""
+    """(the device, timed repetitions, seconds, embeddings, replay stages, whether it had a ring) of a
+    client in this process."""
     async with gpud_client.connect(address) as gpu:
         device = gpu.welcome["devices"][gpu.device]
         software = bool(device.get("software"))  # seconds a batch: a few runs
@@ -60,7 +61,7 @@ async def _in_process(address: str, prefix: str, batches: list[Batch], quick: bo
         seconds, out = await embed_all(encoder, batches, MODES, reps, lambda: None)
         stages = [await _replay_stages(gpu, encoder, batch) for batch in batches] if gpu.last_trace else []
         encoder.free()
-        return device, reps, seconds, out, stages
+        return device, reps, seconds, out, stages, gpu.ring
 
 
 async def _replay_stages(gpu: gpud_client.Client, encoder: Encoder, batch: Batch, reps: int = 30) -> dict[str, float]:
@@ -139,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"weights loaded in {published['upload_s']:.1f} s; batches (sentences x tokens) {shapes}; K={k}")
         try:
             in_process = _in_process(address, prefix, list(batches.values()), args.quick)
-            device, reps, seconds, out, stages = asyncio.run(in_process)
+            device, reps, seconds, out, stages, ring = asyncio.run(in_process)
             processes = run_processes(address, prefix, [list(batches.values())] * k, ("replay",), reps)
             merged = run_processes(address, prefix, [list(batches.values())] * k, ("merged",), reps)
         finally:
@@ -151,6 +152,7 @@ def main(args: argparse.Namespace) -> int:
         "model": "all-MiniLM-L6-v2",
         "weights_dtype": "float16",
         "processes": k,
+        "ring": ring,  # the clients' shared-memory ring (GPUD_RING=1), else ZeroMQ alone
         **published,
         "sizes": [],
     }
