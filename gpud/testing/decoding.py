@@ -32,6 +32,7 @@ from gpud.testing.transformer_weights import CONFIGS, Config, Weights, weights
 
 PROMPT = 4  # prompt tokens fed before the greedy ones
 WARMUP_S = 5.0  # the time every client has to open the weights and warm up before the common start
+STALL_S = 300.0  # no step from any client for this long ends the run as stalled (naming who never finished)
 
 Progress = Callable[[int, int, int], None]  # (client, steps done, steps in all)
 
@@ -191,7 +192,7 @@ def run_clients(
             progress(event[1], event[2], event[3])
 
     rows: list[dict[str, Any]] = gather(
-        procs, events, "a decoding client exited without reporting", "client {} failed: {}", step
+        procs, events, "a decoding client exited without reporting", "client {} failed: {}", step, STALL_S
     )
     wall = max(r["seconds"] for r in rows)
     return {
