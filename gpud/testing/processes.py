@@ -46,7 +46,7 @@ def gather(
                 silent = gone
                 if stall_s is not None and time.monotonic() - heard > stall_s:
                     waiting = [i for i in range(len(procs)) if i not in results]
-                    stalled = f"no word from processes {waiting} for {stall_s:.0f} s: the run stalled"
+                    stalled = f"no word from processes {waiting} for {stall_s:g} s: the run stalled"
                     raise RuntimeError(stalled) from None
                 continue
             heard, silent = time.monotonic(), set()
