@@ -102,7 +102,7 @@ class Rpc(Transport):
             header, data = await future
         finally:
             self._futures.pop(seq, None)  # a cancelled await leaves no entry behind
-        if expected is not None:
+        if expected is not None and self._spin_s:  # only a spinning session reads it
             expected.add(self._received_at - sent_at)
         if "tr" in header:
             received, executed, flushed, completed = header["tr"]
